@@ -5,10 +5,9 @@ Built by pure functions, printed by --dry-run, executed last by cli.main.
 
 from __future__ import annotations
 
-import json
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -21,11 +20,23 @@ class EnvChange:
 
 
 @dataclass(frozen=True)
+class Topology:
+    """What the fabric settings need to know about the launch: node count and head."""
+
+    nodes: int
+    head_address: str | None = None
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     mode: str
     argv: tuple[str, ...]
     env_changes: tuple[EnvChange, ...] = ()
     notes: tuple[str, ...] = field(default=())
+
+    def with_env(self, changes: tuple[EnvChange, ...]) -> "LaunchPlan":
+        """This plan with more environment changes appended (e.g. the fabric's)."""
+        return LaunchPlan(self.mode, self.argv, self.env_changes + tuple(changes), self.notes)
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """The full environment for exec: base with this plan's changes applied."""
@@ -48,6 +59,8 @@ class LaunchPlan:
         return "\n".join(lines)
 
     def render_json(self) -> str:
+        import json  # only --dry-run --json needs it; the launcher's start-up time is measured
+
         return json.dumps(
             {
                 "mode": self.mode,

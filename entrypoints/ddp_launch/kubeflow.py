@@ -1,0 +1,134 @@
+"""RunAI and Kubeflow (PyTorchJob v1, Trainer v2): one torchrun per pod, c10d at the master.
+
+Both set torchrun's own PET_* names; the pod-level RANK/WORLD_SIZE describe
+pods (RunAI's WORLD_SIZE is already pods x GPUs), so the workers must not see them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from collections.abc import Mapping
+
+from ddp_launch import gpus as gpu_count
+from ddp_launch.errors import LaunchError
+from ddp_launch.options import LaunchOptions
+from ddp_launch.plan import EnvChange, LaunchPlan, Topology
+from ddp_launch.rendezvous import Resolver, is_loopback, parse_port
+from ddp_launch.torchrun import (HostFacts, Rendezvous, max_restarts, torchrun_command,
+                                 worker_env, worker_notes, workers_per_node)
+
+# First variable set wins. PET_* first: Trainer v2 sets only those, v1 sets
+# both with equal values, RunAI sets MASTER_ADDR (an IP) and RANK.
+VARIABLES = {
+    "nnodes": ("PET_NNODES",),
+    "nproc": ("RUNAI_NUM_OF_GPUS", "PET_NPROC_PER_NODE"),
+    "node_rank": ("PET_NODE_RANK", "RANK"),
+    "master_addr": ("PET_MASTER_ADDR", "MASTER_ADDR"),
+    "master_port": ("PET_MASTER_PORT", "MASTER_PORT"),
+    "run_id": ("PET_RDZV_ID",),
+    "max_restarts": ("PET_MAX_RESTARTS",),
+}
+# Pod-level values torchrun replaces with per-worker ones; removed so no
+# worker can mistake them for its own.
+POD_LEVEL = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def detect(env: Mapping[str, str]) -> bool:
+    return bool(env.get("PET_NNODES") or env.get("PET_MASTER_ADDR"))
+
+
+def _first(env: Mapping[str, str], key: str) -> tuple[str | None, str]:
+    for name in VARIABLES[key]:
+        if env.get(name, "").strip():
+            return env[name].strip(), name
+    return None, " or ".join(VARIABLES[key])
+
+
+@dataclass(frozen=True)
+class KubeflowEnv:
+    nnodes: str                   # "2", or "1:4" for an elastic job
+    max_nodes: int
+    nproc: tuple[int, str] | None
+    node_rank: int | None
+    master_addr: str
+    master_addr_source: str
+    master_port: int | None
+    run_id: str | None
+    max_restarts: str | None
+
+
+def _nnodes(value: str) -> int:
+    parts = value.split(":")
+    if len(parts) in (1, 2) and all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
+        return int(parts[-1])
+    raise LaunchError(f"PET_NNODES={value!r} is not a node count: expected 'N' or 'MIN:MAX'")
+
+
+def parse(env: Mapping[str, str]) -> KubeflowEnv:
+    nnodes, _ = _first(env, "nnodes")
+    addr, addr_name = _first(env, "master_addr")
+    if nnodes is None:
+        raise LaunchError("PET_NNODES is not set: this does not look like a RunAI/Kubeflow PyTorchJob pod; "
+                          "use --mode local or set PET_NNODES")
+    if addr is None:
+        raise LaunchError(f"PET_NNODES={nnodes} is set but {addr_name} is not: the job's master address is "
+                          f"missing; pass --rdzv-host")
+    nproc_value, nproc_name = _first(env, "nproc")
+    nproc = None
+    if nproc_value is not None and nproc_value not in ("auto", "gpu"):
+        nproc = (gpu_count.parse_count(nproc_name, nproc_value), nproc_name)
+    rank_value, rank_name = _first(env, "node_rank")
+    port_value, port_name = _first(env, "master_port")
+    run_id, _ = _first(env, "run_id")
+    restarts, _ = _first(env, "max_restarts")
+    return KubeflowEnv(
+        nnodes=nnodes,
+        max_nodes=_nnodes(nnodes),
+        nproc=nproc,
+        node_rank=gpu_count.parse_count(rank_name, rank_value) if rank_value is not None else None,
+        master_addr=addr,
+        master_addr_source=addr_name,
+        master_port=parse_port(port_name, port_value) if port_value is not None else None,
+        run_id=run_id,
+        max_restarts=restarts,
+    )
+
+
+def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
+         facts: HostFacts, resolve: Resolver) -> tuple[LaunchPlan, Topology]:
+    multi = job.max_nodes > 1
+    if options.nodes is not None and options.nodes != job.max_nodes:
+        raise LaunchError(f"--nodes {options.nodes} but PET_NNODES={job.nnodes}: match the job's pod count "
+                          f"or drop --nodes")
+    if job.node_rank is None and multi:
+        raise LaunchError("PET_NODE_RANK and RANK are unset: this pod cannot tell whether it hosts the "
+                          "rendezvous; the operator sets them, so check the job spec")
+    is_head = (job.node_rank or 0) == 0
+    name = str(options.rdzv_host.value) if options.rdzv_host else job.master_addr
+    source = options.rdzv_host.source if options.rdzv_host else job.master_addr_source
+    address = resolve(name)
+    if address is None:
+        host, head_note = name, f"rendezvous host {name} ({source}) did not resolve yet: passing the name"
+    else:
+        host, head_note = address, f"rendezvous host {name} ({source}) = {address}"
+    if multi and not is_head and is_loopback(host):
+        raise LaunchError(f"{source}={name!r} is a loopback address on pod rank {job.node_rank} of "
+                          f"{job.max_nodes}: it would rendezvous with itself; give the master's service name")
+    if options.rdzv_port is not None:
+        port, port_note = int(options.rdzv_port.value), f"port from {options.rdzv_port.source}"
+    elif job.master_port is not None:
+        port, port_note = job.master_port, "port from the job's master port"
+    else:
+        raise LaunchError("PET_MASTER_PORT and MASTER_PORT are unset: pass --rdzv-port P")
+    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.device_files))
+    restarts = max_restarts(options, job.max_restarts, "PET_MAX_RESTARTS")
+    argv = torchrun_command(facts.python, job.nnodes, workers.count,
+                            Rendezvous(host, port, job.run_id or job.master_addr, is_head),
+                            restarts, options.log_dir, options.workload)
+    removed = tuple(EnvChange(name, None, "describes the pod, not a worker; torchrun sets the workers' own")
+                    for name in POD_LEVEL if name in env)
+    notes = (f"pod {job.node_rank if job.node_rank is not None else 0} of {job.nnodes}"
+             + (" (rendezvous host)" if is_head else ""),
+             head_note, port_note, *worker_notes(workers))
+    plan = LaunchPlan("kubeflow", argv, removed + worker_env(workers, env, facts), notes)
+    return plan, Topology(job.max_nodes, host)

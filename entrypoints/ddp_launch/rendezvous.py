@@ -1,0 +1,102 @@
+"""Where the workers meet: the head's address, a per-job port, a bounded DNS wait.
+
+The only network I/O of the launcher is the one getaddrinfo lookup done here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable
+
+from ddp_launch.errors import LaunchError
+
+# Ports 20000-29999: unprivileged, below Linux's ephemeral range (32768-60999)
+# so an outgoing connection cannot already hold it, and above common services.
+PORT_BASE = 20000
+PORT_JOB_SLOTS = 1000
+PORT_STEP_SLOTS = 10
+
+Resolver = Callable[[str], str | None]
+
+
+def rendezvous_port(job_id: int, step_id: int) -> int:
+    """20000 + (job_id mod 1000) * 10 + (step_id mod 10).
+
+    Every node of a step computes the same value with no communication; jobs
+    whose ids differ by less than 1000 (all jobs started near each other, so the
+    ones that can share a node) never collide, and steps 0-9 of one job do not
+    either. A fixed 29500 collides as soon as two jobs share a node
+    (pytorch#116974: a 10-minute join timeout).
+    """
+    return PORT_BASE + (job_id % PORT_JOB_SLOTS) * PORT_STEP_SLOTS + step_id % PORT_STEP_SLOTS
+
+
+def parse_port(name: str, value: str) -> int:
+    text = str(value).strip()
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= 65535:
+        return int(text)
+    raise LaunchError(f"{name}={value!r} is not a TCP port: give a number from 1 to 65535")
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def lookup_ipv4(host: str) -> str | None:
+    """The first IPv4 address of host, or None when it does not resolve."""
+    try:
+        ipaddress.IPv4Address(host)
+        return host
+    except ValueError:
+        pass
+    import socket  # here, not at the top: local mode never looks a name up
+
+    try:
+        # An ASCII name goes as bytes: a str would load the idna codec (~1.5 ms).
+        name = host.encode("ascii") if host.isascii() else host
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    return infos[0][4][0] if infos else None
+
+
+def waiting_resolver(
+    timeout_s: float,
+    report: Callable[[str], None],
+    lookup: Resolver = lookup_ipv4,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    interval_s: float = 2.0,
+) -> Resolver:
+    """A resolver that retries for up to timeout_s, reporting progress.
+
+    Kubernetes creates a pod's DNS record after the pod starts, sometimes tens
+    of seconds later (pytorch#73682, kubeflow/pytorch-operator#125), so the
+    first lookups of the master's service name may fail on a healthy job.
+    """
+
+    def resolve(host: str) -> str | None:
+        start = clock()
+        next_report = start
+        while True:
+            address = lookup(host)
+            if address is not None:
+                return address
+            waited = clock() - start
+            if waited >= timeout_s:
+                raise LaunchError(
+                    f"rendezvous host {host!r} did not resolve within {timeout_s:g} s: check that the "
+                    f"master pod and its service exist, or raise DDP_LAUNCH_DNS_TIMEOUT"
+                )
+            if clock() >= next_report:
+                report(f"ddp-launch: waiting for {host!r} to resolve ({waited:.0f} s of {timeout_s:g} s)")
+                next_report = clock() + 10.0
+            sleep(interval_s)
+
+    return resolve

@@ -1,0 +1,315 @@
+"""SLURM: read a job step's environment and plan one of its two launches.
+
+slurm-node: one task per node, each runs torchrun (c10d) for that node's GPUs.
+slurm-task: one task per GPU, each execs the trainer with env:// variables.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ddp_launch import gpus as gpu_count
+from ddp_launch.errors import LaunchError
+from ddp_launch.nodelist import expand_nodelist
+from ddp_launch.options import LaunchOptions
+from ddp_launch.plan import EnvChange, LaunchPlan, Topology
+from ddp_launch.rendezvous import Resolver, is_loopback, rendezvous_port
+from ddp_launch.torchrun import (HostFacts, Rendezvous, max_restarts, torchrun_command,
+                                 worker_env, worker_notes, workers_per_node)
+
+# Step-scoped names first: right for an srun that uses part of the allocation.
+# Each list is tried in order; the first variable that is set wins.
+STEP_VARIABLES = {
+    "nodelist": ("SLURM_STEP_NODELIST",),
+    "num_nodes": ("SLURM_STEP_NUM_NODES",),
+    "num_tasks": ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"),
+    "tasks_per_node": ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"),
+}
+JOB_VARIABLES = {
+    "nodelist": ("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
+    "num_nodes": ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+    "num_tasks": ("SLURM_NTASKS", "SLURM_NPROCS"),
+    "tasks_per_node": ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
+}
+TASK_VARIABLES = {
+    "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
+    "step_id": ("SLURM_STEP_ID", "SLURM_STEPID"),
+    "node_index": ("SLURM_NODEID",),       # this node's index in the step
+    "node_name": ("SLURMD_NODENAME",),
+    "proc_id": ("SLURM_PROCID",),
+    "local_id": ("SLURM_LOCALID",),
+    "cpus_per_task": ("SLURM_CPUS_PER_TASK",),
+}
+
+_TASKS_ENTRY = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+
+
+def detect(env: Mapping[str, str]) -> bool:
+    return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+
+
+class Value(NamedTuple):
+    value: str
+    name: str
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> Value | None:
+    for name in names:
+        if env.get(name, "").strip():
+            return Value(env[name].strip(), name)
+    return None
+
+
+def _int(found: Value | None) -> int | None:
+    return None if found is None else gpu_count.parse_count(found.name, found.value)
+
+
+def parse_tasks_per_node(value: str, name: str = "SLURM_TASKS_PER_NODE") -> tuple[int, ...]:
+    """'2(x3),1' -> (2, 2, 2, 1): SLURM's compressed tasks-per-node list."""
+    counts: list[int] = []
+    for entry in value.split(","):
+        match = _TASKS_ENTRY.fullmatch(entry.strip())
+        if not match:
+            raise LaunchError(f"{name}={value!r} is not a tasks-per-node list: expected a form like '4(x2)' or '3,2(x2)'")
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return tuple(counts)
+
+
+@dataclass(frozen=True)
+class SlurmEnv:
+    job_id: int
+    step_id: int | None
+    in_step: bool                     # started by srun (not the batch script itself)
+    nodes: tuple[str, ...]
+    nodes_source: str
+    node_index: int | None
+    node_name: str | None
+    tasks_per_node: tuple[int, ...] | None
+    tasks_source: str                 # "SLURM_STEP_TASKS_PER_NODE='4(x2)'", for messages
+    num_tasks: int | None
+    proc_id: int | None
+    local_id: int | None
+    cpus_per_task: int | None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    def this_node_index(self) -> int | None:
+        if self.node_index is not None:
+            return self.node_index
+        if self.node_name in self.nodes:
+            return self.nodes.index(self.node_name)
+        return None
+
+    def tasks_here(self) -> int | None:
+        if self.tasks_per_node is None:
+            return None
+        index = self.this_node_index()
+        if index is None:
+            return self.tasks_per_node[0] if len(set(self.tasks_per_node)) == 1 else None
+        return self.tasks_per_node[index]
+
+    def one_task_per_node(self) -> bool:
+        """The same answer on every node of the step, so all nodes pick the same mode."""
+        if self.tasks_per_node is not None:
+            return max(self.tasks_per_node) == 1
+        if self.num_tasks is not None:
+            return self.num_tasks <= self.num_nodes
+        return True
+
+
+def parse(env: Mapping[str, str]) -> SlurmEnv:
+    job = _first(env, TASK_VARIABLES["job_id"])
+    if job is None:
+        raise LaunchError("SLURM_JOB_ID is not set: run under srun inside an allocation, or pass --mode local")
+    scope = STEP_VARIABLES if _first(env, STEP_VARIABLES["nodelist"]) else JOB_VARIABLES
+    listed = _first(env, scope["nodelist"])
+    if listed is None:
+        raise LaunchError(
+            f"{job.name}={job.value} is set but neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is: "
+            f"start ddp-launch with srun inside the allocation (or --mode local for one machine)")
+    nodes = expand_nodelist(listed.value, listed.name)
+    counted = _first(env, scope["num_nodes"])
+    if counted is not None and _int(counted) != len(nodes):
+        raise LaunchError(f"{counted.name}={counted.value} but {listed.name}={listed.value!r} names "
+                          f"{len(nodes)} node(s): the environment is inconsistent; unset the stale one")
+
+    tasks = _first(env, scope["tasks_per_node"]) or _first(env, JOB_VARIABLES["tasks_per_node"])
+    tasks_per_node = None
+    if tasks is not None:
+        tasks_per_node = parse_tasks_per_node(tasks.value, tasks.name)
+        if tasks.name == "SLURM_NTASKS_PER_NODE":
+            if len(tasks_per_node) != 1:
+                raise LaunchError(f"SLURM_NTASKS_PER_NODE={tasks.value!r} is not one integer: fix or unset it")
+            tasks_per_node = tasks_per_node * len(nodes)
+        elif len(tasks_per_node) != len(nodes):
+            raise LaunchError(f"{tasks.name}={tasks.value!r} lists {len(tasks_per_node)} node(s) but "
+                              f"{listed.name} names {len(nodes)}: the environment is inconsistent")
+    node_name = _first(env, TASK_VARIABLES["node_name"])
+    node_index = _int(_first(env, TASK_VARIABLES["node_index"]))
+    if node_index is not None and node_index >= len(nodes):
+        raise LaunchError(f"SLURM_NODEID={node_index} but {listed.name} names only {len(nodes)} node(s)")
+    return SlurmEnv(
+        job_id=_int(job) or 0,
+        step_id=_int(_first(env, TASK_VARIABLES["step_id"])),
+        in_step=bool(_first(env, ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST"))),
+        nodes=nodes,
+        nodes_source=listed.name,
+        node_index=node_index,
+        node_name=node_name.value if node_name else None,
+        tasks_per_node=tasks_per_node,
+        tasks_source=f"{tasks.name}={tasks.value!r}" if tasks else "",
+        num_tasks=_int(_first(env, scope["num_tasks"])),
+        proc_id=_int(_first(env, TASK_VARIABLES["proc_id"])),
+        local_id=_int(_first(env, TASK_VARIABLES["local_id"])),
+        cpus_per_task=_int(_first(env, TASK_VARIABLES["cpus_per_task"])),
+    )
+
+
+def auto_mode(slurm: SlurmEnv) -> str:
+    """More than one task on any node of the step -> one task per GPU; else one torchrun per node."""
+    return "slurm-node" if slurm.one_task_per_node() else "slurm-task"
+
+
+# -- shared checks and the rendezvous ------------------------------------------------------
+
+def _check_nodes(slurm: SlurmEnv, options: LaunchOptions) -> None:
+    if options.nodes is not None and options.nodes != slurm.num_nodes:
+        raise LaunchError(f"--nodes {options.nodes} but SLURM gave this step {slurm.num_nodes} node(s) "
+                          f"({slurm.nodes_source}): match srun -N / #SBATCH --nodes, or drop --nodes")
+    if slurm.num_nodes > 1 and not slurm.in_step:
+        raise LaunchError(f"ddp-launch is running in the batch script of a {slurm.num_nodes}-node job, so "
+                          f"only one node would join: start it with srun (SLURM_STEP_ID is unset)")
+
+
+def _head(slurm: SlurmEnv, options: LaunchOptions, resolve: Resolver, is_head: bool) -> tuple[str, str]:
+    """(rendezvous host, note): the override, or the first node's IPv4 address, or its name."""
+    multi = slurm.num_nodes > 1
+    if options.rdzv_host is not None:
+        host = str(options.rdzv_host.value)
+        if multi and is_loopback(host):
+            raise LaunchError(f"{options.rdzv_host.source}={host!r} is a loopback address on a "
+                              f"{slurm.num_nodes}-node job: every node would rendezvous with itself; "
+                              f"give the head node's routable name or address")
+        return host, f"rendezvous host {host} from {options.rdzv_host.source}"
+    name = slurm.nodes[0]
+    address = resolve(name)
+    if address is None:
+        return name, f"head node {name} (first of {slurm.nodes_source}) did not resolve here: passing the name"
+    if multi and is_loopback(address):
+        if not is_head:
+            raise LaunchError(f"head node {name!r} resolves to {address} (loopback) on this node: fix the "
+                              f"name service (/etc/hosts) or pass --rdzv-host with the head's address")
+        return name, f"head node {name} resolves to loopback {address} here: passing the name"
+    return address, f"head node {name} (first of {slurm.nodes_source}) = {address}"
+
+
+def _port(slurm: SlurmEnv, options: LaunchOptions) -> tuple[int, str]:
+    if options.rdzv_port is not None:
+        return int(options.rdzv_port.value), f"port from {options.rdzv_port.source}"
+    step = slurm.step_id or 0
+    port = rendezvous_port(slurm.job_id, step)
+    return port, f"port {port} = 20000 + (job {slurm.job_id} mod 1000) * 10 + (step {step} mod 10)"
+
+
+# -- slurm-node ------------------------------------------------------------------------------
+
+def plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
+              facts: HostFacts, resolve: Resolver) -> tuple[LaunchPlan, Topology]:
+    _check_nodes(slurm, options)
+    if not slurm.one_task_per_node():
+        raise LaunchError(f"--mode slurm-node needs one task per node but {slurm.tasks_source or 'SLURM_NTASKS'} "
+                          f"gives more: use srun --ntasks-per-node=1, or --mode slurm-task (one task per GPU)")
+    index = slurm.this_node_index()
+    if index is None and slurm.num_nodes > 1:
+        raise LaunchError("SLURM_NODEID and SLURMD_NODENAME are unset, so this node cannot tell whether it "
+                          "hosts the rendezvous: start ddp-launch with srun")
+    is_head = index in (None, 0)
+    host, head_note = _head(slurm, options, resolve, is_head)
+    port, port_note = _port(slurm, options)
+    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.device_files))
+    run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
+    argv = torchrun_command(facts.python, str(slurm.num_nodes), workers.count,
+                            Rendezvous(host, port, run_id, is_head),
+                            max_restarts(options), options.log_dir, options.workload)
+    notes = (f"SLURM job {slurm.job_id}: {slurm.num_nodes} node(s), this is node {index if index is not None else 0}"
+             + (" (rendezvous host)" if is_head else ""),
+             head_note, port_note, *worker_notes(workers))
+    plan = LaunchPlan("slurm-node", argv, worker_env(workers, env, facts), notes)
+    return plan, Topology(slurm.num_nodes, host)
+
+
+# -- slurm-task ------------------------------------------------------------------------------
+
+def plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
+              facts: HostFacts, resolve: Resolver) -> tuple[LaunchPlan, Topology]:
+    _check_nodes(slurm, options)
+    if options.nproc_per_node is not None or (options.cpu_workers and options.cpu_workers.source == "--cpu-workers"):
+        raise LaunchError("--nproc-per-node/--cpu-workers conflict with --mode slurm-task, where each SLURM "
+                          "task is one worker: set the count with srun --ntasks-per-node")
+    for name, value in (("SLURM_PROCID", slurm.proc_id), ("SLURM_LOCALID", slurm.local_id),
+                        ("SLURM_NTASKS", slurm.num_tasks)):
+        if value is None:
+            raise LaunchError(f"{name} is not set: --mode slurm-task runs one srun task per GPU; "
+                              f"start ddp-launch with srun --ntasks-per-node=<GPUs per node>")
+    local_world = slurm.tasks_here()
+    if local_world is None:
+        raise LaunchError("cannot tell how many tasks run on this node: SLURM_STEP_TASKS_PER_NODE, "
+                          "SLURM_NTASKS_PER_NODE and SLURM_TASKS_PER_NODE are unset or uneven without SLURM_NODEID")
+    host, head_note = _head(slurm, options, resolve, slurm.this_node_index() == 0)
+    port, port_note = _port(slurm, options)
+    device = _task_device(env, slurm.local_id or 0, local_world)
+    changes = [
+        EnvChange("RANK", str(slurm.proc_id), "SLURM_PROCID"),
+        EnvChange("WORLD_SIZE", str(slurm.num_tasks), "tasks in this step"),
+        EnvChange("LOCAL_RANK", str(device.local_rank), device.local_rank_reason),
+        EnvChange("LOCAL_WORLD_SIZE", str(device.local_world), device.local_world_reason),
+        EnvChange("MASTER_ADDR", host, "rendezvous host (env:// init)"),
+        EnvChange("MASTER_PORT", str(port), "derived from the job and step id"),
+    ]
+    if "OMP_NUM_THREADS" not in env:
+        threads = slurm.cpus_per_task or max(1, facts.cpu_count // local_world)
+        changes.append(EnvChange("OMP_NUM_THREADS", str(threads),
+                                 "unset; SLURM_CPUS_PER_TASK" if slurm.cpus_per_task
+                                 else f"unset; {facts.cpu_count} CPUs / {local_world} tasks"))
+    if "PYTHONUNBUFFERED" not in env:
+        changes.append(EnvChange("PYTHONUNBUFFERED", "1", "srun reads output through pipes: lines appear as they happen"))
+    notes = [f"SLURM job {slurm.job_id}: task {slurm.proc_id} of {slurm.num_tasks}, "
+             f"{local_world} task(s) on this node", head_note, port_note]
+    if device.note:
+        notes.append(device.note)
+    if options.max_restarts is not None and options.max_restarts.source == "--max-restarts":
+        notes.append("--max-restarts is ignored in slurm-task mode (no torchrun): use srun's own restarts")
+    if options.log_dir:
+        notes.append("--log-dir is ignored in slurm-task mode (no torchrun): use srun --output")
+    plan = LaunchPlan("slurm-task", options.workload.direct_argv(facts.python), tuple(changes), tuple(notes))
+    return plan, Topology(slurm.num_nodes, host)
+
+
+class TaskDevice(NamedTuple):
+    local_rank: int
+    local_rank_reason: str
+    local_world: int
+    local_world_reason: str
+    note: str | None = None
+
+
+def _task_device(env: Mapping[str, str], local_id: int, local_world: int) -> TaskDevice:
+    """LOCAL_RANK and LOCAL_WORLD_SIZE for a task, given the GPUs SLURM lets it see."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    seen = gpu_count.visible_devices(visible) if visible is not None else None
+    if seen == 1 and local_world > 1:
+        # SLURM bound one GPU to this task (--gpus-per-task=1, --gpu-bind): it is
+        # device 0 here, so LOCAL_RANK (the trainer's device index) must be 0 and
+        # the task is a local world of one device.
+        return TaskDevice(0, f"SLURM bound one GPU to this task (CUDA_VISIBLE_DEVICES={visible}): device 0",
+                          1, "each task sees only its own GPU",
+                          f"task {local_id} sees one GPU ({visible}): LOCAL_RANK=0, LOCAL_WORLD_SIZE=1")
+    if seen is not None and 1 < seen < local_world:
+        raise LaunchError(f"{local_world} tasks on this node but CUDA_VISIBLE_DEVICES={visible!r} lists {seen} "
+                          f"GPUs: request one GPU per task (--gpus-per-task=1 or --gpus-per-node={local_world})")
+    return TaskDevice(local_id, "SLURM_LOCALID", local_world, "tasks on this node")

@@ -1,0 +1,131 @@
+"""Pieces shared by the modes that start torchrun: its command, workers per node, threads.
+
+torchrun is started as `<this python> -m torch.distributed.run`, not the
+`torchrun` on PATH: images often carry several interpreters (NGC: /usr/bin and
+/usr/local/bin; the Olivia seed hard-codes TORCHRUN_PATH for that reason), and
+the workers must run the same interpreter, torch and packages as the launcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ddp_launch.errors import LaunchError
+from ddp_launch.gpus import GpuCount
+from ddp_launch.options import LaunchOptions, Workload
+from ddp_launch.plan import EnvChange
+
+TORCHRUN_MODULE = "torch.distributed.run"
+
+# c10d's store read/connect timeout defaults to 60 s. A node whose container
+# starts sooner than the head's (cold squashfs cache, a Kubernetes image pull)
+# keeps retrying the head's store until this runs out, so allow 5 minutes; the
+# 600 s join_timeout default already covers the rendezvous as a whole.
+STORE_READ_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the launcher reads from this machine besides the environment (at the edge)."""
+
+    python: str          # sys.executable: workers and torchrun use the launcher's interpreter
+    cpu_count: int       # CPUs this process may run on (sched_getaffinity)
+    device_files: int    # /dev/nvidia[0-9]* found
+
+
+class Rendezvous(NamedTuple):
+    host: str
+    port: int
+    run_id: str
+    is_host: bool
+
+
+class Workers(NamedTuple):
+    count: int
+    source: str
+    on_cpu: bool
+
+
+def workers_per_node(
+    options: LaunchOptions,
+    scheduler: tuple[int, str] | None,
+    gpus: GpuCount | None,
+) -> Workers:
+    """Workers on this node: --nproc-per-node > --cpu-workers/env > scheduler > GPUs > 1 CPU worker."""
+    if options.nproc_per_node is not None:
+        return Workers(options.nproc_per_node, "--nproc-per-node", on_cpu=False)
+    if options.cpu_workers is not None:
+        return Workers(int(options.cpu_workers.value), options.cpu_workers.source, on_cpu=True)
+    if scheduler is not None:
+        return Workers(scheduler[0], scheduler[1], on_cpu=False)
+    if gpus is not None and gpus.count > 0:
+        return Workers(gpus.count, gpus.source, on_cpu=False)
+    return Workers(1, "no GPU found", on_cpu=True)
+
+
+def worker_env(workers: Workers, env: Mapping[str, str], facts: HostFacts) -> tuple[EnvChange, ...]:
+    changes = []
+    if workers.on_cpu and workers.source != "no GPU found":
+        changes.append(EnvChange("CUDA_VISIBLE_DEVICES", "",
+                                 f"{workers.source}: workers run on CPU with gloo, GPUs hidden"))
+    if workers.count > 1 and "OMP_NUM_THREADS" not in env:
+        threads = max(1, facts.cpu_count // workers.count)
+        changes.append(EnvChange("OMP_NUM_THREADS", str(threads),
+                                 f"unset; torchrun would force 1: {facts.cpu_count} CPUs / {workers.count} workers"))
+    return tuple(changes)
+
+
+def worker_notes(workers: Workers) -> tuple[str, ...]:
+    if workers.source == "no GPU found":
+        return ("no GPU found: 1 CPU worker per node with gloo (set --cpu-workers N for more)",)
+    return (f"{workers.count} worker(s) per node from {workers.source}",)
+
+
+def max_restarts(options: LaunchOptions, scheduler_value: str | None = None,
+                 scheduler_name: str = "") -> int:
+    if options.max_restarts is not None:
+        return int(options.max_restarts.value)
+    if scheduler_value:
+        text = scheduler_value.strip()
+        if text.isascii() and text.isdigit():
+            return int(text)
+        raise LaunchError(f"{scheduler_name}={scheduler_value!r} is not a non-negative integer: "
+                          f"fix it or pass --max-restarts N")
+    return 0
+
+
+def endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def torchrun_command(
+    python: str,
+    nnodes: str,
+    nproc: int,
+    rendezvous: Rendezvous | None,
+    restarts: int,
+    log_dir: str | None,
+    workload: Workload,
+) -> tuple[str, ...]:
+    """torchrun's argv; rendezvous None means --standalone (one node, store on a free port)."""
+    argv = [python, "-m", TORCHRUN_MODULE]
+    if rendezvous is None:
+        argv += ["--standalone", "--nnodes=1"]
+    else:
+        host_flag = "true" if rendezvous.is_host else "false"
+        argv += [
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint(rendezvous.host, rendezvous.port)}",
+            f"--rdzv-id={rendezvous.run_id}",
+            # Explicit is_host: torchrun's hostname/IP matching guesses wrong in
+            # containers and behind NAT (pytorch#73656, #79388), so no guessing.
+            f"--rdzv-conf=is_host={host_flag},read_timeout={STORE_READ_TIMEOUT_S}",
+        ]
+    argv += [f"--nproc-per-node={nproc}", f"--max-restarts={restarts}"]
+    if log_dir:
+        argv.append(f"--log-dir={log_dir}")
+    argv += workload.torchrun_args()
+    return tuple(argv)

@@ -1,0 +1,13 @@
+"""pytest fixtures for the launcher tests (plain environment dicts live in launch_envs.py)."""
+
+import pytest
+
+
+@pytest.fixture
+def fake_dev(tmp_path):
+    """A fake filesystem root with /dev/nvidia0..3 plus the control nodes that must not count."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-caps"):
+        (dev / name).touch()
+    return tmp_path

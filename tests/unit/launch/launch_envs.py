@@ -1,0 +1,150 @@
+"""The seeds' exact scheduler environments as plain dicts, and plan_for() to plan from them.
+
+Nothing here touches os.environ; a fake name service stands in for getaddrinfo.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from ddp_launch.cli import build_parser, split_workload
+from ddp_launch.modes import build_plan
+from ddp_launch.options import merge_options
+from ddp_launch.torchrun import HostFacts
+
+PYTHON = "/usr/bin/python3"
+FACTS = HostFacts(python=PYTHON, cpu_count=72, device_files=0)
+
+# Name service of the fake clusters: what getaddrinfo would answer.
+HOSTS = {
+    "olivia-gh001": "10.10.0.1",
+    "olivia-gh002": "10.10.0.2",
+    "raven0123": "10.20.0.123",
+    "raven0124": "10.20.0.124",
+    "master-node": "192.168.20.15",
+    "job-master-0": "10.96.0.10",
+    "trainjob-node-0-0.trainjob": "10.96.0.20",
+}
+
+
+def fake_resolver(table: Mapping[str, str] = HOSTS):
+    """Like rendezvous.lookup_ipv4: IPv4 literals answer themselves, names come from table."""
+    def resolve(host: str) -> Optional[str]:
+        if host.replace(".", "").isdigit() and host.count(".") == 3:
+            return host
+        return table.get(host)
+    return resolve
+
+
+def plan_for(env: Mapping[str, str], *argv: str, facts: HostFacts = FACTS, resolve=None):
+    """(plan, topology) exactly as cli.main builds them, without fabric, I/O or exec."""
+    launcher_argv, workload_args = split_workload(list(argv))
+    args = build_parser().parse_args(launcher_argv)
+    options = merge_options(args, workload_args, env)
+    return build_plan(options, env, facts, resolve or fake_resolver())
+
+
+def env_of(plan) -> dict:
+    return {change.name: change.value for change in plan.env_changes}
+
+
+# Olivia (seeds 000/003): sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=4, srun.
+OLIVIA_STEP = {
+    "SLURM_JOB_ID": "771234",
+    "SLURM_JOB_NODELIST": "olivia-gh[001-002]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NTASKS": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_GPUS_PER_NODE": "4",
+    "SLURM_CPUS_PER_TASK": "72",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "olivia-gh[001-002]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_GPUS_ON_NODE": "4",
+}
+
+
+def olivia(node: int) -> dict:
+    return {**OLIVIA_STEP, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+            "SLURMD_NODENAME": f"olivia-gh00{node + 1}"}
+
+
+# Raven (seed 001): --nodes=2 --ntasks-per-node=4 --gres=gpu:a100:4, srun python ...
+RAVEN_STEP = {
+    "SLURM_JOB_ID": "5550017",
+    "SLURM_JOB_NODELIST": "raven[0123,0124]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NTASKS": "8",
+    "SLURM_NTASKS_PER_NODE": "4",
+    "SLURM_TASKS_PER_NODE": "4(x2)",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "raven[0123,0124]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "8",
+    "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+    "SLURM_GPUS_ON_NODE": "4",
+    "SLURM_CPUS_PER_TASK": "18",
+}
+
+
+def raven(rank: int, tasks_per_node: int = 4, **extra: str) -> dict:
+    node = rank // tasks_per_node
+    return {**RAVEN_STEP, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % tasks_per_node),
+            "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"raven012{node + 3}", **extra}
+
+
+# Seed 004: 6 nodes x 1 GPU, --ntasks-per-node=1 --gpus-per-node=1, explicit --nodelist.
+SEED004_STEP = {
+    "SLURM_JOB_ID": "908",
+    "SLURM_JOB_NODELIST": "master-node,node[01-05]",
+    "SLURM_JOB_NUM_NODES": "6",
+    "SLURM_NTASKS": "6",
+    "SLURM_TASKS_PER_NODE": "1(x6)",
+    "SLURM_GPUS_PER_NODE": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "master-node,node[01-05]",
+    "SLURM_STEP_NUM_NODES": "6",
+    "SLURM_STEP_NUM_TASKS": "6",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x6)",
+    "SLURM_GPUS_ON_NODE": "1",
+}
+
+
+def seed004(node: int) -> dict:
+    names = ["master-node", "node01", "node02", "node03", "node04", "node05"]
+    return {**SEED004_STEP, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+            "SLURMD_NODENAME": names[node]}
+
+
+# RunAI (seed 002): runai submit-dist pytorch --workers=1 -g 4 -> 2 pods x 4 GPUs.
+def runai(pod: int) -> dict:
+    return {
+        "PET_NNODES": "2",
+        "RUNAI_NUM_OF_GPUS": "4",
+        "WORLD_SIZE": "8",
+        "RANK": str(pod),
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "10.96.0.10",
+        "MASTER_PORT": "23456",
+    }
+
+
+# Kubeflow training-operator v1 PyTorchJob (Master + 1 Worker, nprocPerNode 4).
+def kubeflow_v1(replica: int) -> dict:
+    return {
+        "MASTER_ADDR": "job-master-0", "PET_MASTER_ADDR": "job-master-0",
+        "MASTER_PORT": "23456", "PET_MASTER_PORT": "23456",
+        "WORLD_SIZE": "8", "RANK": str(replica), "PET_NODE_RANK": str(replica),
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PYTHONUNBUFFERED": "1",
+    }
+
+
+# Kubeflow Trainer v2 TrainJob: PET_* only.
+def trainer_v2(node: int) -> dict:
+    return {
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": str(node),
+        "PET_MASTER_ADDR": "trainjob-node-0-0.trainjob", "PET_MASTER_PORT": "29400",
+    }

@@ -1,0 +1,129 @@
+"""RunAI and Kubeflow pods: torchrun per pod, c10d at the master, pod-level ranks removed."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_launch.errors import LaunchError
+from ddp_launch.modes import detect_mode
+from ddp_launch.rendezvous import waiting_resolver
+from launch_envs import PYTHON, fake_resolver, kubeflow_v1, plan_for, runai, trainer_v2
+
+
+def test_runai_master_pod_hosts_the_rendezvous():
+    plan, topology = plan_for(runai(0))
+    assert plan.mode == "kubeflow"
+    assert plan.argv == (
+        PYTHON, "-m", "torch.distributed.run", "--nnodes=2", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.96.0.10:23456", "--rdzv-id=10.96.0.10",
+        "--rdzv-conf=is_host=true,read_timeout=300", "--nproc-per-node=4", "--max-restarts=0",
+        "-m", "ddp_train")
+    assert topology.nodes == 2
+
+
+def test_runai_worker_pod_joins_and_pod_level_ranks_are_removed():
+    plan, _ = plan_for(runai(1))
+    assert "--rdzv-conf=is_host=false,read_timeout=300" in plan.argv
+    removed = {c.name for c in plan.env_changes if c.value is None}
+    assert removed == {"RANK", "WORLD_SIZE", "LOCAL_RANK"}
+    assert "RANK" not in plan.environment(runai(1)) and "WORLD_SIZE" not in plan.environment(runai(1))
+
+
+def test_kubeflow_v1_resolves_the_master_service_name():
+    plan, topology = plan_for(kubeflow_v1(1))
+    assert "--rdzv-endpoint=10.96.0.10:23456" in plan.argv
+    assert "--rdzv-id=job-master-0" in plan.argv and "--nproc-per-node=4" in plan.argv
+    assert topology.head_address == "10.96.0.10"
+
+
+def test_trainer_v2_uses_pet_variables_only():
+    plan, _ = plan_for(trainer_v2(0))
+    assert {"--nnodes=2", "--nproc-per-node=4", "--rdzv-endpoint=10.96.0.20:29400",
+            "--rdzv-conf=is_host=true,read_timeout=300"} <= set(plan.argv)
+    assert not [c for c in plan.env_changes if c.value is None]  # nothing pod-level to remove
+
+
+def test_v1_master_with_localhost_address_is_fine_on_rank_zero():
+    plan, _ = plan_for({**kubeflow_v1(0), "MASTER_ADDR": "localhost", "PET_MASTER_ADDR": "localhost"},
+                       resolve=fake_resolver({"localhost": "127.0.0.1"}))
+    assert "--rdzv-endpoint=127.0.0.1:23456" in plan.argv
+
+
+def test_loopback_master_on_a_worker_pod_is_an_error():
+    env = {**kubeflow_v1(1), "PET_MASTER_ADDR": "localhost"}
+    with pytest.raises(LaunchError, match="PET_MASTER_ADDR='localhost' is a loopback address on pod rank 1"):
+        plan_for(env, resolve=fake_resolver({"localhost": "127.0.0.1"}))
+
+
+def test_elastic_node_range_passes_through():
+    plan, topology = plan_for({**trainer_v2(1), "PET_NNODES": "1:4"})
+    assert "--nnodes=1:4" in plan.argv and topology.nodes == 4
+
+
+@pytest.mark.parametrize("value", ["two", "0", "4:", "1:2:3"])
+def test_bad_pet_nnodes_is_an_error(value):
+    with pytest.raises(LaunchError, match=f"PET_NNODES={value!r}"):
+        plan_for({**trainer_v2(0), "PET_NNODES": value})
+
+
+def test_missing_master_address_is_an_error():
+    env = {k: v for k, v in trainer_v2(0).items() if k != "PET_MASTER_ADDR"}
+    env["PET_NNODES"] = "2"
+    with pytest.raises(LaunchError, match="PET_MASTER_ADDR or MASTER_ADDR is not"):
+        plan_for(env, "--mode", "kubeflow")
+
+
+def test_missing_node_rank_on_a_multi_pod_job_is_an_error():
+    env = {k: v for k, v in trainer_v2(1).items() if k != "PET_NODE_RANK"}
+    with pytest.raises(LaunchError, match="PET_NODE_RANK and RANK are unset"):
+        plan_for(env)
+
+
+def test_nodes_flag_checked_against_pod_count():
+    with pytest.raises(LaunchError, match="--nodes 3 but PET_NNODES=2"):
+        plan_for(runai(0), "--nodes", "3")
+
+
+def test_pet_max_restarts_used_unless_the_flag_says_otherwise():
+    env = {**trainer_v2(0), "PET_MAX_RESTARTS": "2"}
+    assert "--max-restarts=2" in plan_for(env)[0].argv
+    assert "--max-restarts=0" in plan_for(env, "--max-restarts", "0")[0].argv
+
+
+def test_detection_order_torchrun_then_slurm_then_kubeflow_then_local():
+    assert detect_mode({**runai(0), "TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_ID": "1"}) == "torchrun"
+    assert detect_mode({**runai(0), "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "a"}) == "slurm-node"
+    assert detect_mode(runai(0)) == "kubeflow"
+    assert detect_mode({"MASTER_ADDR": "x", "RANK": "0"}) == "local"
+
+
+# -- the bounded DNS wait ---------------------------------------------------------------------------
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_dns_wait_retries_until_the_name_appears_and_reports_progress():
+    clock, lines, answers = FakeClock(), [], iter([None] * 7 + ["10.96.0.10"])
+    resolve = waiting_resolver(120, lines.append, lookup=lambda host: next(answers),
+                               sleep=clock.sleep, clock=clock)
+    assert resolve("job-master-0") == "10.96.0.10"
+    assert clock.now == 14.0
+    assert lines and all("waiting for 'job-master-0' to resolve" in line for line in lines)
+    assert len(lines) == 2  # at 0 s and at 10 s, not on every try
+
+
+def test_dns_wait_gives_up_after_its_bound_with_a_fix_in_the_message():
+    clock = FakeClock()
+    resolve = waiting_resolver(30, lambda line: None, lookup=lambda host: None,
+                               sleep=clock.sleep, clock=clock)
+    with pytest.raises(LaunchError, match="did not resolve within 30 s.*DDP_LAUNCH_DNS_TIMEOUT"):
+        resolve("job-master-0")
+    assert 30 <= clock.now <= 32
