@@ -1,0 +1,141 @@
+"""Training images/s: our trainer vs the seed guide's input pipeline, same model, data and machine.
+
+    python benchmarks/trainer_throughput.py                               # CPU, narrow model
+    python benchmarks/trainer_throughput.py --device cuda --width-scale 1  # GPU, the guide's model
+
+"ours" runs the real `python -m ddp_train` (world of 1, --recipe guide, default precision) and
+reads its per-epoch images/s from metrics.jsonl. "seed" reproduces the guide's loop in this
+process: torchvision CIFAR100 + DataLoader(workers, shuffle) with per-image RandomCrop(32, 4),
+RandomHorizontalFlip, ToTensor, Normalize; fp16 autocast + GradScaler on GPU (fp32 on CPU); a
+fresh DataLoader iterator each epoch, timed from iterator creation as the seed does. Both time
+training only (no evaluation) and skip the first (warm-up) epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from ddp_train.layout import has_dataset
+from ddp_train.metrics import read_metrics
+from ddp_train.model import WideResNet
+from ddp_train.synthetic import write_dataset
+
+MEAN, STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--width-scale", type=float, help="default: 1/16 on cpu, 1.0 on cuda")
+    p.add_argument("--batch-size", type=int, help="default: 128 on cpu, 256 on cuda (the guide's per GPU)")
+    p.add_argument("--train-images", type=int, help="generated set size (default: 2048 cpu, 50000 cuda)")
+    p.add_argument("--epochs", type=int, default=3, help="per side; the first is warm-up (default: 3)")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="DataLoader workers for the seed side (the guide uses 8)")
+    p.add_argument("--data-dir", help="use this CIFAR-100 instead of generating one")
+    p.add_argument("--json", action="store_true", help="also print one JSON line with the figures")
+    args = p.parse_args()
+    cuda = args.device == "cuda"
+    args.width_scale = args.width_scale or (1.0 if cuda else 1 / 16)
+    args.batch_size = args.batch_size or (256 if cuda else 128)
+    args.train_images = args.train_images or (50000 if cuda else 2048)
+    if args.epochs < 2:
+        p.error("--epochs must be at least 2 (the first one is warm-up)")
+    return args
+
+
+def run_ours(args: argparse.Namespace, data_dir: Path, run_dir: Path) -> tuple[float, dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "ddp_train", "--data-dir", str(data_dir), "--run-dir", str(run_dir),
+           "--recipe", "guide", "--device", args.device, "--width-scale", str(args.width_scale),
+           "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
+           "--limit-train", str(args.train_images), "--limit-test", "1000",
+           "--target-accuracy", "2", "--checkpoint-every", "0", "--no-resume"]
+    if not args.data_dir:
+        cmd.append("--allow-unverified-data")
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    epochs = [r for r in records if r["type"] == "epoch"][1:]
+    run = next(r for r in records if r["type"] == "run")
+    return statistics.mean(e["images_per_s"] for e in epochs), run
+
+
+def run_seed_pipeline(args: argparse.Namespace, data_dir: Path) -> float:
+    import torchvision
+    import torchvision.datasets.cifar as cifar
+    import torchvision.transforms as T
+
+    if not args.data_dir:  # generated files are not the official ones; skip torchvision's md5s
+        cifar.check_integrity = lambda *a, **k: True
+    device = torch.device(args.device)
+    transform = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
+                           T.Normalize(MEAN, STD)])
+    dataset = torchvision.datasets.CIFAR100(str(data_dir), train=True, download=False,
+                                            transform=transform)
+    dataset = torch.utils.data.Subset(dataset, range(min(args.train_images, len(dataset))))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                                         num_workers=args.workers, pin_memory=device.type == "cuda",
+                                         drop_last=True)
+    torch.manual_seed(0)
+    model = WideResNet(100, args.width_scale).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    cuda = device.type == "cuda"
+    scaler = torch.amp.GradScaler("cuda", enabled=cuda)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rates = []
+    for _ in range(args.epochs):
+        model.train()
+        t0 = time.perf_counter()
+        images = 0
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            optimizer.zero_grad()
+            with torch.autocast(device.type, dtype=torch.float16, enabled=cuda):
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            images += x.shape[0]
+        if cuda:
+            torch.cuda.synchronize()
+        rates.append(images / (time.perf_counter() - t0))
+    return statistics.mean(rates[1:])
+
+
+def main() -> int:
+    args = parse_args()
+    with tempfile.TemporaryDirectory(prefix="trainer-bench-") as tmp:
+        data_dir = Path(args.data_dir or Path(tmp) / "data")
+        if not args.data_dir:
+            write_dataset(data_dir, train=args.train_images, test=1000, seed=0)
+        elif not has_dataset(data_dir):
+            sys.exit(f"trainer_throughput: no CIFAR-100 in {data_dir}")
+        ours, run = run_ours(args, data_dir, Path(tmp) / "run")
+        seed = run_seed_pipeline(args, data_dir)
+    what = run["gpu_model"] or f"CPU, {torch.get_num_threads()} threads"
+    print(f"trainer_throughput: {args.device} ({what}), width scale {args.width_scale:g}, "
+          f"batch {args.batch_size}, {args.train_images} train images, {args.epochs} epochs "
+          f"each (first excluded), precision ours {run['precision']}")
+    print(f"  ours (ddp-train: uint8 tensor on device, batched augment) : {ours:10,.1f} images/s")
+    print(f"  seed (torchvision + DataLoader, {args.workers} workers, per-image) : {seed:10,.1f} images/s")
+    print(f"  ratio ours/seed: {ours / seed:.2f}x")
+    if args.json:
+        print(json.dumps({"device": args.device, "model": what, "width_scale": args.width_scale,
+                          "batch_size": args.batch_size, "ours_images_per_s": ours,
+                          "seed_images_per_s": seed, "ratio": ours / seed}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

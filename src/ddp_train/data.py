@@ -1,0 +1,108 @@
+"""Read CIFAR-100 (torchvision's on-disk format) straight into uint8 tensors, checked.
+
+The pickles already store images channel-planar (N x 3072 = N,3,32,32), so no per-image
+decode or transpose is needed. Training never downloads: see download.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ddp_train.errors import TrainError
+from ddp_train.layout import NUM_CLASSES, OFFICIAL_MD5, split_path
+
+IMAGE_SHAPE = (3, 32, 32)
+# Per-channel mean and std of the CIFAR-100 training set (0..1 scale).
+MEAN = (0.5071, 0.4865, 0.4409)
+STD = (0.2673, 0.2564, 0.2762)
+
+
+@dataclass(frozen=True)
+class Split:
+    images: torch.Tensor  # uint8, N x 3 x 32 x 32
+    labels: torch.Tensor  # int64, N
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def head(self, n: int) -> "Split":
+        return self if n <= 0 or n >= len(self) else Split(self.images[:n], self.labels[:n])
+
+    def to(self, device: torch.device) -> "Split":
+        return Split(self.images.to(device), self.labels.to(device))
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Only what a CIFAR pickle holds (dicts, lists, numpy arrays): a pickle can run code."""
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("copy_reg", "_reconstructor"), ("copyreg", "_reconstructor"),
+        ("__builtin__", "object"), ("builtins", "object"),
+        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"unexpected object {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _unpickle(raw: bytes) -> dict:
+    # latin1 reads the official Python 2 pickles; keys come back as str.
+    return _CifarUnpickler(io.BytesIO(raw), encoding="latin1").load()
+
+
+def load_split(data_dir: str | Path, name: str, verify: bool) -> Split:
+    path = split_path(data_dir, name)
+    if not path.is_file():
+        raise TrainError(
+            f"CIFAR-100 not found: no {path} (looked in --data-dir {data_dir}); run `make data` "
+            f"or `ddp-train --download --data-dir {data_dir}` on a login node with internet access")
+    raw = path.read_bytes()
+    if verify and hashlib.md5(raw).hexdigest() != OFFICIAL_MD5[name]:
+        raise TrainError(
+            f"{path} does not match the official CIFAR-100 checksum: re-fetch it with `make data`, "
+            f"or pass --allow-unverified-data for files you generated yourself")
+    broken = f"{path} is not a readable CIFAR-100 pickle"
+    fix = f"delete {path.parent} and re-fetch it with `make data`"
+    try:
+        entry = _unpickle(raw)
+        data = np.asarray(entry["data"], dtype=np.uint8)
+        labels = np.asarray(entry["fine_labels"], dtype=np.int64)
+    except Exception as exc:  # truncated, wrong format, missing keys: all the same fix
+        raise TrainError(f"{broken} ({type(exc).__name__}: {exc}); {fix}") from None
+    n = labels.shape[0]
+    if data.shape != (n, 3 * 32 * 32) or n == 0:
+        raise TrainError(f"{broken} (data shape {data.shape} for {n} labels); {fix}")
+    if labels.min() < 0 or labels.max() >= NUM_CLASSES:
+        raise TrainError(f"{broken} (labels outside 0..{NUM_CLASSES - 1}); {fix}")
+    images = torch.from_numpy(data).view(n, *IMAGE_SHAPE)
+    return Split(images, torch.from_numpy(labels))
+
+
+def load_cifar100(data_dir: str | Path, verify: bool) -> tuple[Split, Split]:
+    return load_split(data_dir, "train", verify), load_split(data_dir, "test", verify)
+
+
+def memory_format_for(device: torch.device) -> torch.memory_format:
+    """channels_last feeds GPU tensor cores; on CPU it measured slower for narrow models (docs)."""
+    return torch.channels_last if device.type == "cuda" else torch.contiguous_format
+
+
+def normalize(images_uint8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 N,3,H,W -> normalised float on the images' device, in the device's memory format."""
+    device = images_uint8.device
+    scale = torch.tensor([1 / (255 * s) for s in STD], device=device, dtype=dtype).view(1, 3, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(MEAN, STD)], device=device, dtype=dtype).view(1, 3, 1, 1)
+    x = images_uint8.to(dtype).contiguous(memory_format=memory_format_for(device))
+    return torch.addcmul(shift, x, scale)

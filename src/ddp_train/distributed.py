@@ -1,0 +1,159 @@
+"""Rank, world and process group from torchrun/env:// variables; small collective helpers.
+
+With no RANK/WORLD_SIZE in the environment the run is a world of 1 and no process group
+is created; the helpers below then do nothing, so the loop reads the same either way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+
+from ddp_train.errors import TrainError
+
+# torchrun sets all of these; a scheduler task launch (srun, one task per GPU) must too.
+ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "DistEnv":
+        if "RANK" not in env and "WORLD_SIZE" not in env:
+            return cls()
+
+        def number(name: str, default: Optional[int] = None) -> int:
+            raw = env.get(name)
+            if raw is None:
+                if default is None:
+                    raise TrainError(f"{name} is not set but RANK/WORLD_SIZE are: start the trainer "
+                                     f"with ddp-launch or torchrun, which set all of {', '.join(ENV_VARS)}")
+                return default
+            try:
+                return int(raw)
+            except ValueError:
+                raise TrainError(f"{name}={raw!r} is not an integer") from None
+
+        world = number("WORLD_SIZE")
+        rank = number("RANK")
+        local_rank = number("LOCAL_RANK", 0)
+        local_world = number("LOCAL_WORLD_SIZE", world)
+        if world < 1 or not 0 <= rank < world or not 0 <= local_rank < local_world:
+            raise TrainError(f"inconsistent ranks: RANK={rank} WORLD_SIZE={world} "
+                             f"LOCAL_RANK={local_rank} LOCAL_WORLD_SIZE={local_world}")
+        if world > 1:
+            for name in ("MASTER_ADDR", "MASTER_PORT"):
+                if not env.get(name):
+                    raise TrainError(f"{name} is not set for a world of {world}: "
+                                     f"start the trainer with ddp-launch or torchrun")
+            number("MASTER_PORT")
+        return cls(rank, world, local_rank, local_world)
+
+
+def pick_device(requested: str, dist_env: DistEnv) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise TrainError("--device cuda but no CUDA GPU is visible (check --nv / --gpus)")
+        visible = torch.cuda.device_count()
+        # SLURM's --gpus-per-task / per-task binding leaves each process exactly one visible GPU.
+        index = 0 if visible == 1 else dist_env.local_rank
+        if index >= visible:
+            raise TrainError(f"LOCAL_RANK {dist_env.local_rank} but only {visible} GPUs are visible: "
+                             f"start one process per GPU")
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def init_process_group(dist_env: DistEnv, device: torch.device, timeout_s: float) -> None:
+    if dist_env.world_size == 1:
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {}
+    if device.type == "cuda":
+        kwargs["device_id"] = device  # eager NCCL init: the first collective is not slow
+    dist.init_process_group(backend=backend, init_method="env://", rank=dist_env.rank,
+                            world_size=dist_env.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest of every rank's value, on every rank (one tiny all-reduce)."""
+    t = torch.tensor([value], dtype=torch.int32, device=device)
+    if active():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    return max_over_ranks(int(flag), device) > 0
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def agree_or_raise(error: Optional[Exception], device: torch.device) -> None:
+    """Make a setup error on one rank an error on every rank, instead of peers hanging."""
+    if any_rank(error is not None, device):
+        if error is not None:
+            raise error
+        raise TrainError("setup failed on another rank (see rank 0's or that rank's log)")
+
+
+def count_nodes() -> tuple[int, int]:
+    """(nodes, processes on the busiest node) from every rank's hostname."""
+    hosts = all_gather_objects(socket.gethostname())
+    per_host: dict[str, int] = {}
+    for h in hosts:
+        per_host[h] = per_host.get(h, 0) + 1
+    return len(per_host), max(per_host.values())
+
+
+def average_buffers(module: torch.nn.Module) -> None:
+    """BatchNorm running stats drift apart per rank; average them so every rank evaluates alike."""
+    if not active():
+        return
+    world = dist.get_world_size()
+    for buf in module.buffers():
+        if buf.is_floating_point():
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            buf.div_(world)

@@ -1,0 +1,79 @@
+"""Flags -> TrainConfig: precedence, recipes, and the checks that reject unusable values."""
+
+import pytest
+
+from ddp_train.config import (DEMO_PRESET, GUIDE_RECIPE, check_world, config_from_args, peak_lr,
+                              resolve_precision)
+from ddp_train.errors import TrainError
+
+
+def test_guide_recipe_is_the_seeds_plain_sgd():
+    config = config_from_args(["--recipe", "guide"])
+    assert (config.base_lr, config.momentum, config.weight_decay) == (0.01, 0.9, 5e-4)
+    assert (config.label_smoothing, config.warmup_epochs, config.schedule) == (0.0, 0.0, "constant")
+    assert (config.ema_decay, config.tta, config.nesterov) == (0.0, False, False)
+
+
+def test_improved_recipe_is_the_default_and_each_change_is_a_flag():
+    config = config_from_args([])
+    assert config.recipe == "improved"
+    assert config.label_smoothing > 0 and config.schedule == "cosine" and config.tta
+    off = config_from_args(["--label-smoothing", "0", "--schedule", "constant", "--no-tta",
+                            "--warmup-epochs", "0", "--no-nesterov"])
+    assert (off.label_smoothing, off.schedule, off.tta, off.warmup_epochs, off.nesterov) == (
+        0.0, "constant", False, 0.0, False)
+
+
+def test_explicit_flag_beats_demo_preset_beats_recipe():
+    demo = config_from_args(["--demo", "--recipe", "guide"])
+    assert demo.width_scale == DEMO_PRESET["width_scale"]
+    assert demo.base_lr == DEMO_PRESET["base_lr"] != GUIDE_RECIPE["base_lr"]
+    explicit = config_from_args(["--demo", "--epochs", "7", "--base-lr", "0.3"])
+    assert (explicit.epochs, explicit.base_lr) == (7, 0.3)
+
+
+def test_seed_flags_keep_their_meaning():
+    config = config_from_args(["--batch-size", "1024", "--epochs", "100", "--base-lr", "0.04",
+                               "--target-accuracy", "0.95", "--patience", "2"])
+    assert (config.batch_size, config.epochs, config.base_lr) == (1024, 100, 0.04)
+    assert (config.target_accuracy, config.patience) == (0.95, 2)
+
+
+def test_unknown_precision_is_a_one_line_error():
+    with pytest.raises(TrainError, match="precision"):
+        config_from_args(["--precision", "fp8"])
+
+
+@pytest.mark.parametrize("flag,value", [("--batch-size", "0"), ("--width-scale", "0"),
+                                        ("--epochs", "-1"), ("--ema-decay", "1.5")])
+def test_unusable_values_are_rejected(flag, value):
+    with pytest.raises(TrainError, match=flag):
+        config_from_args([flag, value])
+
+
+def test_batch_not_divisible_by_world_size_names_both():
+    config = config_from_args(["--batch-size", "10"])
+    check_world(config, 5)
+    with pytest.raises(TrainError, match="--batch-size 10 is not divisible by the world size 4"):
+        check_world(config, 4)
+
+
+def test_lr_scales_linearly_with_world_size_unless_disabled():
+    assert peak_lr(config_from_args(["--base-lr", "0.01"]), 8) == pytest.approx(0.08)
+    assert peak_lr(config_from_args(["--base-lr", "0.01", "--lr-scaling", "none"]), 8) == 0.01
+
+
+@pytest.mark.parametrize("requested,device,bf16,expected", [
+    ("auto", "cpu", False, "fp32"),
+    ("auto", "cuda", True, "bf16"),
+    ("auto", "cuda", False, "fp16"),
+    ("fp16", "cuda", True, "fp16"),
+    ("fp32", "cuda", True, "fp32"),
+])
+def test_precision_defaults_to_bf16_on_capable_gpus_and_fp32_on_cpu(requested, device, bf16, expected):
+    assert resolve_precision(requested, device, bf16) == expected
+
+
+def test_bf16_on_a_gpu_without_it_is_an_error():
+    with pytest.raises(TrainError, match="fp16"):
+        resolve_precision("bf16", "cuda", False)

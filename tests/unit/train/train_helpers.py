@@ -1,0 +1,27 @@
+"""Run the real `python -m ddp_train` (or torchrun) in a subprocess with a clean environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+# Tiny and fast: a 1/16-width model on a few hundred images.
+TINY_ARGS = ["--width-scale", "0.0625", "--allow-unverified-data", "--batch-size", "32"]
+
+
+def trainer_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def run_trainer(args: list[str], timeout: float = 120, torchrun_nproc: int = 0) -> subprocess.CompletedProcess:
+    if torchrun_nproc:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={torchrun_nproc}", "-m", "ddp_train", *args]
+    else:
+        cmd = [sys.executable, "-m", "ddp_train", *args]
+    return subprocess.run(cmd, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
