@@ -1,6 +1,7 @@
 """Pieces shared by the modes that start torchrun: its command, workers per node, threads.
 
-torchrun is started as `<this python> -m torch.distributed.run`, not the
+torchrun is started as `<this python> -m ddp_launch.agent` (torch.distributed.run
+with USR1/USR2 forwarded to the workers), not the
 `torchrun` on PATH: images often carry several interpreters (NGC: /usr/bin and
 /usr/local/bin; the Olivia seed hard-codes TORCHRUN_PATH for that reason), and
 the workers must run the same interpreter, torch and packages as the launcher.
@@ -17,7 +18,8 @@ from ddp_launch.gpus import GpuCount
 from ddp_launch.options import LaunchOptions, Workload
 from ddp_launch.plan import EnvChange
 
-TORCHRUN_MODULE = "torch.distributed.run"
+# ddp_launch.agent is torch.distributed.run plus signal forwarding (see agent.py).
+TORCHRUN_MODULE = "ddp_launch.agent"
 
 # c10d's store read/connect timeout defaults to 60 s. A node whose container
 # starts sooner than the head's (cold squashfs cache, a Kubernetes image pull)

@@ -14,7 +14,7 @@ def test_runai_master_pod_hosts_the_rendezvous():
     plan, topology = plan_for(runai(0))
     assert plan.mode == "kubeflow"
     assert plan.argv == (
-        PYTHON, "-m", "torch.distributed.run", "--nnodes=2", "--rdzv-backend=c10d",
+        PYTHON, "-m", "ddp_launch.agent", "--nnodes=2", "--rdzv-backend=c10d",
         "--rdzv-endpoint=10.96.0.10:23456", "--rdzv-id=10.96.0.10",
         "--rdzv-conf=is_host=true,read_timeout=300", "--nproc-per-node=4", "--max-restarts=0",
         "-m", "ddp_train")

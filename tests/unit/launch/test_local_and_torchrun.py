@@ -12,7 +12,7 @@ from launch_envs import PYTHON, env_of, plan_for
 def test_local_mode_runs_standalone_torchrun_with_one_worker_per_gpu():
     plan, topology = plan_for({"CUDA_VISIBLE_DEVICES": "0,1"})
     assert plan.mode == "local"
-    assert plan.argv == (PYTHON, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+    assert plan.argv == (PYTHON, "-m", "ddp_launch.agent", "--standalone", "--nnodes=1",
                          "--nproc-per-node=2", "--max-restarts=0", "-m", "ddp_train")
     assert topology.nodes == 1
 

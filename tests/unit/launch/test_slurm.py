@@ -32,7 +32,7 @@ def test_olivia_head_node_runs_torchrun_hosting_the_c10d_store():
     plan, topology = plan_for(olivia(0))
     assert plan.mode == "slurm-node"
     assert plan.argv == (
-        PYTHON, "-m", "torch.distributed.run", "--nnodes=2", "--rdzv-backend=c10d",
+        PYTHON, "-m", "ddp_launch.agent", "--nnodes=2", "--rdzv-backend=c10d",
         f"--rdzv-endpoint=10.10.0.1:{OLIVIA_PORT}", "--rdzv-id=771234.0",
         "--rdzv-conf=is_host=true,read_timeout=300", "--nproc-per-node=4", "--max-restarts=0",
         "-m", "ddp_train")
