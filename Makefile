@@ -66,3 +66,61 @@ test: venv sysdeps lint test-bats
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py
 	$(VPY) benchmarks/trainer_throughput.py
+
+# ---------------------------------------------------------------------------
+# Container images (images engineer). Each target says what it builds and where
+# the SIF lands. Apptainer is needed only here; on clusters: module load apptainer.
+# ---------------------------------------------------------------------------
+.PHONY: build-olivia build-x86 build-cpu build-olivia-job dockerfile
+
+SIF_DIR          ?= .
+APPTAINER        ?= apptainer
+BUILD_FLAGS      ?= --fakeroot
+IMAGE_VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+GIT_COMMIT       := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+NGC_PYTORCH      ?= nvcr.io/nvidia/pytorch:25.06-py3
+# Olivia's pre-pulled NGC SIF is the base when it exists (no registry pull); else the NGC image.
+OLIVIA_BASE_SIF  ?= /cluster/work/support/container/pytorch_nvidia_25.06_arm64.sif
+OLIVIA_SIF       ?= $(SIF_DIR)/train-olivia-arm64.sif
+X86_SIF          ?= $(SIF_DIR)/train-x86_64.sif
+CPU_SIF          ?= $(SIF_DIR)/train-cpu.sif
+OLIVIA_ACCOUNT   ?= $(SBATCH_ACCOUNT)
+IMAGE_ARGS        = --build-arg VERSION=$(IMAGE_VERSION) --build-arg GIT_COMMIT=$(GIT_COMMIT)
+
+define need_apptainer
+	@command -v $(APPTAINER) >/dev/null 2>&1 || { echo "error: '$(APPTAINER)' not found on PATH; on a cluster run 'module load apptainer', elsewhere install it (https://apptainer.org/docs/admin/main/installation.html)" >&2; exit 127; }
+endef
+
+# %test runs inside the image, so it is skipped when building arm64 on an x86_64 login node.
+build-olivia:
+	$(need_apptainer)
+	@if [ -f "$(OLIVIA_BASE_SIF)" ]; then base="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=$(OLIVIA_BASE_SIF)"; \
+	 else base="--arch arm64 --build-arg BOOTSTRAP=docker --build-arg BASE_IMAGE=$(NGC_PYTORCH)"; fi; \
+	 notest=""; [ "$$(uname -m)" = aarch64 ] || notest="--notest"; \
+	 echo "building containers/olivia-arm64.def (arm64, $$base) -> $(OLIVIA_SIF)"; \
+	 $(APPTAINER) build $(BUILD_FLAGS) $$notest $$base $(IMAGE_ARGS) "$(OLIVIA_SIF)" containers/olivia-arm64.def
+	@echo "SIF: $(OLIVIA_SIF)"
+
+build-x86:
+	$(need_apptainer)
+	@echo "building containers/x86_64.def (amd64, $(NGC_PYTORCH)) -> $(X86_SIF)"
+	$(APPTAINER) build $(BUILD_FLAGS) --build-arg BASE_IMAGE=$(NGC_PYTORCH) $(IMAGE_ARGS) "$(X86_SIF)" containers/x86_64.def
+	@echo "SIF: $(X86_SIF)"
+
+build-cpu:
+	$(need_apptainer)
+	@echo "building containers/cpu.def (CPU-only torch, native arch) -> $(CPU_SIF)"
+	$(APPTAINER) build $(BUILD_FLAGS) $(IMAGE_ARGS) "$(CPU_SIF)" containers/cpu.def
+	@echo "SIF: $(CPU_SIF)"
+
+# Build on an aarch64 compute node instead (runs %test natively there).
+build-olivia-job:
+	@command -v sbatch >/dev/null 2>&1 || { echo "error: sbatch not found; run this on an Olivia login node" >&2; exit 127; }
+	@echo "submitting a job that runs 'make build-olivia' on a GH200 node -> $(OLIVIA_SIF)"
+	sbatch --job-name=build-olivia-sif --partition=accel --nodes=1 --gpus=1 --time=01:00:00 \
+	  $(if $(OLIVIA_ACCOUNT),--account=$(OLIVIA_ACCOUNT)) --output=build-olivia-%j.out \
+	  --wrap 'module load apptainer 2>/dev/null; make build-olivia OLIVIA_SIF=$(OLIVIA_SIF)'
+
+dockerfile: venv
+	@echo "generating containers/Dockerfile from containers/x86_64.def (spython)"
+	$(VPY) containers/dockerfile.py --def containers/x86_64.def --build-arg VERSION=$(IMAGE_VERSION) -o containers/Dockerfile

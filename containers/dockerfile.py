@@ -1,0 +1,93 @@
+"""Generate the Dockerfile (RunAI / Kubernetes) from an Apptainer definition with spython.
+
+spython's writer turns %runscript into a shell-form CMD, which drops the
+container's arguments; we swap it for an exec-form ENTRYPOINT so
+`docker run IMAGE --nodes 2` reaches ddp-launch, and run %test as a build step.
+Usage: python containers/dockerfile.py [--def PATH] [--build-arg K=V ...] [-o FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from typing import Dict, List, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from deffile import render, sections  # noqa: E402
+
+EXPECTED_RUNSCRIPT = 'exec ddp-launch "$@"'
+ENTRYPOINT = '["ddp-launch"]'
+DEFAULT_DEF = os.path.join("containers", "x86_64.def")
+
+
+def generate(def_path: str, build_args: Dict[str, str]) -> str:
+    from spython.main.parse.parsers import SingularityParser
+    from spython.main.parse.writers import DockerWriter
+
+    with open(def_path, encoding="utf-8") as handle:
+        rendered = render(handle.read(), build_args)
+    # Each RUN fails the build on its own, so `set -e` (needed in %test) is dropped.
+    test_lines = [
+        line for line in sections(rendered).get("test", "").splitlines()
+        if line.strip() and not line.lstrip().startswith("#") and line.strip() != "set -e"
+    ]
+    with tempfile.NamedTemporaryFile("w", suffix=".def", delete=False) as handle:
+        handle.write(rendered)
+        temporary = handle.name
+    try:
+        logging.disable(logging.WARNING)
+        recipe = SingularityParser(temporary).recipe
+    finally:
+        logging.disable(logging.NOTSET)
+        os.unlink(temporary)
+    for stage in recipe.values():
+        if (stage.cmd or "").strip() != EXPECTED_RUNSCRIPT:
+            raise ValueError(f"{def_path}: %runscript must be `{EXPECTED_RUNSCRIPT}`, found {stage.cmd!r}")
+        stage.cmd = None
+        stage.entrypoint = ENTRYPOINT
+        stage.install = [line for line in stage.install if "/tests.sh" not in line] + test_lines
+        stage.test = None
+        stage.comments = []
+    header = [
+        f"# Generated from {def_path} by containers/dockerfile.py (make dockerfile); do not edit.",
+        "# Build: docker build -f containers/Dockerfile -t ddp-train . (from the repository root)",
+    ]
+    return "\n".join(header) + "\n" + DockerWriter(recipe).convert() + "\n"
+
+
+def parse_build_args(pairs: Sequence[str]) -> Dict[str, str]:
+    result = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"dockerfile.py: error: --build-arg {pair!r} must be NAME=VALUE")
+        name, value = pair.split("=", 1)
+        result[name] = value
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="Dockerfile from an Apptainer definition file")
+    parser.add_argument("--def", dest="definition", default=DEFAULT_DEF)
+    parser.add_argument("--build-arg", action="append", default=[])
+    parser.add_argument("-o", "--output", help="write here instead of stdout")
+    args = parser.parse_args(argv)
+    try:
+        text = generate(args.definition, parse_build_args(args.build_arg))
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"dockerfile.py: error: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        print(f"dockerfile.py: wrote {args.output} from {args.definition}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

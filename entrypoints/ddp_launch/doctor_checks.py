@@ -1,0 +1,364 @@
+"""The checks `ddp-launch doctor` runs: each reads a DoctorContext and returns one Check.
+
+Probes that touch the real machine (torch import, dlopen, fi_info, TCP connect)
+come in through Probes so tests can drive every branch with fake /sys, /dev trees.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from ddp_launch.fabric import FabricPlan, FabricRequest, plan_fabric
+from ddp_launch.fabric.common import list_dir, read_text, under
+from ddp_launch.fabric.slingshot import check_socket_ifname
+from ddp_launch.gpus import count_device_files, parse_count
+from ddp_launch.nodelist import expand_nodelist
+from ddp_launch.rendezvous import rendezvous_port
+from ddp_launch.sites import SiteProfile
+
+OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
+# Oldest Linux driver for each CUDA major (CUDA toolkit release notes, table 3).
+MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Probes:
+    torch_info: Callable[[], Optional[Dict[str, object]]]
+    load_library: Callable[[str, str], str]            # (path, kind) -> version text; raises OSError
+    run_command: Callable[[Sequence[str]], Tuple[int, str]]
+    connect: Callable[[str, int, float], str]           # "open" | "refused" | "timeout" | "error: ..."
+    which: Callable[[str], Optional[str]] = shutil.which
+
+
+@dataclass(frozen=True)
+class DoctorContext:
+    env: Mapping[str, str]
+    root: str
+    offline: bool
+    profile: Optional[SiteProfile]
+    data_dir: str
+    probes: Probes
+    fabric: FabricPlan  # what the launcher would set on this node, from the same code
+
+
+def multi_node_job(env: Mapping[str, str]) -> bool:
+    for name in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PET_NNODES"):
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value) > 1
+    return False
+
+
+def head_node(env: Mapping[str, str]) -> Tuple[Optional[str], Optional[int]]:
+    host = env.get("DDP_LAUNCH_RDZV_HOST") or env.get("MASTER_ADDR")
+    if not host and env.get("SLURM_JOB_NODELIST"):
+        host = expand_nodelist(env["SLURM_JOB_NODELIST"], "SLURM_JOB_NODELIST")[0]
+    port_text = env.get("DDP_LAUNCH_RDZV_PORT") or env.get("MASTER_PORT")
+    if port_text and port_text.isdigit():
+        return host, int(port_text)
+    if env.get("SLURM_JOB_ID", "").isdigit():
+        step = env.get("SLURM_STEP_ID", "0")
+        return host, rendezvous_port(int(env["SLURM_JOB_ID"]), int(step) if step.isdigit() else 0)
+    return host, 29500 if host else None
+
+
+def make_context(env, root, offline, profile, data_dir, probes, machine=None) -> DoctorContext:
+    request = FabricRequest(
+        env=env, multi_node=multi_node_job(env), site=profile.name if profile else None,
+        head_address=head_node(env)[0], root=root, machine=machine,
+    )
+    return DoctorContext(env, root, offline, profile, data_dir, probes, plan_fabric(request))
+
+
+def fabric_expected(ctx: DoctorContext) -> Optional[str]:
+    if ctx.profile and ctx.profile.fabric in ("slingshot", "infiniband"):
+        return ctx.profile.fabric
+    return ctx.fabric.fabric if ctx.fabric.fabric != "ethernet" else None
+
+
+def planned(ctx: DoctorContext, name: str) -> Optional[str]:
+    """The value the launcher would run with: the user's, else the fabric plan's."""
+    if name in ctx.env:
+        return ctx.env[name]
+    for change in ctx.fabric.changes:
+        if change.name == name:
+            return change.value
+    return None
+
+
+# --- checks ---------------------------------------------------------------
+
+def check_gpus(ctx: DoctorContext) -> Check:
+    info = ctx.probes.torch_info() or {}
+    visible = info.get("cuda_device_count")
+    source = "torch.cuda.device_count()"
+    if not isinstance(visible, int):
+        visible, source = count_device_files(ctx.root), "/dev/nvidia[0-9]*"
+    granted_text = ctx.env.get("SLURM_GPUS_ON_NODE") or ctx.env.get("RUNAI_NUM_OF_GPUS")
+    granted = parse_count("SLURM_GPUS_ON_NODE", granted_text) if granted_text else None
+    if granted and visible == 0:
+        return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted",
+                     "run with `apptainer exec --nv` (or `apptainer run --nv`) so the GPUs enter the container")
+    if granted is not None and visible != granted:
+        return Check("gpus", WARN, f"{visible} GPUs visible ({source}), {granted} granted",
+                     "check CUDA_VISIBLE_DEVICES and the job's --gpus-per-node")
+    if visible == 0:
+        return Check("gpus", WARN, "no GPUs visible; training will run on CPU",
+                     "on a GPU node, add --nv to apptainer")
+    granted_note = f", {granted} granted" if granted is not None else ""
+    return Check("gpus", OK, f"{visible} GPUs visible ({source}){granted_note}")
+
+
+def check_torch(ctx: DoctorContext) -> Check:
+    info = ctx.probes.torch_info()
+    if info is None:
+        return Check("torch", FAIL, "torch cannot be imported", "use an image with PyTorch (the NGC base) or pip install torch")
+    parts = [f"torch {info.get('version')}"]
+    if info.get("cuda"):
+        parts.append(f"CUDA {info['cuda']}")
+    if info.get("nccl"):
+        parts.append(f"NCCL {info['nccl']}")
+    return Check("torch", OK, ", ".join(parts))
+
+
+def check_fabric_devices(ctx: DoctorContext) -> Check:
+    expected = fabric_expected(ctx)
+    cxi = [d for d in (list_dir(ctx.root, "/dev") or ()) if d.startswith("cxi")]
+    rdma = list(list_dir(ctx.root, "/sys/class/infiniband") or ())
+    found = ", ".join(cxi + rdma) or "none"
+    if expected == "slingshot" and not cxi and list_dir(ctx.root, "/sys/class/cxi") is None:
+        status = FAIL if multi_node_job(ctx.env) else WARN
+        return Check("fabric devices", status, f"Slingshot expected but no /dev/cxi* (found: {found})",
+                     "run on a compute node; inside Apptainer /dev is shared, so check the node itself")
+    if expected == "infiniband" and not rdma:
+        status = FAIL if multi_node_job(ctx.env) else WARN
+        return Check("fabric devices", status, "InfiniBand/RoCE expected but /sys/class/infiniband is empty",
+                     "on RunAI add --extended-resource rdma/rdma=1 and the roce network annotation")
+    return Check("fabric devices", OK, f"fabric {ctx.fabric.fabric}; devices: {found}")
+
+
+def check_fabric_settings(ctx: DoctorContext) -> Check:
+    env = ctx.env
+    if "NCCL_NET" in env and "NCCL_NET_PLUGIN" in env:
+        return Check("fabric settings", FAIL, f"NCCL_NET={env['NCCL_NET']} and NCCL_NET_PLUGIN={env['NCCL_NET_PLUGIN']} are both set",
+                     "unset NCCL_NET_PLUGIN: with both, NCCL cannot find the network (CSCS docs PR #75)")
+    kept = [note for note in ctx.fabric.notes if note.startswith("kept your")]
+    detail = f"{len(ctx.fabric.changes)} variables from the {ctx.fabric.fabric} defaults"
+    if kept:
+        detail += f"; {len(kept)} of yours kept (see ddp-launch --dry-run)"
+    return Check("fabric settings", OK, detail)
+
+
+def _library_dirs(ctx: DoctorContext) -> Tuple[str, ...]:
+    return tuple(d for d in (planned(ctx, "LD_LIBRARY_PATH") or "").split(":") if d)
+
+
+def _find(ctx: DoctorContext, dirs: Sequence[str], pattern: str) -> Tuple[str, ...]:
+    regex = re.compile(pattern)
+    hits = []
+    for directory in dirs:
+        for name in list_dir(ctx.root, directory) or ():
+            if regex.fullmatch(name):
+                hits.append(os.path.join(directory, name))
+    return tuple(hits)
+
+
+HOST_LIBRARIES = (
+    # (label, filename regex, kind, required on Slingshot, fix)
+    ("libcxi", r"libcxi\.so\.1", "plain", True, "bind /usr/lib64/libcxi.so.1 (ddp-launch binds --site SITE)"),
+    ("libfabric", r"libfabric\.so\.1", "libfabric", True, "bind the host libfabric (module load libfabric; ddp-launch binds)"),
+    ("NCCL", r"libnccl\.so\.2", "nccl", False, "load the NCCL module so the host NCCL (built for the plugin) is bound"),
+    ("OFI plugin", r"libnccl-net\.so", "plain", True, "bind the host aws-ofi-nccl lib dir (module load NCCL; ddp-launch binds)"),
+)
+
+
+def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
+    if fabric_expected(ctx) != "slingshot":
+        return (Check("host libraries", SKIP, "no Slingshot fabric expected; the image's own NCCL is used"),)
+    dirs = _library_dirs(ctx)
+    checks = []
+    for label, pattern, kind, required, fix in HOST_LIBRARIES:
+        hits = _find(ctx, dirs, pattern)
+        if not hits and label == "OFI plugin" and _find(ctx, dirs, r"libnccl-net-ofi\.so"):
+            checks.append(Check(label, WARN, "only libnccl-net-ofi.so found; NCCL dlopens libnccl-net.so unless NCCL_NET_PLUGIN=ofi",
+                                "bind a plugin directory that has libnccl-net.so (the aws-ofi-nccl module provides the link)"))
+            continue
+        if not hits:
+            # Outside a multi-node job (login node, image %test) a missing host library is not fatal yet.
+            status = FAIL if required and multi_node_job(ctx.env) else WARN
+            checks.append(Check(label, status, f"not found in LD_LIBRARY_PATH ({':'.join(dirs) or 'empty'})", fix))
+            continue
+        chosen = hits[0]
+        shadowed = f"; also {', '.join(hits[1:])} (later on the path, not used)" if len(hits) > 1 else ""
+        try:
+            version = ctx.probes.load_library(under(ctx.root, chosen), kind)
+        except OSError as exc:
+            checks.append(Check(label, FAIL, f"{chosen} does not load: {exc}", fix))
+            continue
+        checks.append(Check(label, OK, f"{chosen} loads{(' (' + version + ')') if version else ''}{shadowed}"))
+    cudart_dirs = dirs + ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/sbsa-linux/lib", "/usr/local/cuda/targets/x86_64-linux/lib")
+    if _find(ctx, cudart_dirs, r"libcudart\.so"):
+        checks.append(Check("libcudart.so", OK, "unversioned libcudart.so present (the dynamically linked plugin needs it)"))
+    else:
+        checks.append(Check("libcudart.so", WARN, "no unversioned libcudart.so on the library path",
+                            "the cuda-dl OFI plugin dlopens libcudart.so (aws-ofi-nccl#244); symlink it to libcudart.so.12"))
+    return tuple(checks)
+
+
+def check_fi_info(ctx: DoctorContext) -> Check:
+    if fabric_expected(ctx) != "slingshot":
+        return Check("fi_info -p cxi", SKIP, "no Slingshot fabric expected")
+    if not ctx.probes.which("fi_info"):
+        return Check("fi_info -p cxi", SKIP, "fi_info not on PATH (it ships with libfabric's bin dir)")
+    code, output = ctx.probes.run_command(["fi_info", "-p", "cxi"])
+    first = next((line.strip() for line in output.splitlines() if line.strip()), "")
+    if code != 0:
+        return Check("fi_info -p cxi", FAIL, f"exit {code}: {first}", "libfabric cannot open the CXI provider: check the cxi devices and the libfabric version")
+    return Check("fi_info -p cxi", OK, first)
+
+
+def driver_version(root: str) -> Optional[Tuple[int, int]]:
+    text = read_text(root, "/proc/driver/nvidia/version") or ""
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_cuda_driver(ctx: DoctorContext) -> Check:
+    driver = driver_version(ctx.root)
+    if driver is None:
+        return Check("CUDA driver", SKIP, "no NVIDIA driver (/proc/driver/nvidia/version)")
+    info = ctx.probes.torch_info() or {}
+    cuda = ctx.env.get("CUDA_VERSION") or info.get("cuda")
+    if not cuda:
+        return Check("CUDA driver", OK, f"driver {driver[0]}.{driver[1]}; image CUDA unknown")
+    major = int(str(cuda).split(".")[0])
+    needed = MIN_DRIVER_FOR_CUDA.get(major)
+    if needed and driver[0] < needed:
+        return Check("CUDA driver", WARN, f"driver {driver[0]}.{driver[1]} is older than CUDA {cuda} needs (>= {needed})",
+                     "use an image built for the host's CUDA, or forward compatibility (cuda-compat) on data-centre GPUs")
+    return Check("CUDA driver", OK, f"driver {driver[0]}.{driver[1]} runs the image's CUDA {cuda}")
+
+
+def check_interface(ctx: DoctorContext) -> Check:
+    value = planned(ctx, "NCCL_SOCKET_IFNAME")
+    interfaces = list_dir(ctx.root, "/sys/class/net")
+    for note in ctx.fabric.notes:
+        if note.startswith("warning:") and ("interface" in note or "NCCL_SOCKET_IFNAME" in note):
+            status = FAIL if "matches no interface" in note else WARN
+            return Check("interface", status, note[len("warning: "):], "unset NCCL_SOCKET_IFNAME or name an interface from `ip -br link`")
+    if not value:
+        return Check("interface", OK, "NCCL_SOCKET_IFNAME unset; NCCL picks the interface")
+    if interfaces is None:
+        return Check("interface", SKIP, f"NCCL_SOCKET_IFNAME={value}; /sys/class/net cannot be listed")
+    problem = check_socket_ifname(value, interfaces)
+    if problem:
+        return Check("interface", FAIL, problem, "unset NCCL_SOCKET_IFNAME or name an interface from `ip -br link`")
+    return Check("interface", OK, f"NCCL_SOCKET_IFNAME={value}")
+
+
+def check_head_node(ctx: DoctorContext) -> Check:
+    if ctx.offline:
+        return Check("head node", SKIP, "--offline")
+    host, port = head_node(ctx.env)
+    if not host:
+        return Check("head node", SKIP, "no head node known (run inside the job, or set DDP_LAUNCH_RDZV_HOST)")
+    try:
+        address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except OSError as exc:
+        return Check("head node", FAIL, f"{host} does not resolve: {exc}", "use the head node's IP (--rdzv-host) or fix DNS")
+    outcome = ctx.probes.connect(address, port, 3.0)
+    if outcome == "open":
+        return Check("head node", OK, f"{host} ({address}) port {port} accepts connections")
+    if outcome == "refused":
+        return Check("head node", OK, f"{host} ({address}) reachable; port {port} not listening yet (normal before the launch)")
+    return Check("head node", FAIL, f"{host} ({address}) port {port}: {outcome}",
+                 "a firewall or the wrong interface blocks the rendezvous; pick another --rdzv-port or --rdzv-host")
+
+
+def check_dataset(ctx: DoctorContext) -> Check:
+    folder = os.path.join(ctx.data_dir, "cifar-100-python")
+    missing = [n for n in ("train", "test", "meta") if not os.path.isfile(os.path.join(folder, n))]
+    if missing:
+        return Check("dataset", WARN, f"{folder} lacks {', '.join(missing)}",
+                     "fetch it once on the login node: make data (compute nodes may be offline)")
+    return Check("dataset", OK, f"CIFAR-100 at {folder}")
+
+
+def run_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
+    checks = [check_gpus(ctx), check_torch(ctx), check_cuda_driver(ctx), check_fabric_devices(ctx), check_fabric_settings(ctx)]
+    checks.extend(check_host_libraries(ctx))
+    checks.extend([check_fi_info(ctx), check_interface(ctx), check_head_node(ctx), check_dataset(ctx)])
+    return tuple(checks)
+
+
+# --- real probes ------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def real_torch_info() -> Optional[Dict[str, object]]:
+    try:
+        import torch  # noqa: PLC0415 - optional, and slow: only when doctor runs
+    except Exception:  # a broken install raises more than ImportError
+        return None
+    info: Dict[str, object] = {"version": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        info["cuda_device_count"] = torch.cuda.device_count()
+        if torch.cuda.is_available():
+            info["nccl"] = ".".join(str(p) for p in torch.cuda.nccl.version())
+    except Exception as exc:  # CUDA init errors are themselves the finding
+        info["cuda_error"] = str(exc)
+    return info
+
+
+def real_load_library(path: str, kind: str) -> str:
+    """dlopen with RTLD_GLOBAL so later libraries (the plugin) find earlier ones by soname."""
+    library = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    if kind == "libfabric":
+        library.fi_version.restype = ctypes.c_uint32
+        value = library.fi_version()
+        return f"libfabric {value >> 16}.{value & 0xFFFF}"
+    if kind == "nccl":
+        number = ctypes.c_int()
+        if library.ncclGetVersion(ctypes.byref(number)) == 0:
+            code = number.value
+            major, rest = (code // 10000, code % 10000) if code >= 10000 else (code // 1000, code % 1000)
+            return f"NCCL {major}.{rest // 100}.{rest % 100}"
+    return ""
+
+
+def real_run_command(argv: Sequence[str]) -> Tuple[int, str]:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return done.returncode, done.stdout + done.stderr
+
+
+def real_connect(address: str, port: int, timeout: float) -> str:
+    try:
+        with socket.create_connection((address, port), timeout=timeout):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except socket.timeout:
+        return f"no answer within {timeout:.0f} s"
+    except OSError as exc:
+        return f"error: {exc}"
+
+
+REAL_PROBES = Probes(real_torch_info, real_load_library, real_run_command, real_connect)

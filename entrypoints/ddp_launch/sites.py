@@ -1,0 +1,304 @@
+"""Site profiles: what a cluster needs (host library binds, environment), read from data.
+
+Runs on the HOST in job scripts (python3 may be 3.8 there) and inside the image,
+so it uses only the standard library and Python 3.8 syntax. Profiles are JSON
+(tomllib is 3.11+); every value carries its source so --dry-run can cite it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ddp_launch.errors import LaunchError
+
+SITES_DIR_VAR = "DDP_SITES_DIR"
+FABRICS = ("slingshot", "infiniband", "ethernet", "auto")
+LIBRARY_ORDERS = ("first", "prepend", "append")
+_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+
+@dataclass(frozen=True)
+class EnvDefault:
+    """One variable a site sets when the user has not, and where the value comes from."""
+
+    name: str
+    value: str
+    source: str
+
+
+@dataclass(frozen=True)
+class BindSpec:
+    """A host path found by module root (env) or newest glob match, bound at target.
+
+    library_path / include_path are container paths added to LD_LIBRARY_PATH /
+    CPATH inside the image (only those that exist there). order: "first" for the
+    NCCL net plugin (it must win over any copy bundled in the base image),
+    "prepend" for libfabric/CXI/NCCL, "append" for everything else.
+    """
+
+    name: str
+    target: str
+    source: str
+    env: Optional[str] = None
+    glob: Optional[str] = None
+    required: bool = True
+    library_path: Tuple[str, ...] = ()
+    include_path: Tuple[str, ...] = ()
+    order: str = "prepend"
+    hint: str = ""
+
+
+@dataclass(frozen=True)
+class SiteProfile:
+    name: str
+    description: str
+    fabric: str
+    gpu: Optional[str]
+    binds: Tuple[BindSpec, ...]
+    env: Tuple[EnvDefault, ...]
+    path: str
+
+    def env_value(self, name: str) -> Optional[EnvDefault]:
+        for item in self.env:
+            if item.name == name:
+                return item
+        return None
+
+
+def sites_dirs(env: Mapping[str, str]) -> Tuple[str, ...]:
+    """Where profiles live: $DDP_SITES_DIR, else next to the package (repo or image layout)."""
+    if env.get(SITES_DIR_VAR):
+        return (env[SITES_DIR_VAR],)
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    base = os.path.dirname(package_parent)
+    # Repo: <repo>/entrypoints/ddp_launch -> <repo>/containers/sites.
+    # Image: /opt/ddp/python/ddp_launch -> /opt/ddp/sites.
+    return (os.path.join(base, "containers", "sites"), os.path.join(base, "sites"))
+
+
+def available_sites(env: Mapping[str, str]) -> Tuple[str, ...]:
+    names = set()
+    for directory in sites_dirs(env):
+        if os.path.isdir(directory):
+            names.update(n[:-5] for n in os.listdir(directory) if n.endswith(".json"))
+    return tuple(sorted(names))
+
+
+def load_site(name: str, env: Mapping[str, str]) -> SiteProfile:
+    """Find and validate the profile called name; LaunchError names the problem."""
+    if not _NAME_PATTERN.match(name):
+        raise LaunchError(f"site name {name!r} is not valid; use lower-case letters, digits, '-' or '_'")
+    for directory in sites_dirs(env):
+        path = os.path.join(directory, name + ".json")
+        if os.path.isfile(path):
+            return read_profile(path)
+    known = ", ".join(available_sites(env)) or "none found"
+    searched = ", ".join(sites_dirs(env))
+    raise LaunchError(
+        f"unknown site {name!r} (known: {known}; searched {searched}); "
+        f"pass --site with one of those or set {SITES_DIR_VAR}"
+    )
+
+
+def read_profile(path: str) -> SiteProfile:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"site profile {path} cannot be read: {exc}; fix the file") from None
+    return parse_profile(data, path)
+
+
+def parse_profile(data: object, path: str) -> SiteProfile:
+    """Validate the JSON document; every problem names the file and the key."""
+
+    def fail(what: str) -> LaunchError:
+        return LaunchError(f"bad site profile {path}: {what}")
+
+    if not isinstance(data, dict):
+        raise fail("the top level must be a JSON object")
+    allowed = {"schema", "name", "description", "fabric", "gpu", "binds", "env"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    if data.get("schema") != 1:
+        raise fail(f"'schema' must be 1, got {data.get('schema')!r}")
+    name = _string(data, "name", fail)
+    expected = os.path.basename(path)[:-5] if path.endswith(".json") else name
+    if name != expected:
+        raise fail(f"'name' is {name!r} but the file is named {expected}.json")
+    fabric = _string(data, "fabric", fail)
+    if fabric not in FABRICS:
+        raise fail(f"'fabric' must be one of {', '.join(FABRICS)}, got {fabric!r}")
+    gpu = data.get("gpu")
+    if gpu is not None and not isinstance(gpu, str):
+        raise fail("'gpu' must be a string or null")
+    binds = tuple(_bind(item, index, fail) for index, item in enumerate(_list(data, "binds", fail)))
+    targets = [b.target for b in binds]
+    duplicates = sorted({t for t in targets if targets.count(t) > 1})
+    if duplicates:
+        raise fail(f"two binds share the target {duplicates[0]}")
+    env_data = data.get("env", {})
+    if not isinstance(env_data, dict):
+        raise fail("'env' must be an object of NAME: {\"value\": ..., \"source\": ...}")
+    env = tuple(_env_default(key, value, fail) for key, value in sorted(env_data.items()))
+    return SiteProfile(
+        name=name,
+        description=str(data.get("description", "")),
+        fabric=fabric,
+        gpu=gpu,
+        binds=binds,
+        env=env,
+        path=path,
+    )
+
+
+def _string(data: Mapping[str, object], key: str, fail) -> str:
+    value = data.get(key)
+    if not isinstance(value, str) or not value:
+        raise fail(f"'{key}' must be a non-empty string")
+    return value
+
+
+def _list(data: Mapping[str, object], key: str, fail) -> List[object]:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise fail(f"'{key}' must be a list")
+    return value
+
+
+def _paths(item: Mapping[str, object], key: str, fail) -> Tuple[str, ...]:
+    values = item.get(key, [])
+    if not isinstance(values, list) or not all(isinstance(v, str) and v.startswith("/") for v in values):
+        raise fail(f"bind {item.get('name')!r}: '{key}' must be a list of absolute container paths")
+    return tuple(values)
+
+
+def _bind(item: object, index: int, fail) -> BindSpec:
+    if not isinstance(item, dict):
+        raise fail(f"binds[{index}] must be an object")
+    allowed = {"name", "env", "glob", "target", "required", "library_path", "include_path", "order", "source", "hint"}
+    unknown = sorted(set(item) - allowed)
+    if unknown:
+        raise fail(f"binds[{index}] has unknown key(s) {', '.join(unknown)}")
+    name = _string(item, "name", fail)
+    target = _string(item, "target", fail)
+    if not target.startswith("/") or "," in target or ":" in target:
+        raise fail(f"bind {name!r}: 'target' must be an absolute path without ',' or ':'")
+    if not item.get("env") and not item.get("glob"):
+        raise fail(f"bind {name!r} needs 'env' (a module root variable) or 'glob' (host path pattern)")
+    host_glob = item.get("glob")
+    if host_glob is not None and (not isinstance(host_glob, str) or not host_glob.startswith("/")):
+        raise fail(f"bind {name!r}: 'glob' must be an absolute host path pattern")
+    order = item.get("order", "prepend")
+    if order not in LIBRARY_ORDERS:
+        raise fail(f"bind {name!r}: 'order' must be one of {', '.join(LIBRARY_ORDERS)}")
+    required = item.get("required", True)
+    if not isinstance(required, bool):
+        raise fail(f"bind {name!r}: 'required' must be true or false")
+    return BindSpec(
+        name=name,
+        target=target,
+        source=_string(item, "source", fail),
+        env=item.get("env") or None,
+        glob=host_glob,
+        required=required,
+        library_path=_paths(item, "library_path", fail),
+        include_path=_paths(item, "include_path", fail),
+        order=order,
+        hint=str(item.get("hint", "")),
+    )
+
+
+def _env_default(key: str, value: object, fail) -> EnvDefault:
+    if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
+        raise fail(f"env name {key!r} is not a valid variable name")
+    if not isinstance(value, dict) or set(value) != {"value", "source"}:
+        raise fail(f"env {key} must be {{\"value\": \"...\", \"source\": \"...\"}}")
+    if not isinstance(value["value"], str) or not isinstance(value["source"], str) or not value["source"]:
+        raise fail(f"env {key}: 'value' and 'source' must be strings (source non-empty)")
+    return EnvDefault(key, value["value"], value["source"])
+
+
+def version_key(path: str) -> Tuple[Tuple[int, object], ...]:
+    """Natural sort key: 2.3.1 > 1.22.0 > 1.9.0, digits compared as numbers."""
+    parts = re.findall(r"\d+|\D+", path)
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts)
+
+
+def newest(paths: Sequence[str]) -> Optional[str]:
+    return max(paths, key=version_key) if paths else None
+
+
+def host_path(root: str, path: str) -> str:
+    """path as seen under a probe root ("/" on a real host, a fake tree in tests)."""
+    return os.path.join(root, path.lstrip("/")) if root not in ("", "/") else path
+
+
+@dataclass(frozen=True)
+class ResolvedBind:
+    spec: BindSpec
+    host: Optional[str]  # None: optional and not found
+    how: str             # why this host path, for the user
+
+
+def resolve_bind(spec: BindSpec, env: Mapping[str, str], root: str = "/") -> ResolvedBind:
+    """The module root if loaded, else the newest glob match; say which."""
+    if spec.env and env.get(spec.env):
+        candidate = env[spec.env]
+        if os.path.exists(host_path(root, candidate)):
+            return ResolvedBind(spec, host_path(root, candidate), f"${spec.env} (loaded module)")
+        raise LaunchError(
+            f"bind {spec.name}: ${spec.env} is {candidate} but that path does not exist; "
+            f"reload the module or unset {spec.env}"
+        )
+    if spec.glob:
+        matches = sorted(glob.glob(host_path(root, spec.glob)), key=version_key)
+        if matches:
+            chosen = matches[-1]
+            if len(matches) > 1:
+                others = ", ".join(os.path.basename(m.rstrip("/")) for m in matches[:-1])
+                how = f"newest match of {spec.glob} (also found: {others})"
+            else:
+                how = f"only match of {spec.glob}"
+            return ResolvedBind(spec, chosen, how)
+    if not spec.required:
+        return ResolvedBind(spec, None, "not found; optional, skipped")
+    looked = " and ".join(
+        part for part in (f"${spec.env} is unset" if spec.env else "", f"nothing matches {spec.glob}" if spec.glob else "") if part
+    )
+    fix = spec.hint or "install it or edit the site profile"
+    raise LaunchError(f"bind {spec.name}: no host path found ({looked}); {fix}")
+
+
+def resolve_binds(profile: SiteProfile, env: Mapping[str, str], root: str = "/") -> Tuple[ResolvedBind, ...]:
+    return tuple(resolve_bind(spec, env, root) for spec in profile.binds)
+
+
+def apptainer_bind_value(binds: Sequence[ResolvedBind], existing: str = "") -> str:
+    """APPTAINER_BIND: the user's existing entries first, then ours (src:dst, comma-separated)."""
+    entries: List[str] = [e for e in existing.split(",") if e] if existing else []
+    for bind in binds:
+        if bind.host is None:
+            continue
+        if "," in bind.host or ":" in bind.host:
+            raise LaunchError(f"bind {bind.spec.name}: host path {bind.host} contains ',' or ':', which APPTAINER_BIND cannot carry")
+        entries.append(f"{bind.host}:{bind.spec.target}")
+    return ",".join(entries)
+
+
+def container_search_paths(profile: SiteProfile) -> Dict[str, Tuple[str, ...]]:
+    """LD_LIBRARY_PATH entries grouped by order, and CPATH entries, as declared."""
+    groups: Dict[str, List[str]] = {order: [] for order in LIBRARY_ORDERS}
+    includes: List[str] = []
+    for spec in profile.binds:
+        groups[spec.order].extend(spec.library_path)
+        includes.extend(spec.include_path)
+    result = {order: tuple(paths) for order, paths in groups.items()}
+    result["include"] = tuple(includes)
+    return result

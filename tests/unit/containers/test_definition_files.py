@@ -1,0 +1,173 @@
+"""Definition files: parsed with spython, shell bodies shellchecked, entry run on the host as the image runs it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from definitions_paths import CONTAINERS, DEFINITIONS, REPO
+from deffile import build_arguments, render, sections
+from spython.main.parse.parsers import SingularityParser
+
+REQUIRED_SECTIONS = {"arguments", "labels", "files", "environment", "runscript", "test", "help"}
+SHELL_SECTIONS = ("post", "environment", "runscript", "test")
+RUNSCRIPT = 'exec ddp-launch "$@"'
+
+
+def text(name: str) -> str:
+    return (CONTAINERS / name).read_text()
+
+
+def spython_recipe(name: str, tmp_path: Path):
+    rendered = tmp_path / name
+    rendered.write_text(render(text(name)))
+    return next(iter(SingularityParser(str(rendered)).recipe.values()))
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_required_sections_present(name):
+    assert REQUIRED_SECTIONS <= set(sections(text(name)))
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_runscript_execs_the_entrypoint(name, tmp_path):
+    assert spython_recipe(name, tmp_path).cmd.strip() == RUNSCRIPT
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_files_sources_exist_in_the_repo(name, tmp_path):
+    files = spython_recipe(name, tmp_path).files
+    assert files, "no %files"
+    for entry in files:
+        source = entry[0] if isinstance(entry, list) else entry.split()[0]
+        assert (REPO / source).exists(), f"{name}: %files source {source} is missing"
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_both_packages_and_site_profiles_are_baked_in(name, tmp_path):
+    targets = [(e[1] if isinstance(e, list) else e.split()[1]) for e in spython_recipe(name, tmp_path).files]
+    assert {"/opt/ddp/python/ddp_launch", "/opt/ddp/python/ddp_train", "/opt/ddp/sites", "/opt/ddp/bin/ddp-launch"} <= set(targets)
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_labels_carry_version_commit_base_and_arch(name, tmp_path):
+    rendered = render(text(name), {"VERSION": "9.9.9", "GIT_COMMIT": "abc1234"})
+    labels = sections(rendered)["labels"]
+    assert "org.opencontainers.image.version 9.9.9" in labels
+    assert "org.opencontainers.image.revision abc1234" in labels
+    assert f"org.opencontainers.image.base.name {build_arguments(text(name))['BASE_IMAGE']}" in labels
+    assert "org.ddp.architecture " in labels
+
+
+@pytest.mark.parametrize("name", ["olivia-arm64.def", "x86_64.def"])
+def test_gpu_images_run_nothing_inside_at_build_time(name):
+    assert "post" not in sections(text(name)), "a %post would need arm64 emulation on the x86_64 login node"
+
+
+def test_olivia_base_is_ngc_pytorch_25_06():
+    assert build_arguments(text("olivia-arm64.def"))["BASE_IMAGE"] == "nvcr.io/nvidia/pytorch:25.06-py3"
+
+
+def test_olivia_base_can_be_a_local_sif():
+    rendered = render(text("olivia-arm64.def"), {"BOOTSTRAP": "localimage", "BASE_IMAGE": "/cluster/base.sif"})
+    assert rendered.startswith("Bootstrap: localimage\nFrom: /cluster/base.sif\n")
+
+
+def test_unknown_build_argument_is_an_error():
+    with pytest.raises(KeyError, match="NOPE"):
+        render("From: {{ NOPE }}\n")
+
+
+@pytest.mark.parametrize("section", ["files", "runscript", "test"])
+def test_shared_sections_are_identical_across_images(section):
+    bodies = {name: sections(text(name))[section] for name in DEFINITIONS}
+    assert len(set(bodies.values())) == 1, bodies
+
+
+SHELLCHECK = shutil.which("shellcheck")
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed (apt-get install shellcheck)")
+@pytest.mark.parametrize("name", DEFINITIONS)
+@pytest.mark.parametrize("section", SHELL_SECTIONS)
+def test_section_shell_is_shellcheck_clean(name, section, tmp_path):
+    body = sections(render(text(name))).get(section)
+    if body is None:
+        return  # this image has no such section; the required ones are checked above
+    script = tmp_path / f"{section}.sh"
+    # Apptainer runs these with /bin/sh; %runscript receives the container's arguments.
+    script.write_text("#!/bin/sh\n" + body)
+    result = subprocess.run([SHELLCHECK, "--shell=sh", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed (apt-get install shellcheck)")
+def test_wrapper_scripts_are_shellcheck_clean():
+    scripts = sorted(str(p) for p in (CONTAINERS / "bin").iterdir())
+    result = subprocess.run([SHELLCHECK, *scripts], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def run_runscript(name, args, env, tmp_path):
+    script = tmp_path / "runscript.sh"
+    script.write_text(sections(render(text(name)))["runscript"])
+    return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+DRY_RUN = ["--mode", "local", "--cpu-workers", "1", "--dry-run", "--", "--epochs", "3", "--run-dir", "runs/x y"]
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_runscript_reaches_ddp_launch_with_arguments_untouched(name, tmp_path, venv_bin):
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = run_runscript(name, DRY_RUN, env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("mode: local\n")
+    assert "-m ddp_train --epochs 3 --run-dir 'runs/x y'" in result.stdout
+
+
+def install_like_the_image(name: str, image_root: Path) -> None:
+    """Copy %files to image_root as Apptainer would, to run the image's own wrappers."""
+    for source, target in (line.split() for line in sections(text(name))["files"].splitlines() if line.strip()):
+        destination = image_root / target.lstrip("/")
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / source).is_dir():
+            shutil.copytree(REPO / source, destination, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(REPO / source, destination)
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_environment_and_runscript_work_from_the_image_layout(name, tmp_path):
+    image_root = tmp_path / "image"
+    install_like_the_image(name, image_root)
+    body = sections(render(text(name)))
+    # Same shell text as the image, with /opt/ddp relocated under the fake image root.
+    script = tmp_path / "entry.sh"
+    script.write_text((body["environment"] + body["runscript"]).replace("/opt/ddp", f"{image_root}/opt/ddp"))
+    python_dir = Path(shutil.which("python3") or "/usr/bin/python3").parent
+    env = {"PATH": f"{python_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run(["sh", str(script), "binds", "--site", "raven"], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "ddp-launch binds: " not in result.stdout  # explanations go to stderr
+    result = subprocess.run(["sh", str(script), "binds", "--site", "atlantis"], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "unknown site 'atlantis'" in result.stderr
+    assert f"{image_root}/opt/ddp/sites" in result.stderr  # profiles found where %files put them
+
+
+@pytest.mark.parametrize("name", ["x86_64.def"])
+def test_test_section_passes_on_the_host_against_the_installed_packages(name, tmp_path, venv_bin):
+    script = tmp_path / "test.sh"
+    script.write_text(sections(render(text(name)))["test"])  # verbatim: it starts with set -e
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path), "DDP_DATA_DIR": str(tmp_path)}
+    result = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "doctor: no failures" in result.stdout and "imports ok, CPU torch" in result.stdout
+
+
+@pytest.mark.parametrize("name", DEFINITIONS)
+def test_test_section_stops_at_the_first_failure(name):
+    # Apptainer judges %test by its exit status; without set -e a failing doctor would be hidden.
+    assert sections(text(name))["test"].splitlines()[0] == "set -e"

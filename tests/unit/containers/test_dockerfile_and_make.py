@@ -1,0 +1,112 @@
+"""The generated Dockerfile (golden, exec-form ENTRYPOINT) and the Make targets' messages."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+
+import pytest
+from definitions_paths import REPO
+from dockerfile import generate
+
+# The committed Dockerfile is the golden file: RunAI users build from it directly.
+GOLDEN = REPO / "containers" / "Dockerfile"
+ACCEPT = "make dockerfile"
+
+
+@pytest.fixture
+def dockerfile(monkeypatch) -> str:
+    monkeypatch.chdir(REPO)
+    return generate("containers/x86_64.def", {})
+
+
+def test_dockerfile_matches_golden(dockerfile):
+    assert dockerfile == GOLDEN.read_text(), f"generated Dockerfile changed; if intended, accept it with: {ACCEPT}"
+
+
+def entrypoint(text: str) -> list:
+    lines = [line for line in text.splitlines() if line.startswith("ENTRYPOINT ")]
+    assert len(lines) == 1, lines
+    return json.loads(lines[0][len("ENTRYPOINT "):])
+
+
+def test_entrypoint_is_exec_form_ddp_launch(dockerfile):
+    assert entrypoint(dockerfile) == ["ddp-launch"]
+    assert not any(line.startswith(("CMD ", "HEALTHCHECK ")) for line in dockerfile.splitlines())
+
+
+def test_test_section_runs_at_build_time(dockerfile):
+    assert "RUN ddp-launch doctor --offline" in dockerfile.splitlines()
+
+
+def test_docker_run_arguments_reach_ddp_launch(dockerfile, venv_bin, tmp_path):
+    # `docker run IMAGE ARGS...` execs ENTRYPOINT + ARGS with no shell in between.
+    argv = entrypoint(dockerfile) + ["--mode", "local", "--cpu-workers", "1", "--dry-run", "--", "--epochs", "2"]
+    result = subprocess.run(argv, env={"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "-m ddp_train --epochs 2" in result.stdout
+
+
+def test_runscript_other_than_the_entrypoint_is_refused(tmp_path):
+    definition = tmp_path / "bad.def"
+    definition.write_text("Bootstrap: docker\nFrom: python:3.12-slim\n\n%runscript\n    python3 train.py\n")
+    with pytest.raises(ValueError, match="%runscript must be"):
+        generate(str(definition), {})
+
+
+def make(target: str, tmp_path, path="/usr/bin:/bin", *variables):
+    return subprocess.run(["make", "--no-print-directory", "-C", str(REPO), target, "SIF_DIR=" + str(tmp_path), *variables],
+                          env={"PATH": path, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("target", ["build-olivia", "build-x86", "build-cpu"])
+def test_build_without_apptainer_says_how_to_get_it(target, tmp_path):
+    result = make(target, tmp_path)
+    assert result.returncode != 0
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("error: 'apptainer' not found on PATH") and "module load apptainer" in first
+
+
+@pytest.mark.parametrize("target, definition, sif", [
+    ("build-olivia", "containers/olivia-arm64.def", "train-olivia-arm64.sif"),
+    ("build-x86", "containers/x86_64.def", "train-x86_64.sif"),
+    ("build-cpu", "containers/cpu.def", "train-cpu.sif"),
+])
+def test_build_prints_what_and_where(target, definition, sif, tmp_path):
+    fake, log = fake_apptainer(tmp_path)  # records its argv, accepts only `build`
+    result = make(target, tmp_path, f"{fake}:/usr/bin:/bin")
+    assert result.returncode == 0, result.stderr
+    assert f"building {definition}" in result.stdout and f"SIF: {tmp_path}/{sif}" in result.stdout
+    argv = log.read_text().splitlines()
+    assert argv[-2:] == [f"{tmp_path}/{sif}", definition]
+    assert "GIT_COMMIT=" in " ".join(argv)
+
+
+def fake_apptainer(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    log = tmp_path / "apptainer.argv"
+    (fake / "apptainer").write_text(f'#!/bin/sh\n[ "$1" = build ] || exit 64\nprintf "%s\\n" "$@" > "{log}"\n')
+    (fake / "apptainer").chmod(0o755)
+    return fake, log
+
+
+def test_olivia_uses_the_prepulled_sif_when_present(tmp_path):
+    base = tmp_path / "pytorch_nvidia_25.06_arm64.sif"
+    base.write_bytes(b"")
+    fake, log = fake_apptainer(tmp_path)
+    result = make("build-olivia", tmp_path, f"{fake}:/usr/bin:/bin", f"OLIVIA_BASE_SIF={base}")
+    assert result.returncode == 0, result.stderr
+    argv = log.read_text().splitlines()
+    assert "BOOTSTRAP=localimage" in argv and f"BASE_IMAGE={base}" in argv
+
+
+def test_olivia_from_ngc_targets_arm64_and_skips_tests_off_arm(tmp_path):
+    fake, log = fake_apptainer(tmp_path)
+    result = make("build-olivia", tmp_path, f"{fake}:/usr/bin:/bin", f"OLIVIA_BASE_SIF={tmp_path}/absent.sif")
+    assert result.returncode == 0, result.stderr
+    argv = log.read_text().splitlines()
+    assert argv[argv.index("--arch") + 1] == "arm64"
+    assert ("--notest" in argv) == (platform.machine() != "aarch64")

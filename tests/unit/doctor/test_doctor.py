@@ -1,0 +1,238 @@
+"""`ddp-launch doctor` against fake nodes: every check's OK/WARN/FAIL, --json, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+from ddp_launch.doctor import run
+from ddp_launch.doctor_checks import Probes
+
+TORCH = {"version": "2.7.0a0+nv25.06", "cuda": "12.9", "nccl": "2.27.3", "cuda_device_count": 4}
+
+
+class FakeProbes:
+    """Records what doctor asked for; fails loudly on a library kind it does not know."""
+
+    def __init__(self, torch=TORCH, refuse=(), fi_info=(0, "provider: cxi\n    fabric: cxi\n"), connect="refused", which=True):
+        self.torch, self.refuse, self.fi_info, self.connect_result, self.has_fi_info = torch, refuse, fi_info, connect, which
+        self.loaded, self.commands, self.connected = [], [], []
+
+    def load(self, path, kind):
+        assert kind in ("plain", "libfabric", "nccl"), kind
+        self.loaded.append(path)
+        if any(path.endswith(name) for name in self.refuse):
+            raise OSError(f"{path}: undefined symbol: fi_cxi_ext")
+        return {"libfabric": "libfabric 2.3", "nccl": "NCCL 2.26.6"}.get(kind, "")
+
+    def run(self, argv):
+        self.commands.append(list(argv))
+        return self.fi_info
+
+    def connect(self, address, port, timeout):
+        self.connected.append((address, port))
+        return self.connect_result
+
+    def probes(self):
+        return Probes(lambda: self.torch, self.load, self.run, self.connect,
+                      lambda name: f"/usr/bin/{name}" if self.has_fi_info else None)
+
+
+def doctor(node, argv=(), env=None, fake=None):
+    fake = fake or FakeProbes()
+    out = io.StringIO()
+    code = run(["--root", str(node.root), "--json", *argv], env or {}, out, fake.probes())
+    report = json.loads(out.getvalue())
+    return code, {c["name"]: c for c in report["checks"]}, report
+
+
+def olivia_node(node, plugin=True, cudart=True):
+    node.cxi(4)
+    node.file("/opt/host-libs/libcxi.so.1")
+    node.file("/opt/libfabric/lib64/libfabric.so.1")
+    node.file("/opt/nccl/lib/libnccl.so.2")
+    if plugin:
+        node.file("/opt/aws-ofi-nccl/lib/libnccl-net.so")
+    if cudart:
+        node.file("/usr/local/cuda/lib64/libcudart.so")
+    for index in range(4):
+        node.file(f"/dev/nvidia{index}")
+    node.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  570.124.06  Release Build\n")
+
+
+JOB = {"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4", "CUDA_VERSION": "12.9.1"}
+
+
+def test_healthy_olivia_node_passes(node):
+    olivia_node(node)
+    code, checks, report = doctor(node, ["--site", "olivia", "--offline"], JOB)
+    assert code == 0 and report["ok"]
+    assert checks["OFI plugin"]["status"] == "OK"
+    assert "/opt/aws-ofi-nccl/lib/libnccl-net.so loads" in checks["OFI plugin"]["detail"]
+    assert checks["libfabric"]["detail"].endswith("(libfabric 2.3)")
+    assert checks["fi_info -p cxi"]["status"] == "OK"
+    assert checks["interface"]["detail"] == "NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3"
+
+
+def test_missing_plugin_fails_in_a_multi_node_job(node):
+    olivia_node(node, plugin=False)
+    code, checks, report = doctor(node, ["--site", "olivia", "--offline"], JOB)
+    assert code == 1 and not report["ok"]
+    assert checks["OFI plugin"]["status"] == "FAIL"
+    assert "aws-ofi-nccl" in checks["OFI plugin"]["fix"]
+
+
+def test_missing_plugin_outside_a_job_only_warns(node):
+    olivia_node(node, plugin=False)
+    code, checks, _ = doctor(node, ["--site", "olivia", "--offline"], {})
+    assert code == 0 and checks["OFI plugin"]["status"] == "WARN"
+
+
+def test_library_that_does_not_load_fails_with_the_loader_message(node):
+    olivia_node(node)
+    code, checks, _ = doctor(node, ["--site", "olivia", "--offline"], JOB, FakeProbes(refuse=("libnccl-net.so",)))
+    assert code == 1
+    assert "undefined symbol: fi_cxi_ext" in checks["OFI plugin"]["detail"]
+
+
+def test_plugin_is_loaded_after_its_dependencies(node):
+    olivia_node(node)
+    fake = FakeProbes()
+    doctor(node, ["--site", "olivia", "--offline"], JOB, fake)
+    names = [path.rsplit("/", 1)[-1] for path in fake.loaded]
+    assert names.index("libcxi.so.1") < names.index("libfabric.so.1") < names.index("libnccl-net.so")
+
+
+def test_missing_unversioned_cudart_warns(node):
+    olivia_node(node, cudart=False)
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], JOB)
+    assert checks["libcudart.so"]["status"] == "WARN"
+
+
+def test_fi_info_failure_fails(node):
+    olivia_node(node)
+    code, checks, _ = doctor(node, ["--site", "olivia", "--offline"], JOB, FakeProbes(fi_info=(61, "fi_getinfo: -61 (No data available)\n")))
+    assert code == 1 and checks["fi_info -p cxi"]["detail"] == "exit 61: fi_getinfo: -61 (No data available)"
+
+
+def test_gpus_granted_but_invisible_fails(node):
+    node.net("eth0")
+    code, checks, _ = doctor(node, ["--offline"], {"SLURM_GPUS_ON_NODE": "4"}, FakeProbes(torch=dict(TORCH, cuda_device_count=0)))
+    assert code == 1 and "--nv" in checks["gpus"]["fix"]
+
+
+def test_gpu_count_mismatch_warns(node):
+    node.net("eth0")
+    _, checks, _ = doctor(node, ["--offline"], {"SLURM_GPUS_ON_NODE": "4"}, FakeProbes(torch=dict(TORCH, cuda_device_count=2)))
+    assert checks["gpus"]["status"] == "WARN"
+
+
+def test_no_torch_fails(node):
+    node.net("eth0")
+    code, checks, _ = doctor(node, ["--offline"], {}, FakeProbes(torch=None))
+    assert code == 1 and checks["torch"]["status"] == "FAIL"
+
+
+def test_old_driver_for_the_image_cuda_warns(node):
+    node.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.82.01  Tue Oct 26 2021\n")
+    _, checks, _ = doctor(node, ["--offline"], {"CUDA_VERSION": "12.9.1"})
+    assert checks["CUDA driver"]["status"] == "WARN" and "470.82" in checks["CUDA driver"]["detail"]
+
+
+def test_slingshot_expected_but_no_devices_fails_in_a_job(node):
+    node.net("eth0")
+    code, checks, _ = doctor(node, ["--site", "olivia", "--offline"], JOB)
+    assert code == 1 and checks["fabric devices"]["status"] == "FAIL"
+
+
+def test_socket_ifname_naming_a_missing_interface_fails(node):
+    node.net("eth0", "lo")
+    code, checks, _ = doctor(node, ["--offline"], {"NCCL_SOCKET_IFNAME": "ib0"})
+    assert code == 1 and "matches no interface" in checks["interface"]["detail"]
+
+
+def test_head_node_reachable_with_port_closed_is_ok(node):
+    fake = FakeProbes(connect="refused")
+    _, checks, _ = doctor(node, [], {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}, fake)
+    assert checks["head node"]["status"] == "OK"
+    assert fake.connected == [("127.0.0.1", 29511)]
+
+
+def test_head_node_port_timeout_fails(node):
+    code, checks, _ = doctor(node, [], {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}, FakeProbes(connect="no answer within 3 s"))
+    assert code == 1 and checks["head node"]["status"] == "FAIL"
+
+
+def test_head_node_from_slurm_nodelist_and_job_port(node):
+    fake = FakeProbes()
+    _, checks, _ = doctor(node, [], {"SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "1234"}, fake)
+    assert fake.connected == [("127.0.0.1", 20000 + 234 * 10)]
+
+
+def test_offline_skips_the_network(node):
+    fake = FakeProbes()
+    _, checks, _ = doctor(node, ["--offline"], {"MASTER_ADDR": "127.0.0.1"}, fake)
+    assert checks["head node"]["status"] == "SKIP" and fake.connected == []
+
+
+def test_dataset_present_is_ok(node, tmp_path):
+    data = tmp_path / "data" / "cifar-100-python"
+    data.mkdir(parents=True)
+    for name in ("train", "test", "meta"):
+        (data / name).write_bytes(b"x")
+    _, checks, _ = doctor(node, ["--offline", "--data-dir", str(tmp_path / "data")])
+    assert checks["dataset"]["status"] == "OK"
+
+
+def test_dataset_missing_warns_with_the_fix(node, tmp_path):
+    _, checks, _ = doctor(node, ["--offline", "--data-dir", str(tmp_path)])
+    assert checks["dataset"]["status"] == "WARN" and "make data" in checks["dataset"]["fix"]
+
+
+def test_text_output_shows_fix_lines(node):
+    out = io.StringIO()
+    node.net("eth0")
+    code = run(["--root", str(node.root), "--offline"], {"SLURM_GPUS_ON_NODE": "4"}, out, FakeProbes(torch=dict(TORCH, cuda_device_count=0)).probes())
+    text = out.getvalue()
+    assert code == 1
+    assert "FAIL  gpus: 0 GPUs visible (torch.cuda.device_count()) but 4 granted" in text
+    assert "      fix: run with `apptainer exec --nv`" in text
+    assert text.rstrip().endswith("doctor: 1 failed")
+
+
+def test_doctor_cli_unknown_site_is_one_line_exit_2():
+    result = subprocess.run([sys.executable, "-m", "ddp_launch", "doctor", "--offline", "--site", "atlantis"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("ddp-launch: error: unknown site 'atlantis'")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_doctor_cli_runs_for_real_offline(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "ddp_launch", "doctor", "--offline", "--json", "--data-dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"], result.stdout
+    assert {c["name"] for c in report["checks"]} >= {"gpus", "torch", "fabric devices", "dataset"}
+
+
+def test_plugin_named_only_ofi_warns_that_nccl_will_not_find_it(node):
+    olivia_node(node, plugin=False)
+    node.file("/opt/aws-ofi-nccl/lib/libnccl-net-ofi.so")
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], JOB)
+    assert checks["OFI plugin"]["status"] == "WARN" and "libnccl-net-ofi.so" in checks["OFI plugin"]["detail"]
+
+
+def test_no_hsn_interface_on_slingshot_warns(node):
+    node.file("/dev/cxi0")
+    node.net("eth0", "lo")
+    _, checks, _ = doctor(node, ["--offline"], {})
+    assert checks["interface"]["status"] == "WARN" and "no hsn* interface" in checks["interface"]["detail"]
+
+
+def test_nccl_net_with_nccl_net_plugin_fails(node):
+    node.cxi(1)
+    code, checks, _ = doctor(node, ["--offline"], {"NCCL_NET": "AWS Libfabric", "NCCL_NET_PLUGIN": "ofi"})
+    assert code == 1 and "unset NCCL_NET_PLUGIN" in checks["fabric settings"]["fix"]

@@ -1,0 +1,65 @@
+"""Fake /sys, /dev and /proc trees laid out like real nodes, for the fabric and doctor tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# /proc/net/route of a node with eth0 (10.0.0.0/24, default route) and ens1f1 (192.168.10.0/24).
+PROC_NET_ROUTE = (
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+    "eth0\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+    "eth0\t0000000A\t00000000\t0001\t0\t0\t100\t00FFFFFF\t0\t0\t0\n"
+    "ens1f1\t000AA8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+)
+
+
+class FakeNode:
+    """Builds a node's pseudo-files under a tmp root, with the kernel's real paths."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def file(self, path: str, text: str = "") -> Path:
+        target = self.root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        return target
+
+    def directory(self, path: str) -> Path:
+        target = self.root / path.lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def cxi(self, count: int = 4) -> None:
+        for index in range(count):
+            self.file(f"/dev/cxi{index}")
+            self.directory(f"/sys/class/cxi/cxi{index}")
+            self.directory(f"/sys/class/net/hsn{index}")
+        self.directory("/sys/class/net/nmn0")
+        self.directory("/sys/class/net/lo")
+
+    def net(self, *names: str) -> None:
+        for name in names:
+            self.directory(f"/sys/class/net/{name}")
+
+    def rdma(self, device: str, gids: dict, link_layer: str = "Ethernet") -> None:
+        """gids: index -> (gid text, type text or None for an unreadable entry)."""
+        base = f"/sys/class/infiniband/{device}/ports/1"
+        self.file(f"{base}/link_layer", link_layer + "\n")
+        for index, (gid, kind) in gids.items():
+            self.file(f"{base}/gids/{index}", gid + "\n")
+            if kind is not None:
+                self.file(f"{base}/gid_attrs/types/{index}", kind + "\n")
+
+    def route(self, text: str = PROC_NET_ROUTE) -> None:
+        self.file("/proc/net/route", text)
+
+
+# Real RoCE port layout (mlx5_bond_0 on RCP): link-local IPv6 v1/v2, IPv4-mapped v1/v2, global IPv6.
+RCP_GIDS = {
+    0: ("fe80:0000:0000:0000:5054:00ff:fe12:3456", "IB/RoCE v1"),
+    1: ("fe80:0000:0000:0000:5054:00ff:fe12:3456", "RoCE v2"),
+    2: ("0000:0000:0000:0000:0000:ffff:ac12:8003", "IB/RoCE v1"),
+    3: ("0000:0000:0000:0000:0000:ffff:ac12:8003", "RoCE v2"),
+    4: ("0000:0000:0000:0000:0000:0000:0000:0000", None),
+}

@@ -1,0 +1,72 @@
+"""Ethernet: the interface whose route reaches the head node (/proc/net/route), for NCCL and Gloo."""
+
+from __future__ import annotations
+
+import pytest
+from fake_node import PROC_NET_ROUTE
+
+from ddp_launch.fabric import FabricRequest, fabric_env_changes, plan_fabric
+from ddp_launch.fabric.ethernet import parse_routes, route_interface
+
+ROUTES = parse_routes(PROC_NET_ROUTE)
+
+
+@pytest.mark.parametrize(
+    "address, interface",
+    [
+        ("10.0.0.17", "eth0"),        # on eth0's subnet
+        ("192.168.10.5", "ens1f1"),   # the more specific route wins over the default
+        ("8.8.8.8", "eth0"),          # only the default route matches
+        ("127.0.0.1", "lo"),
+    ],
+)
+def test_route_interface_longest_prefix(address, interface):
+    assert route_interface(ROUTES, address) == interface
+
+
+def test_routes_that_are_down_are_ignored():
+    table = PROC_NET_ROUTE.replace("ens1f1\t000AA8C0\t00000000\t0001", "ens1f1\t000AA8C0\t00000000\t0000")
+    assert route_interface(parse_routes(table), "192.168.10.5") == "eth0"
+
+
+def test_no_route_gives_none():
+    header_only = PROC_NET_ROUTE.splitlines()[0] + "\n"
+    assert route_interface(parse_routes(header_only), "10.1.2.3") is None
+
+
+def test_multi_node_sets_nccl_and_gloo_interfaces(node):
+    node.route()
+    changes = fabric_env_changes(FabricRequest(env={}, multi_node=True, head_address="192.168.10.1", root=str(node.root)))
+    env = {c.name: c.value for c in changes}
+    assert env["NCCL_SOCKET_IFNAME"] == "ens1f1"
+    assert env["GLOO_SOCKET_IFNAME"] == "ens1f1"
+    assert "NCCL_IB_DISABLE" not in env
+
+
+def test_user_interface_is_kept(node):
+    node.route()
+    changes = fabric_env_changes(FabricRequest(env={"NCCL_SOCKET_IFNAME": "eth0"}, multi_node=True,
+                                               head_address="192.168.10.1", root=str(node.root)))
+    names = [c.name for c in changes]
+    assert "NCCL_SOCKET_IFNAME" not in names and "GLOO_SOCKET_IFNAME" in names
+
+
+def test_unresolvable_head_is_a_note_not_a_crash(node):
+    node.route()
+    plan = plan_fabric(FabricRequest(env={}, multi_node=True, head_address="no-such-host.invalid", root=str(node.root)))
+    assert "NCCL_SOCKET_IFNAME" not in [c.name for c in plan.changes]
+    assert any("cannot resolve" in n for n in plan.notes)
+
+
+def test_ib_disable_only_when_the_site_asks(node, tmp_path):
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / "lab.json").write_text(
+        '{"schema": 1, "name": "lab", "fabric": "ethernet", "binds": [],'
+        ' "env": {"NCCL_IB_DISABLE": {"value": "1", "source": "lab wiki: no RDMA here"}}}'
+    )
+    node.route()
+    changes = fabric_env_changes(FabricRequest(env={"DDP_SITES_DIR": str(sites)}, multi_node=True, site="lab",
+                                               head_address="10.0.0.2", root=str(node.root)))
+    reasons = {c.name: c.reason for c in changes}
+    assert "lab wiki" in reasons["NCCL_IB_DISABLE"]

@@ -1,0 +1,61 @@
+"""RoCE/InfiniBand: device and IPv4 RoCE v2 GID index from fake /sys trees with the real layout."""
+
+from __future__ import annotations
+
+from fake_node import RCP_GIDS
+
+from ddp_launch.fabric import FabricRequest, fabric_env_changes
+from ddp_launch.fabric.infiniband import rdma_devices, roce_v2_ipv4_gid_index
+
+
+def env_for(node, env=None):
+    changes = fabric_env_changes(FabricRequest(env=env or {}, multi_node=True, root=str(node.root)))
+    return {c.name: c.value for c in changes}
+
+
+def test_gid_index_is_the_ipv4_mapped_roce_v2_entry(node):
+    node.rdma("mlx5_bond_0", RCP_GIDS)
+    assert roce_v2_ipv4_gid_index(str(node.root), "mlx5_bond_0") == 3
+
+
+def test_gid_index_ignores_ipv6_roce_v2_and_ipv4_roce_v1(node):
+    gids = {k: v for k, v in RCP_GIDS.items() if k != 3}
+    node.rdma("mlx5_bond_0", gids)
+    assert roce_v2_ipv4_gid_index(str(node.root), "mlx5_bond_0") is None
+
+
+def test_gid_indices_compare_as_numbers(node):
+    gids = {10: ("0000:0000:0000:0000:0000:ffff:0a00:0001", "RoCE v2"), 9: ("fe80::", "RoCE v2")}
+    node.rdma("mlx5_0", gids)
+    assert roce_v2_ipv4_gid_index(str(node.root), "mlx5_0") == 10
+
+
+def test_roce_pod_gets_rcp_settings(node):
+    node.rdma("mlx5_bond_0", RCP_GIDS)
+    env = env_for(node, {"RUNAI_NUM_OF_GPUS": "4"})
+    assert env["NCCL_IB_HCA"] == "mlx5_bond_0"
+    assert env["NCCL_IB_GID_INDEX"] == "3"
+    assert env["NCCL_SOCKET_NTHREADS"] == "4"
+    assert env["NCCL_NSOCKS_PERTHREAD"] == "4"
+    assert env["DDP_EXPECT_FABRIC"] == "infiniband"
+
+
+def test_device_without_ipv4_gid_is_skipped_for_the_next(node):
+    node.rdma("mlx5_0", {0: ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2")})
+    node.rdma("mlx5_1", RCP_GIDS)
+    env = env_for(node)
+    assert env["NCCL_IB_HCA"] == "mlx5_1"
+
+
+def test_native_infiniband_leaves_hca_choice_to_nccl(node):
+    node.rdma("mlx5_0", {0: ("fe80:0000:0000:0000:0002:c903:0000:0001", "IB/RoCE v1")}, "InfiniBand")
+    node.rdma("mlx5_1", {0: ("fe80:0000:0000:0000:0002:c903:0000:0002", "IB/RoCE v1")}, "InfiniBand")
+    env = env_for(node)
+    assert "NCCL_IB_HCA" not in env and "NCCL_IB_GID_INDEX" not in env
+    assert [d.name for d in rdma_devices(str(node.root))] == ["mlx5_0", "mlx5_1"]
+
+
+def test_user_gid_index_wins(node):
+    node.rdma("mlx5_bond_0", RCP_GIDS)
+    env = env_for(node, {"NCCL_IB_GID_INDEX": "7"})
+    assert "NCCL_IB_GID_INDEX" not in env

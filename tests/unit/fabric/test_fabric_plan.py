@@ -1,0 +1,191 @@
+"""fabric_env_changes / plan_fabric: which variables each fabric gets, and that the user's win."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddp_launch.errors import LaunchError
+from ddp_launch.fabric import FabricRequest, detect_fabric, fabric_env_changes, plan_fabric
+
+
+def as_dict(changes):
+    return {c.name: c.value for c in changes}
+
+
+def request(node, **kwargs):
+    defaults = dict(env={}, multi_node=True, root=str(node.root), machine="aarch64")
+    defaults.update(kwargs)
+    return FabricRequest(**defaults)
+
+
+@pytest.mark.parametrize(
+    "build, expected",
+    [
+        (lambda n: n.cxi(2), "slingshot"),
+        (lambda n: n.directory("/sys/class/cxi"), "slingshot"),
+        (lambda n: n.rdma("mlx5_0", {}, "InfiniBand"), "infiniband"),
+        (lambda n: n.net("eth0"), "ethernet"),
+    ],
+)
+def test_detect_fabric_from_devices(node, build, expected):
+    build(node)
+    assert detect_fabric(str(node.root)) == expected
+
+
+SLINGSHOT_EXPECTED = {
+    "NCCL_NET": "AWS Libfabric",
+    "NCCL_NET_GDR_LEVEL": "PHB",
+    "NCCL_CROSS_NIC": "1",
+    "NCCL_PROTO": "^LL128",
+    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+    "FI_CXI_DISABLE_HOST_REGISTER": "1",
+    "FI_MR_CACHE_MONITOR": "userfaultfd",
+    "FI_CXI_RDZV_THRESHOLD": "0",
+    "FI_CXI_RDZV_GET_MIN": "0",
+    "FI_CXI_RDZV_EAGER_SIZE": "0",
+    "FI_PROVIDER": "cxi",
+    "FI_CXI_RX_MATCH_MODE": "hybrid",
+    "FI_CXI_DEFAULT_TX_SIZE": "2048",
+    "NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+
+
+def test_olivia_multi_node_gets_the_slingshot_table(node):
+    node.cxi(4)
+    env = as_dict(fabric_env_changes(request(node, site="olivia")))
+    assert {k: env.get(k) for k in SLINGSHOT_EXPECTED} == SLINGSHOT_EXPECTED
+
+
+def test_every_change_cites_a_reason(node):
+    node.cxi(4)
+    for change in fabric_env_changes(request(node, site="olivia")):
+        assert change.reason.strip(), change.name
+
+
+def test_nccl_net_only_on_multi_node_runs(node):
+    node.cxi(4)
+    env = as_dict(fabric_env_changes(request(node, site="olivia", multi_node=False)))
+    assert "NCCL_NET" not in env
+    assert env["FI_PROVIDER"] == "cxi"
+
+
+def test_nccl_net_plugin_from_user_suppresses_nccl_net(node):
+    node.cxi(4)
+    plan = plan_fabric(request(node, site="olivia", env={"NCCL_NET_PLUGIN": "ofi"}))
+    names = as_dict(plan.changes)
+    assert "NCCL_NET" not in names and "NCCL_NET_PLUGIN" not in names
+    assert any("NCCL_NET_PLUGIN" in note for note in plan.notes)
+
+
+def test_launcher_never_sets_nccl_net_plugin(node):
+    node.cxi(4)
+    assert "NCCL_NET_PLUGIN" not in as_dict(fabric_env_changes(request(node, site="olivia")))
+
+
+def test_user_values_are_kept_and_noted(node):
+    node.cxi(4)
+    user = {"FI_CXI_RX_MATCH_MODE": "software", "NCCL_CROSS_NIC": "0"}
+    plan = plan_fabric(request(node, site="olivia", env=user))
+    names = as_dict(plan.changes)
+    assert "FI_CXI_RX_MATCH_MODE" not in names and "NCCL_CROSS_NIC" not in names
+    assert any("kept your FI_CXI_RX_MATCH_MODE=software" in note for note in plan.notes)
+
+
+def test_ll128_disabled_only_on_gh200(node):
+    node.cxi(4)
+    x86 = as_dict(fabric_env_changes(request(node, site="olivia", machine="x86_64")))
+    generic_arm = as_dict(fabric_env_changes(request(node, machine="aarch64")))
+    assert "NCCL_PROTO" not in x86
+    assert "NCCL_PROTO" not in generic_arm
+
+
+def test_socket_ifname_lists_only_existing_hsn_interfaces(node):
+    node.cxi(2)
+    env = as_dict(fabric_env_changes(request(node)))
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1"
+
+
+def test_no_hsn_interface_leaves_socket_ifname_unset_with_warning(node):
+    node.file("/dev/cxi0")
+    node.net("eth0", "lo")
+    plan = plan_fabric(request(node, site="olivia"))
+    assert "NCCL_SOCKET_IFNAME" not in as_dict(plan.changes)
+    assert any("no hsn* interface" in note for note in plan.notes)
+
+
+def test_profile_ifname_used_when_interfaces_cannot_be_listed(node):
+    node.file("/dev/cxi0")
+    env = as_dict(fabric_env_changes(request(node, site="olivia")))
+    assert env["NCCL_SOCKET_IFNAME"] == "hsn0,hsn1,hsn2,hsn3"
+
+
+def test_user_socket_ifname_that_matches_nothing_is_warned(node):
+    node.cxi(2)
+    plan = plan_fabric(request(node, env={"NCCL_SOCKET_IFNAME": "ib0"}))
+    assert any("matches no interface" in note for note in plan.notes)
+
+
+def test_expected_fabric_turns_on_nccl_net_logging_to_a_file(node, tmp_path):
+    node.cxi(1)
+    env = as_dict(fabric_env_changes(request(node, env={"DDP_LAUNCH_LOG_DIR": str(tmp_path), "SLURM_JOB_ID": "77"})))
+    assert env["DDP_EXPECT_FABRIC"] == "slingshot"
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert env["NCCL_DEBUG_FILE"] == f"{tmp_path}/nccl-77.%h.%p.log"
+    assert "DDP_REQUIRE_FABRIC" not in env
+
+
+def test_user_nccl_debug_is_not_redirected(node):
+    node.cxi(1)
+    env = as_dict(fabric_env_changes(request(node, env={"NCCL_DEBUG": "WARN"})))
+    assert "NCCL_DEBUG" not in env and "NCCL_DEBUG_FILE" not in env
+    assert env["DDP_EXPECT_FABRIC"] == "slingshot"
+
+
+def test_require_fabric_is_passed_to_the_trainer(node):
+    node.cxi(1)
+    env = as_dict(fabric_env_changes(request(node, require_fabric=True)))
+    assert env["DDP_REQUIRE_FABRIC"] == "1"
+
+
+def test_require_fabric_without_any_fabric_is_an_error(node):
+    node.net("eth0")
+    with pytest.raises(LaunchError, match="--require-fabric"):
+        fabric_env_changes(request(node, require_fabric=True))
+
+
+def test_single_node_expects_no_fabric(node):
+    node.cxi(1)
+    env = as_dict(fabric_env_changes(request(node, multi_node=False)))
+    assert "DDP_EXPECT_FABRIC" not in env and "NCCL_DEBUG" not in env
+
+
+def test_nccl_debug_flag_overrides_the_environment(node):
+    node.net("eth0")
+    env = as_dict(fabric_env_changes(request(node, env={"NCCL_DEBUG": "WARN"}, nccl_debug="info")))
+    assert env["NCCL_DEBUG"] == "INFO"
+
+
+def test_bad_nccl_debug_level_is_an_error(node):
+    with pytest.raises(LaunchError, match="--nccl-debug 'loud'"):
+        fabric_env_changes(request(node, nccl_debug="loud"))
+
+
+def test_unknown_site_is_an_error(node):
+    with pytest.raises(LaunchError, match="unknown site 'atlantis'"):
+        fabric_env_changes(request(node, site="atlantis"))
+
+
+def test_async_error_handling_is_set_on_every_fabric(node):
+    node.net("eth0")
+    assert as_dict(fabric_env_changes(request(node, multi_node=False)))["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [("hsn", False), ("hsn0,hsn9", False), ("=hsn0", False), ("=hsn", True), ("^docker,lo", False), ("ib0", True)],
+)
+def test_socket_ifname_check_follows_nccl_syntax(value, problem):
+    from ddp_launch.fabric.slingshot import check_socket_ifname
+
+    assert (check_socket_ifname(value, ("hsn0", "hsn1", "eth0")) is not None) == problem

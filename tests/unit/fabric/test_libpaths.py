@@ -1,0 +1,46 @@
+"""The in-container half: LD_LIBRARY_PATH / CPATH from the profile, existing dirs only, user kept."""
+
+from __future__ import annotations
+
+from ddp_launch.fabric.libpaths import library_path_changes
+from ddp_launch.sites import load_site
+
+OLIVIA = load_site("olivia", {})
+
+
+def bound(node, *dirs):
+    for directory in dirs:
+        node.directory(directory)
+
+
+def changes(node, env=None):
+    return {c.name: c.value for c in library_path_changes(OLIVIA, env or {}, str(node.root))}
+
+
+def test_plugin_first_then_host_libraries_then_appended(node):
+    bound(node, "/opt/aws-ofi-nccl/lib", "/opt/libfabric/lib64", "/opt/nccl/lib", "/opt/host-libs", "/opt/nvidia/hpc_sdk/lib")
+    value = changes(node, {"LD_LIBRARY_PATH": "/usr/local/cuda/lib64"})["LD_LIBRARY_PATH"]
+    assert value.split(":") == [
+        "/opt/aws-ofi-nccl/lib", "/opt/libfabric/lib64", "/opt/nccl/lib", "/opt/host-libs",
+        "/usr/local/cuda/lib64", "/opt/nvidia/hpc_sdk/lib",
+    ]
+
+
+def test_only_existing_dirs_are_added(node):
+    bound(node, "/opt/libfabric/lib64")
+    assert changes(node)["LD_LIBRARY_PATH"] == "/opt/libfabric/lib64"
+
+
+def test_nothing_bound_changes_nothing(node):
+    node.directory("/opt")
+    assert changes(node, {"LD_LIBRARY_PATH": "/usr/lib"}) == {}
+
+
+def test_user_entries_are_not_duplicated(node):
+    bound(node, "/opt/libfabric/lib64")
+    assert changes(node, {"LD_LIBRARY_PATH": "/opt/libfabric/lib64:/mine"}) == {}
+
+
+def test_cpath_gets_libfabric_headers_before_the_users(node):
+    bound(node, "/opt/libfabric/include")
+    assert changes(node, {"CPATH": "/mine/include"})["CPATH"] == "/opt/libfabric/include:/mine/include"
