@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported here so that `ddp-launch doctor` does not pay for the planner.
     from dataclasses import replace
 
-    from ddp_launch.fabric import FabricRequest, fabric_env_changes
+    from ddp_launch.fabric import FabricRequest, plan_fabric
     from ddp_launch.gpus import count_device_files
     from ddp_launch.modes import build_plan, detect_mode
     from ddp_launch.options import merge_options
@@ -145,14 +145,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         facts = HostFacts(python=sys.executable, cpu_count=_cpu_count(),
                           device_files=count_device_files("/"))
         plan, topology = build_plan(options, env, facts, resolve)
-        plan = plan.with_env(fabric_env_changes(FabricRequest(
-            env=env,
+        fabric_env = env
+        if options.log_dir and "DDP_LAUNCH_LOG_DIR" not in env:
+            # NCCL's transport log goes beside torchrun's per-rank logs.
+            fabric_env = {**env, "DDP_LAUNCH_LOG_DIR": options.log_dir}
+        fabric = plan_fabric(FabricRequest(
+            env=fabric_env,
             multi_node=topology.nodes > 1,
             site=options.site,
             head_address=topology.head_address,
             nccl_debug=options.nccl_debug,
             require_fabric=options.require_fabric,
-        )))
+        ))
+        plan = plan.with_env(fabric.changes, fabric.notes)
     except LaunchError as error:
         print(f"ddp-launch: error: {error}", file=sys.stderr)
         return EXIT_USAGE

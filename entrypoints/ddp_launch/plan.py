@@ -34,9 +34,10 @@ class LaunchPlan:
     env_changes: tuple[EnvChange, ...] = ()
     notes: tuple[str, ...] = field(default=())
 
-    def with_env(self, changes: tuple[EnvChange, ...]) -> "LaunchPlan":
-        """This plan with more environment changes appended (e.g. the fabric's)."""
-        return LaunchPlan(self.mode, self.argv, self.env_changes + tuple(changes), self.notes)
+    def with_env(self, changes: tuple[EnvChange, ...], notes: tuple[str, ...] = ()) -> "LaunchPlan":
+        """This plan with more environment changes and notes appended (e.g. the fabric's)."""
+        return LaunchPlan(self.mode, self.argv, self.env_changes + tuple(changes),
+                          self.notes + tuple(notes))
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """The full environment for exec: base with this plan's changes applied."""

@@ -108,7 +108,7 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 def max_over_ranks(value: int, device: torch.device) -> int:
     """The largest of every rank's value, on every rank (one tiny all-reduce)."""
-    t = torch.tensor([value], dtype=torch.int32, device=device)
+    t = torch.tensor([value], dtype=torch.int32, device=device if active() else "cpu")
     if active():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
@@ -157,3 +157,25 @@ def average_buffers(module: torch.nn.Module) -> None:
         if buf.is_floating_point():
             dist.all_reduce(buf, op=dist.ReduceOp.SUM)
             buf.div_(world)
+
+
+def check_network_transport(env: Mapping[str, str], device: torch.device) -> Optional[str]:
+    """Which network NCCL chose, read from its log after the first collective.
+
+    On Slingshot or InfiniBand a fallback to TCP sockets fails nothing and makes
+    the all-reduce ~20x slower, so it must never pass silently: returns this
+    rank's message (a loud warning on a sockets fallback), and under
+    --require-fabric (DDP_REQUIRE_FABRIC=1) raises on every rank when any rank
+    fell back. The launcher sets DDP_EXPECT_FABRIC and the NCCL log file.
+    """
+    if device.type != "cuda" or not env.get("DDP_EXPECT_FABRIC"):
+        return None
+    try:
+        from ddp_launch.transport import check_nccl_transport
+    except ImportError:  # started without ddp-launch's package (plain torchrun): nothing set up to read
+        return None
+    ok, message = check_nccl_transport(env)
+    if any_rank(not ok, device):
+        raise TrainError(message if not ok else
+                         "another rank's NCCL fell back to TCP sockets under --require-fabric: see that rank's log")
+    return message

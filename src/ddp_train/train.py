@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import platform
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -240,6 +242,9 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
 
     # Run record and header.
     nodes, per_node = distributed.count_nodes()
+    transport_message = distributed.check_network_transport(os.environ, device)
+    if transport_message and dist_env.local_rank == 0:  # one line per node, not per GPU
+        print(f"[{socket.gethostname()}] {transport_message}", file=sys.stderr, flush=True)
     gpus_per_node = per_node if device.type == "cuda" else 0
     gpu_model = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     n_train, n_test = len(train_set), len(test_set)

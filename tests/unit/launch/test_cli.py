@@ -73,21 +73,26 @@ def test_dry_run_json_is_machine_readable(capsys):
     assert {"name": "CUDA_VISIBLE_DEVICES", "value": ""} in [{k: e[k] for k in ("name", "value")} for e in plan["env"]]
 
 
-def test_fabric_changes_are_part_of_the_printed_plan(capsys):
+def test_fabric_changes_and_notes_are_part_of_the_printed_plan(capsys):
+    from ddp_launch.fabric import FabricPlan
     from ddp_launch.plan import EnvChange
     seen = []
 
     def fake_fabric(request):
         seen.append(request)
-        return (EnvChange("NCCL_SOCKET_IFNAME", "hsn0", "fabric: test"),)
+        return FabricPlan("slingshot", (EnvChange("NCCL_SOCKET_IFNAME", "hsn0", "fabric: test"),),
+                          ("kept NCCL_PROTO=LL from the user",))
 
-    with mock.patch("ddp_launch.fabric.fabric_env_changes", fake_fabric):
+    with mock.patch("ddp_launch.fabric.plan_fabric", fake_fabric):
         code, out, _ = run_main(["--dry-run", "--rdzv-host", "10.10.0.1", "--site", "olivia",
-                                 "--nccl-debug", "INFO", "--require-fabric"], olivia(0), capsys)
+                                 "--nccl-debug", "INFO", "--require-fabric", "--log-dir", "/scratch/logs"],
+                                olivia(0), capsys)
     assert code == 0 and "NCCL_SOCKET_IFNAME=hsn0  # fabric: test" in out
+    assert "note: kept NCCL_PROTO=LL from the user" in out
     request = seen[0]
     assert (request.multi_node, request.site, request.head_address, request.nccl_debug,
             request.require_fabric) == (True, "olivia", "10.10.0.1", "INFO", True)
+    assert request.env["DDP_LAUNCH_LOG_DIR"] == "/scratch/logs"
 
 
 def test_subcommands_dispatch_to_their_module(monkeypatch, capsys):
