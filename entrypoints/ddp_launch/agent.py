@@ -19,6 +19,7 @@ import sys
 
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 EXIT_STOPPED = 75  # EX_TEMPFAIL, the trainer's exit code after a signal-stop
+EXIT_RENDEZVOUS = 1  # what torchrun itself returns for a failed rendezvous
 
 
 def child_pids(parent: int, proc: str = "/proc") -> list[int]:
@@ -51,9 +52,22 @@ def all_stopped_for_requeue(exit_codes: list[int]) -> bool:
     return bool(exit_codes) and all(code == EXIT_STOPPED for code in exit_codes)
 
 
+def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> str:
+    """One line for a rendezvous that failed, instead of torchrun's nested traceback."""
+    detail = f" ({detail})" if detail else ""
+    if kind == "timeout":
+        return (f"ddp-launch: error: rendezvous at {endpoint} timed out before all {nnodes} node(s) "
+                f"joined{detail}: check that srun started ddp-launch on every node and that the head is "
+                f"reachable (ddp-launch doctor), or raise --rdzv-timeout / DDP_LAUNCH_RDZV_TIMEOUT")
+    return (f"ddp-launch: error: rendezvous store at {endpoint} failed{detail}: check that the head node's "
+            f"launcher is running and the port is reachable from here (ddp-launch doctor)")
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+    from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
+                                                          RendezvousTimeoutError)
 
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, forward_to_children)
@@ -70,6 +84,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"(exit {EXIT_STOPPED}): resubmit or requeue to resume", file=sys.stderr)
                 return EXIT_STOPPED
             raise
+        except RendezvousTimeoutError as error:
+            print(rendezvous_failure("timeout", args.rdzv_endpoint, args.nnodes, str(error)),
+                  file=sys.stderr)
+            return EXIT_RENDEZVOUS
+        except RendezvousConnectionError as error:
+            print(rendezvous_failure("connection", args.rdzv_endpoint, args.nnodes, str(error)),
+                  file=sys.stderr)
+            return EXIT_RENDEZVOUS
         return 0
 
     return launch()

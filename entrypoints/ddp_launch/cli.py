@@ -29,7 +29,8 @@ modes (auto detection, in this order):
 
 precedence: command line > DDP_LAUNCH_* environment > scheduler environment > default
   DDP_LAUNCH_MODE, DDP_LAUNCH_RDZV_HOST, DDP_LAUNCH_RDZV_PORT, DDP_LAUNCH_SITE,
-  DDP_LAUNCH_CPU_WORKERS, DDP_LAUNCH_MAX_RESTARTS, DDP_LAUNCH_DNS_TIMEOUT (s, default 120)
+  DDP_LAUNCH_CPU_WORKERS, DDP_LAUNCH_MAX_RESTARTS, DDP_LAUNCH_RDZV_TIMEOUT (s, default 600),
+  DDP_LAUNCH_DNS_TIMEOUT (s, default 120)
 
 rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
   as an IPv4 address when it resolves; port 20000 + (job id mod 1000) * 10 + (step id mod 10)
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rdzv-host", metavar="H", help="rendezvous host (default: the head node / master)")
     add("--rdzv-port", metavar="P", help="rendezvous port (default: derived from the job id)")
     add("--max-restarts", metavar="N", help="torchrun worker-group restarts (default 0)")
+    add("--rdzv-timeout", metavar="S", help="seconds to wait for every node to join (torchrun: 600)")
     add("--log-dir", metavar="DIR", help="torchrun's per-worker log directory")
     workload = parser.add_mutually_exclusive_group()
     workload.add_argument("--module", metavar="MOD", help="run python -m MOD (default ddp_train)")

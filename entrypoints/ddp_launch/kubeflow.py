@@ -14,8 +14,8 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import EnvChange, LaunchPlan, Topology
 from ddp_launch.rendezvous import Resolver, is_loopback, parse_port
-from ddp_launch.torchrun import (HostFacts, Rendezvous, max_restarts, torchrun_command,
-                                 worker_env, worker_notes, workers_per_node)
+from ddp_launch.torchrun import (HostFacts, Rendezvous, join_timeout, max_restarts, node_log_dir,
+                                 torchrun_command, worker_env, worker_notes, workers_per_node)
 
 # First variable set wins. PET_* first: Trainer v2 sets only those, v1 sets
 # both with equal values, RunAI sets MASTER_ADDR (an IP) and RANK.
@@ -94,6 +94,10 @@ def parse(env: Mapping[str, str]) -> KubeflowEnv:
     )
 
 
+def _pod_log_dir(log_dir: str | None, job: KubeflowEnv, multi: bool) -> str | None:
+    return node_log_dir(log_dir, f"pod{job.node_rank or 0}" if multi else None)
+
+
 def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
          facts: HostFacts, resolve: Resolver) -> tuple[LaunchPlan, Topology]:
     multi = job.max_nodes > 1
@@ -123,12 +127,12 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
     workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.device_files))
     restarts = max_restarts(options, job.max_restarts, "PET_MAX_RESTARTS")
     argv = torchrun_command(facts.python, job.nnodes, workers.count,
-                            Rendezvous(host, port, job.run_id or job.master_addr, is_head),
-                            restarts, options.log_dir, options.workload)
+                            Rendezvous(host, port, job.run_id or job.master_addr, is_head, join_timeout(options)),
+                            restarts, _pod_log_dir(options.log_dir, job, multi), options.workload)
     removed = tuple(EnvChange(name, None, "describes the pod, not a worker; torchrun sets the workers' own")
                     for name in POD_LEVEL if name in env)
     notes = (f"pod {job.node_rank if job.node_rank is not None else 0} of {job.nnodes}"
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
-    plan = LaunchPlan("kubeflow", argv, removed + worker_env(workers, env, facts), notes)
+    plan = LaunchPlan("kubeflow", argv, removed + worker_env(workers, env, facts, restarts), notes)
     return plan, Topology(job.max_nodes, host)

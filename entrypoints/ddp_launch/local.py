@@ -26,10 +26,12 @@ def plan(options: LaunchOptions, env: Mapping[str, str], facts: HostFacts,
         raise LaunchError(f"--nodes {options.nodes} but no scheduler was found (local mode runs on this one "
                           f"machine): start ddp-launch with srun, in a RunAI/Kubeflow job, or drop --nodes")
     workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.device_files))
-    argv = torchrun_command(facts.python, "1", workers.count, None, max_restarts(options),
+    restarts = max_restarts(options)
+    argv = torchrun_command(facts.python, "1", workers.count, None, restarts,
                             options.log_dir, options.workload)
     notes = ["no scheduler found: one machine, torchrun --standalone", *worker_notes(workers)]
-    ignored = [s.source for s in (options.rdzv_host, options.rdzv_port) if s is not None]
+    ignored = [s.source for s in (options.rdzv_host, options.rdzv_port, options.rdzv_timeout)
+               if s is not None]
     if ignored:
         notes.append(f"ignored in local mode (--standalone picks a free port): {', '.join(ignored)}")
-    return LaunchPlan("local", argv, worker_env(workers, env, facts), tuple(notes)), Topology(1, None)
+    return LaunchPlan("local", argv, worker_env(workers, env, facts, restarts), tuple(notes)), Topology(1, None)

@@ -27,6 +27,7 @@ ENV_OVERRIDES = {
     "cpu_workers": "DDP_LAUNCH_CPU_WORKERS",
     "max_restarts": "DDP_LAUNCH_MAX_RESTARTS",
     "dns_timeout": "DDP_LAUNCH_DNS_TIMEOUT",
+    "rdzv_timeout": "DDP_LAUNCH_RDZV_TIMEOUT",
 }
 
 
@@ -72,6 +73,7 @@ class LaunchOptions:
     rdzv_host: Setting | None = None
     rdzv_port: Setting | None = None
     max_restarts: Setting | None = None
+    rdzv_timeout: Setting | None = None
     log_dir: str | None = None
     site: str | None = None
     nccl_debug: str | None = None
@@ -123,6 +125,9 @@ def merge_options(args: object, workload_args: tuple[str, ...], env: Mapping[str
     restarts = _pick(get("max_restarts"), "--max-restarts", env, "max_restarts")
     if restarts:
         restarts = Setting(positive_int(restarts.source, restarts.value, minimum=0), restarts.source)
+    rdzv_timeout = _pick(get("rdzv_timeout"), "--rdzv-timeout", env, "rdzv_timeout")
+    if rdzv_timeout:
+        rdzv_timeout = Setting(positive_int(rdzv_timeout.source, rdzv_timeout.value), rdzv_timeout.source)
     dns = _pick(None, "", env, "dns_timeout")
     dns_timeout = DEFAULT_DNS_TIMEOUT_S
     if dns:
@@ -142,6 +147,7 @@ def merge_options(args: object, workload_args: tuple[str, ...], env: Mapping[str
         rdzv_host=_pick(get("rdzv_host"), "--rdzv-host", env, "rdzv_host"),
         rdzv_port=port,
         max_restarts=restarts,
+        rdzv_timeout=rdzv_timeout,
         log_dir=get("log_dir"),
         site=str(site.value) if site else None,
         nccl_debug=get("nccl_debug"),

@@ -17,8 +17,8 @@ from ddp_launch.nodelist import expand_nodelist
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import EnvChange, LaunchPlan, Topology
 from ddp_launch.rendezvous import Resolver, is_loopback, rendezvous_port
-from ddp_launch.torchrun import (HostFacts, Rendezvous, max_restarts, torchrun_command,
-                                 worker_env, worker_notes, workers_per_node)
+from ddp_launch.torchrun import (HostFacts, Rendezvous, join_timeout, max_restarts, node_log_dir,
+                                 torchrun_command, worker_env, worker_notes, workers_per_node)
 
 # Step-scoped names first: right for an srun that uses part of the allocation.
 # Each list is tried in order; the first variable that is set wins.
@@ -233,14 +233,22 @@ def plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
     port, port_note = _port(slurm, options)
     workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.device_files))
     run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
+    restarts = max_restarts(options)
     argv = torchrun_command(facts.python, str(slurm.num_nodes), workers.count,
-                            Rendezvous(host, port, run_id, is_head),
-                            max_restarts(options), options.log_dir, options.workload)
+                            Rendezvous(host, port, run_id, is_head, join_timeout(options)),
+                            restarts, node_log_dir(options.log_dir, _node_name(slurm, index)),
+                            options.workload)
     notes = (f"SLURM job {slurm.job_id}: {slurm.num_nodes} node(s), this is node {index if index is not None else 0}"
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
-    plan = LaunchPlan("slurm-node", argv, worker_env(workers, env, facts), notes)
+    plan = LaunchPlan("slurm-node", argv, worker_env(workers, env, facts, restarts), notes)
     return plan, Topology(slurm.num_nodes, host)
+
+
+def _node_name(slurm: SlurmEnv, index: int | None) -> str | None:
+    if slurm.num_nodes == 1:
+        return None
+    return slurm.node_name or (slurm.nodes[index] if index is not None else None)
 
 
 # -- slurm-task ------------------------------------------------------------------------------
@@ -286,6 +294,9 @@ def plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
         notes.append("--max-restarts is ignored in slurm-task mode (no torchrun): use srun's own restarts")
     if options.log_dir:
         notes.append("--log-dir is ignored in slurm-task mode (no torchrun): use srun --output")
+    if options.rdzv_timeout is not None:
+        notes.append(f"{options.rdzv_timeout.source} is ignored in slurm-task mode (no torchrun): "
+                     f"the trainer's --dist-timeout-s bounds the wait for peers")
     plan = LaunchPlan("slurm-task", options.workload.direct_argv(facts.python), tuple(changes), tuple(notes))
     return plan, Topology(slurm.num_nodes, host)
 

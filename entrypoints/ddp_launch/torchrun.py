@@ -27,6 +27,9 @@ TORCHRUN_MODULE = "ddp_launch.agent"
 # 600 s join_timeout default already covers the rendezvous as a whole.
 STORE_READ_TIMEOUT_S = 300
 
+# torchrun substitutes these per worker: "node2:rank5: ..." finds rank 5 on node 2.
+LOG_LINE_PREFIX = "${hostname}:rank${rank}: "
+
 
 @dataclass(frozen=True)
 class HostFacts:
@@ -42,6 +45,7 @@ class Rendezvous(NamedTuple):
     port: int
     run_id: str
     is_host: bool
+    join_timeout_s: int | None = None   # None: torchrun's own (600 s)
 
 
 class Workers(NamedTuple):
@@ -67,8 +71,17 @@ def workers_per_node(
     return Workers(1, "no GPU found", on_cpu=True)
 
 
-def worker_env(workers: Workers, env: Mapping[str, str], facts: HostFacts) -> tuple[EnvChange, ...]:
+def worker_env(workers: Workers, env: Mapping[str, str], facts: HostFacts,
+               restarts: int = 0) -> tuple[EnvChange, ...]:
     changes = []
+    if restarts > 0 and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env:
+        # torchrun shares its rendezvous store with the workers by default, and
+        # the keys of a failed round stay in it: restarted workers read their
+        # dead peers' gloo/NCCL addresses and fail to connect (pytorch#135712,
+        # #167288). A store per round, hosted by rank 0, makes restarts work.
+        changes.append(EnvChange("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1",
+                                 f"--max-restarts {restarts}: a fresh store per restart round "
+                                 f"(pytorch#135712)"))
     if workers.on_cpu and workers.source != "no GPU found":
         changes.append(EnvChange("CUDA_VISIBLE_DEVICES", "",
                                  f"{workers.source}: workers run on CPU with gloo, GPUs hidden"))
@@ -85,6 +98,10 @@ def worker_notes(workers: Workers) -> tuple[str, ...]:
     return (f"{workers.count} worker(s) per node from {workers.source}",)
 
 
+def join_timeout(options: LaunchOptions) -> int | None:
+    return None if options.rdzv_timeout is None else int(options.rdzv_timeout.value)
+
+
 def max_restarts(options: LaunchOptions, scheduler_value: str | None = None,
                  scheduler_name: str = "") -> int:
     if options.max_restarts is not None:
@@ -96,6 +113,13 @@ def max_restarts(options: LaunchOptions, scheduler_value: str | None = None,
         raise LaunchError(f"{scheduler_name}={scheduler_value!r} is not a non-negative integer: "
                           f"fix it or pass --max-restarts N")
     return 0
+
+
+def node_log_dir(log_dir: str | None, node: str | None) -> str | None:
+    """<log_dir>/<node>: every node of a job writes its workers' logs under its own name."""
+    if not log_dir or not node:
+        return log_dir
+    return f"{log_dir.rstrip('/')}/{node}"
 
 
 def endpoint(host: str, port: int) -> str:
@@ -117,6 +141,9 @@ def torchrun_command(
         argv += ["--standalone", "--nnodes=1"]
     else:
         host_flag = "true" if rendezvous.is_host else "false"
+        conf = f"is_host={host_flag},read_timeout={STORE_READ_TIMEOUT_S}"
+        if rendezvous.join_timeout_s is not None:
+            conf += f",join_timeout={rendezvous.join_timeout_s}"
         argv += [
             f"--nnodes={nnodes}",
             "--rdzv-backend=c10d",
@@ -124,10 +151,13 @@ def torchrun_command(
             f"--rdzv-id={rendezvous.run_id}",
             # Explicit is_host: torchrun's hostname/IP matching guesses wrong in
             # containers and behind NAT (pytorch#73656, #79388), so no guessing.
-            f"--rdzv-conf=is_host={host_flag},read_timeout={STORE_READ_TIMEOUT_S}",
+            f"--rdzv-conf={conf}",
         ]
     argv += [f"--nproc-per-node={nproc}", f"--max-restarts={restarts}"]
     if log_dir:
-        argv.append(f"--log-dir={log_dir}")
+        # --log-dir alone writes only error files: --tee=3 writes every worker's
+        # stdout and stderr there as well and keeps them on the console, where
+        # each line names its host and global rank.
+        argv += [f"--log-dir={log_dir}", "--tee=3", f"--log-line-prefix-template={LOG_LINE_PREFIX}"]
     argv += workload.torchrun_args()
     return tuple(argv)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_launch.agent import EXIT_STOPPED, all_stopped_for_requeue, child_pids
+from ddp_launch.agent import EXIT_STOPPED, all_stopped_for_requeue, child_pids, rendezvous_failure
 
 
 def write_stat(proc: Path, pid: int, comm: str, ppid: int) -> None:
@@ -77,3 +77,32 @@ def test_usr2_to_the_launch_reaches_every_worker_and_the_job_exits_75(tmp_path):
     for rank in (0, 1):
         assert (tmp_path / f"signal-{rank}").read_text() == str(int(signal.SIGUSR2))
     assert "stopped on a signal" in output
+
+
+def test_rendezvous_failures_name_the_endpoint_and_the_fix():
+    timeout = rendezvous_failure("timeout", "10.0.0.1:20420", "2", "")
+    assert "rendezvous at 10.0.0.1:20420 timed out before all 2 node(s) joined" in timeout
+    assert "--rdzv-timeout" in timeout and "\n" not in timeout
+    broken = rendezvous_failure("connection", "head:20420", "2", "connection refused")
+    assert "rendezvous store at head:20420 failed (connection refused)" in broken
+
+
+def test_a_node_that_never_joins_times_the_real_rendezvous_out_in_one_line(tmp_path):
+    # A real torchrun c10d rendezvous for 2 nodes where only the head starts: SLURM
+    # step variables as srun sets them on the first node of two.
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0",
+           "SLURM_STEP_NODELIST": "localhost,absent-node", "SLURM_STEP_NUM_NODES": "2",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
+    script = tmp_path / "never.py"
+    script.write_text("raise SystemExit('workers must not start without the whole world')\n")
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_launch", "--cpu-workers", "1", "--rdzv-timeout", "3",
+         "--script", str(script)],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert time.monotonic() - started < 60
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("ddp-launch: error: rendezvous at localhost:")
+    assert "timed out before all 2 node(s) joined" in lines[-1]
+    assert "Traceback" not in done.stderr

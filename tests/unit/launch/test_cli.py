@@ -41,6 +41,8 @@ def run_main(argv, env, capsys):
     ([], {"DDP_LAUNCH_CPU_WORKERS": "many"}, "DDP_LAUNCH_CPU_WORKERS='many' is not a positive integer"),
     (["--rdzv-port", "70000"], {}, "--rdzv-port='70000' is not a TCP port"),
     ([], {"DDP_LAUNCH_MAX_RESTARTS": "-1"}, "DDP_LAUNCH_MAX_RESTARTS='-1' is not an integer >= 0"),
+    (["--rdzv-timeout", "0"], {}, "--rdzv-timeout='0' is not a positive integer"),
+    ([], {"DDP_LAUNCH_RDZV_TIMEOUT": "1m"}, "DDP_LAUNCH_RDZV_TIMEOUT='1m' is not a positive integer"),
     (["--module", "m", "--script", "s.py"], {}, "argument --script: not allowed with argument --module"),
     (["--nproc-per-node", "2", "--cpu-workers", "2"], {}, "--nproc-per-node and --cpu-workers both"),
     (["--json"], {}, "--json only changes how --dry-run prints"),

@@ -127,3 +127,9 @@ def test_dns_wait_gives_up_after_its_bound_with_a_fix_in_the_message():
     with pytest.raises(LaunchError, match="did not resolve within 30 s.*DDP_LAUNCH_DNS_TIMEOUT"):
         resolve("job-master-0")
     assert 30 <= clock.now <= 32
+
+
+def test_each_pod_logs_under_its_own_rank_and_a_single_pod_job_under_the_dir_itself():
+    assert "--log-dir=/runs/logs/pod1" in plan_for(runai(1), "--log-dir", "/runs/logs")[0].argv
+    single = {**runai(0), "PET_NNODES": "1"}
+    assert "--log-dir=/runs/logs" in plan_for(single, "--log-dir", "/runs/logs")[0].argv

@@ -68,3 +68,8 @@ def test_workload_arguments_reach_argv_unchanged(args):
     for env in ({}, {"TORCHELASTIC_RUN_ID": "x"}):
         plan, _ = plan_for(env, "--", *args)
         assert plan.argv[-len(args):] == args
+
+
+def test_local_log_dir_is_used_as_given():
+    argv = plan_for({}, "--mode", "local", "--cpu-workers", "1", "--log-dir", "logs")[0].argv
+    assert "--log-dir=logs" in argv and "--tee=3" in argv

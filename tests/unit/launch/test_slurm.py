@@ -97,9 +97,38 @@ def test_localhost_override_on_a_multi_node_job_is_an_error():
         plan_for({**olivia(1), "DDP_LAUNCH_RDZV_HOST": "localhost"})
 
 
-def test_nproc_and_restarts_and_log_dir_flags_reach_torchrun():
-    plan, _ = plan_for(olivia(0), "--nproc-per-node", "2", "--max-restarts", "3", "--log-dir", "/tmp/l")
-    assert {"--nproc-per-node=2", "--max-restarts=3", "--log-dir=/tmp/l"} <= set(plan.argv)
+def test_nproc_and_restarts_flags_reach_torchrun():
+    plan, _ = plan_for(olivia(0), "--nproc-per-node", "2", "--max-restarts", "3")
+    assert {"--nproc-per-node=2", "--max-restarts=3"} <= set(plan.argv)
+
+
+def test_log_dir_is_per_node_and_every_worker_stream_is_teed_with_host_and_rank():
+    head, other = (plan_for(olivia(i), "--log-dir", "/tmp/l/")[0].argv for i in (0, 1))
+    assert "--log-dir=/tmp/l/olivia-gh001" in head and "--log-dir=/tmp/l/olivia-gh002" in other
+    assert {"--tee=3", "--log-line-prefix-template=${hostname}:rank${rank}: "} <= set(head)
+    assert head.index("--tee=3") < head.index("-m", 3)  # a torchrun flag, not the workload's
+
+
+def test_without_log_dir_torchrun_leaves_worker_output_alone():
+    argv = plan_for(olivia(0))[0].argv
+    assert not any(a.startswith(("--log-dir", "--tee", "--log-line-prefix")) for a in argv)
+
+
+def test_rendezvous_timeout_reaches_torchruns_join_timeout_from_flag_or_environment():
+    conf = "--rdzv-conf=is_host=true,read_timeout=300,join_timeout=45"
+    assert conf in plan_for(olivia(0), "--rdzv-timeout", "45")[0].argv
+    assert conf in plan_for({**olivia(0), "DDP_LAUNCH_RDZV_TIMEOUT": "45"})[0].argv
+
+
+def test_restarts_give_each_round_its_own_store_so_restarted_workers_find_live_peers():
+    plan, _ = plan_for(olivia(0), "--max-restarts", "1")
+    assert env_of(plan)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_no_restarts_keep_torchruns_shared_store_and_a_user_setting_wins():
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env_of(plan_for(olivia(0))[0])
+    user = {**olivia(0), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env_of(plan_for(user, "--max-restarts", "2")[0])
 
 
 def test_cpu_workers_hide_gpus_and_set_the_worker_count():
