@@ -1,0 +1,29 @@
+#!/bin/bash
+#SBATCH --job-name=ddp-ethernet-gloo
+#SBATCH --time=01:00:00
+#SBATCH --nodes=6
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=8
+#SBATCH --output=%x-%j.out
+#SBATCH --signal=USR2@120
+#SBATCH --requeue
+# Plain-Ethernet cluster, gloo: N nodes, CPU workers talking gloo over TCP, for nodes
+# where NCCL is not usable (mixed or GPU-less nodes). The trainer picks gloo whenever
+# it runs on CPU; the interface comes from the route to the rendezvous host.
+# Submit from the repository root: sbatch [--nodes=N] slurm/ethernet-gloo.sh [trainer flags...]
+set -euo pipefail
+# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
+export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
+[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
+source "${DDP_REPO}/slurm/lib/ddp.sh"
+
+ddp::default DDP_IMAGE "$(ddp::repo)/train-cpu.sif"
+ddp::default DDP_SITE generic
+ddp::default DDP_DATA_DIR "$(ddp::repo)/data"
+ddp::default DDP_RUN_DIR "$(ddp::repo)/runs/ethernet-gloo-${SLURM_JOB_ID:-local}"
+ddp::default DDP_TRAIN_ARGS "--epochs 10 --batch-size 384 --base-lr 0.01"
+ddp::default DDP_CPU_WORKERS 1
+ddp::default DDP_GPU 0
+
+ddp::run_job node -- --cpu-workers "${DDP_CPU_WORKERS}" -- "$@"

@@ -1,0 +1,29 @@
+#!/bin/bash
+#SBATCH --job-name=ddp-ethernet-nccl
+#SBATCH --time=01:00:00
+#SBATCH --nodes=6
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=1
+#SBATCH --output=%x-%j.out
+#SBATCH --signal=USR2@120
+#SBATCH --requeue
+# Plain-Ethernet cluster: N nodes x 1 GPU, NCCL over TCP sockets. InfiniBand is off
+# (NCCL_IB_DISABLE=1) and the socket interface is chosen per node by ddp-launch from
+# the route to the rendezvous host (the generic site profile), so nodes whose NICs
+# have different names (ens1f1, ens1f0np0, ...) need no per-rank case statement.
+# Submit from the repository root: sbatch [--nodes=N] slurm/ethernet-nccl.sh [trainer flags...]
+set -euo pipefail
+# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
+export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
+[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
+source "${DDP_REPO}/slurm/lib/ddp.sh"
+
+ddp::default DDP_IMAGE "$(ddp::repo)/train-x86_64.sif"
+ddp::default DDP_SITE generic
+ddp::default DDP_DATA_DIR "$(ddp::repo)/data"
+ddp::default DDP_RUN_DIR "$(ddp::repo)/runs/ethernet-nccl-${SLURM_JOB_ID:-local}"
+ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 384 --base-lr 0.01"
+ddp::default NCCL_IB_DISABLE 1
+
+ddp::run_job node -- -- "$@"

@@ -1,0 +1,206 @@
+# shellcheck shell=bash
+# Shared shell for the job scripts in slurm/: settings, checks, the training step,
+# the per-node GPU sampler and requeue. Sourced, never run; messages go to stderr.
+#
+# Settings (environment or sbatch --export win over each script's defaults):
+#   DDP_REPO        this checkout (default: $SLURM_SUBMIT_DIR; sbatch copies the job
+#                   script to a spool directory, so the script's own path is useless)
+#   DDP_IMAGE       the SIF to run              DDP_SITE      site profile (binds, fabric)
+#   DDP_DATA_DIR    holds cifar-100-python/     DDP_RUN_DIR   metrics, checkpoint, logs
+#   DDP_TRAIN_ARGS  trainer flags, split on spaces (arguments to the job script follow them)
+#   DDP_LAUNCH_ARGS ddp-launch flags, split on spaces
+#   DDP_MONITOR_INTERVAL  GPU sampling period in seconds (0 disables the sampler)
+#   DDP_MAX_REQUEUES      requeues after a stop signal, counted by SLURM_RESTART_COUNT
+set -euo pipefail
+
+readonly DDP_EXIT_REQUEUE=75  # the trainer's "checkpointed on a stop signal" status
+
+ddp::log() {
+    printf '%s: %s\n' "${DDP_LOG_TAG:-ddp}" "$*" >&2
+}
+
+ddp::err() {
+    ddp::log "error: $*"
+    exit 1
+}
+
+# Keep a value the user already set (environment, sbatch --export); else the default.
+ddp::default() {
+    local -r name="$1" value="$2"
+    export "${name}=${!name:-${value}}"
+}
+
+ddp::repo() {
+    local -r repo="${DDP_REPO:-${SLURM_SUBMIT_DIR:-${PWD}}}"
+    [ -f "${repo}/slurm/lib/ddp.sh" ] \
+        || ddp::err "DDP_REPO=${repo} is not this project's checkout: submit from the repository root or set DDP_REPO"
+    printf '%s\n' "${repo}"
+}
+
+# The launcher's host-side helpers (site profiles, binds) straight from the checkout:
+# stdlib only, so any python3 >= 3.8 on the login or compute node runs them.
+ddp::launcher_on_host() {
+    local repo
+    repo="$(ddp::repo)"
+    PYTHONPATH="${repo}/entrypoints${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_launch "$@"
+}
+
+ddp::export_binds() {
+    local -r site="$1"
+    shift
+    local binds path
+    binds="$(ddp::launcher_on_host binds --site "${site}")" \
+        || ddp::err "ddp-launch binds --site ${site} failed (see above)"
+    for path in "$@"; do
+        binds="${binds:+${binds},}${path}:${path}"
+    done
+    export APPTAINER_BIND="${binds}"
+    ddp::log "APPTAINER_BIND=${APPTAINER_BIND}"
+}
+
+ddp::require_image() {
+    local -r image="$1"
+    [ -f "${image}" ] || ddp::err "image ${image} not found: build it (make build-olivia) or set DDP_IMAGE"
+}
+
+# Compute nodes are often offline: the data must be staged before the job starts.
+ddp::require_data() {
+    local -r data_dir="$1"
+    local part
+    for part in train test meta; do
+        [ -f "${data_dir}/cifar-100-python/${part}" ] \
+            || ddp::err "${data_dir}/cifar-100-python/${part} is missing: run 'make data DATA_DIR=${data_dir}' on the login node, or set DDP_DATA_DIR"
+    done
+}
+
+# Words of a settings variable as an array (no globbing): DDP_TRAIN_ARGS="--epochs 3".
+ddp::split_words() {
+    local -n into="$1"
+    local -r text="$2"
+    local -
+    set -f
+    # shellcheck disable=SC2034,SC2206  # a nameref; splitting on spaces is the point, globbing is off
+    into=(${text})
+}
+
+ddp::print_job() {
+    ddp::log "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NUM_NODES:-1} node(s): ${SLURM_JOB_NODELIST:-$(hostname -s)}" \
+        "(restart ${SLURM_RESTART_COUNT:-0})"
+    ddp::log "image ${DDP_IMAGE}, site ${DDP_SITE}, data ${DDP_DATA_DIR}, run ${DDP_RUN_DIR}"
+}
+
+# One sampler per node as an overlapping job step; DDP_MONITOR_PID is the srun that
+# runs them, and killing it (by PID) stops every node's sampler.
+ddp::monitor_start() {
+    local -r out_dir="$1" interval="$2"
+    DDP_MONITOR_PID=""
+    if [ "${interval}" = 0 ]; then
+        return 0
+    fi
+    mkdir -p "${out_dir}"
+    srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+        --output="${out_dir}/sampler-%N.log" \
+        "$(ddp::repo)/slurm/gpu-sampler.sh" "${out_dir}" "${interval}" &
+    DDP_MONITOR_PID=$!
+    ddp::log "GPU sampler started (pid ${DDP_MONITOR_PID}): ${out_dir}/gpu-<node>.csv"
+}
+
+ddp::monitor_stop() {
+    [ -n "${DDP_MONITOR_PID:-}" ] || return 0
+    kill -TERM "${DDP_MONITOR_PID}" 2>/dev/null || true
+    wait "${DDP_MONITOR_PID}" 2>/dev/null || true
+    ddp::log "GPU sampler stopped"
+    DDP_MONITOR_PID=""
+}
+
+# Requeue after the trainer checkpointed on a stop signal (--signal=USR2@N or
+# preemption). scontrol is not inside the image, so this runs in the batch script.
+# Returns 0 when the job was requeued.
+ddp::maybe_requeue() {
+    local -r status="$1" run_dir="$2"
+    local -r restarts="${SLURM_RESTART_COUNT:-0}" max="${DDP_MAX_REQUEUES:-3}"
+    [ "${status}" -ne 0 ] || return 1
+    if [ "${status}" -ne "${DDP_EXIT_REQUEUE}" ] \
+        && ! tail -n 1 "${run_dir}/metrics.jsonl" 2>/dev/null | grep -q '"type": *"stopped"'; then
+        return 1
+    fi
+    if [ "${restarts}" -ge "${max}" ]; then
+        ddp::log "stopped with a checkpoint, but already requeued ${restarts} times (DDP_MAX_REQUEUES=${max}): not requeuing"
+        return 1
+    fi
+    ddp::log "stopped with a checkpoint in ${run_dir}: requeuing job ${SLURM_JOB_ID} (restart $((restarts + 1)) of ${max})"
+    scontrol requeue "${SLURM_JOB_ID}"
+}
+
+# The training step: one srun, the image's runscript (ddp-launch), trainer flags last.
+#   ddp::train MODE SRUN_ARGS... -- LAUNCH_ARGS... -- TRAIN_ARGS...
+# MODE node: torchrun per node; per-rank logs from torchrun in $DDP_RUN_DIR/logs/<job>/<node>.
+# MODE task: one srun task per GPU, one log file per rank from srun.
+ddp::train() {
+    local -r mode="$1"
+    shift
+    local -a srun_args=() launch_args=() extra_launch=() train_args=() extra_train=()
+    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do srun_args+=("$1"); shift; done
+    shift || ddp::err "ddp::train: missing -- before the launcher arguments"
+    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do launch_args+=("$1"); shift; done
+    shift || ddp::err "ddp::train: missing -- before the trainer arguments"
+    train_args=("$@")
+    ddp::split_words extra_launch "${DDP_LAUNCH_ARGS:-}"
+    ddp::split_words extra_train "${DDP_TRAIN_ARGS:-}"
+
+    local -r log_dir="${DDP_RUN_DIR}/logs"
+    mkdir -p "${log_dir}"
+    case "${mode}" in
+        node) launch_args+=(--log-dir "${log_dir}/${SLURM_JOB_ID:-local}") ;;
+        task) srun_args+=(--output="${log_dir}/%j-%N-rank%t.out") ;;
+        *) ddp::err "ddp::train: mode '${mode}' is not node or task" ;;
+    esac
+    local -a apptainer_args=(run)
+    if [ "${DDP_GPU:-1}" = 1 ]; then
+        apptainer_args+=(--nv)
+    fi
+
+    local status=0
+    srun --kill-on-bad-exit=1 "${srun_args[@]}" \
+        apptainer "${apptainer_args[@]}" "${DDP_IMAGE}" \
+        --site "${DDP_SITE}" "${launch_args[@]}" "${extra_launch[@]}" \
+        -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
+        "${extra_train[@]}" "${train_args[@]}" || status=$?
+
+    if [ "${mode}" = task ]; then
+        ddp::log "per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0 says:"
+        tail -n 25 "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node)-rank0.out" 2>/dev/null || true
+    else
+        ddp::log "per-rank logs: ${log_dir}/${SLURM_JOB_ID:-local}/<node>/<run>/attempt_<N>/<local rank>/"
+    fi
+    return "${status}"
+}
+
+ddp::first_node() {
+    if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null; then
+        scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1
+    else
+        hostname -s
+    fi
+}
+
+# The whole job: checks, sampler, training step, sampler stopped, requeue or exit.
+#   ddp::run_job MODE SRUN_ARGS... -- LAUNCH_ARGS... -- TRAIN_ARGS...
+ddp::run_job() {
+    ddp::require_image "${DDP_IMAGE}"
+    ddp::require_data "${DDP_DATA_DIR}"
+    mkdir -p "${DDP_RUN_DIR}"
+    ddp::export_binds "${DDP_SITE}" "${DDP_DATA_DIR}" "${DDP_RUN_DIR}"
+    ddp::print_job
+    ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
+    local status=0
+    ddp::train "$@" || status=$?
+    ddp::monitor_stop
+    if ddp::maybe_requeue "${status}" "${DDP_RUN_DIR}"; then
+        exit 0
+    fi
+    if [ "${status}" -ne 0 ]; then
+        ddp::log "training step failed with exit status ${status}; per-rank logs are in ${DDP_RUN_DIR}/logs"
+    fi
+    exit "${status}"
+}

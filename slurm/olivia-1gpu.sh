@@ -1,0 +1,30 @@
+#!/bin/bash
+#SBATCH --job-name=ddp-olivia-1gpu
+#SBATCH --account=nn0000k
+#SBATCH --partition=accel
+#SBATCH --time=01:00:00
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=1
+#SBATCH --cpus-per-task=72
+#SBATCH --mem=110G
+#SBATCH --output=%x-%j.out
+#SBATCH --signal=USR2@120
+#SBATCH --requeue
+# Olivia (Sigma2), one GH200: the single-GPU baseline of the scaling table.
+# Submit from the repository root: sbatch slurm/olivia-1gpu.sh [trainer flags...]
+# Set the account above (or sbatch --account=nnXXXXk); DDP_* variables: slurm/lib/ddp.sh.
+set -euo pipefail
+# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
+export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
+[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
+source "${DDP_REPO}/slurm/lib/ddp.sh"
+
+ddp::default DDP_IMAGE "$(ddp::repo)/train-olivia-arm64.sif"
+ddp::default DDP_SITE olivia
+ddp::default DDP_DATA_DIR "$(ddp::repo)/data"
+ddp::default DDP_RUN_DIR "$(ddp::repo)/runs/olivia-1gpu-${SLURM_JOB_ID:-local}"
+ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 256 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
+
+ddp::run_job node -- -- "$@"

@@ -1,0 +1,29 @@
+#!/bin/bash
+#SBATCH --job-name=ddp-olivia-1node
+#SBATCH --account=nn0000k
+#SBATCH --partition=accel
+#SBATCH --time=01:00:00
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=4
+#SBATCH --cpus-per-task=72
+#SBATCH --mem=440G
+#SBATCH --output=%x-%j.out
+#SBATCH --signal=USR2@120
+#SBATCH --requeue
+# Olivia (Sigma2), one node with 4 GH200: torchrun with 4 workers on the node.
+# Submit from the repository root: sbatch slurm/olivia-1node-4gpu.sh [trainer flags...]
+set -euo pipefail
+# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
+export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
+[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
+source "${DDP_REPO}/slurm/lib/ddp.sh"
+
+ddp::default DDP_IMAGE "$(ddp::repo)/train-olivia-arm64.sif"
+ddp::default DDP_SITE olivia
+ddp::default DDP_DATA_DIR "$(ddp::repo)/data"
+ddp::default DDP_RUN_DIR "$(ddp::repo)/runs/olivia-1node-${SLURM_JOB_ID:-local}"
+ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 1024 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
+
+ddp::run_job node -- -- "$@"

@@ -1,0 +1,30 @@
+#!/bin/bash
+#SBATCH --job-name=ddp-raven
+#SBATCH --partition=gpu
+#SBATCH --time=01:00:00
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4
+#SBATCH --cpus-per-task=18
+#SBATCH --gres=gpu:a100:4
+#SBATCH --mem=500000
+#SBATCH --output=%x-%j.out
+#SBATCH --signal=USR2@120
+#SBATCH --requeue
+# Raven (MPCDF) style: one SLURM task per GPU (4 per node) over InfiniBand. No torchrun:
+# each task is one rank (RANK=SLURM_PROCID, LOCAL_RANK=SLURM_LOCALID, env:// init).
+# One log file per rank: $DDP_RUN_DIR/logs/<job>-<node>-rank<N>.out.
+# Submit from the repository root: sbatch slurm/raven-task-per-gpu.sh [trainer flags...]
+set -euo pipefail
+# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
+export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
+[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
+source "${DDP_REPO}/slurm/lib/ddp.sh"
+
+ddp::default DDP_IMAGE "$(ddp::repo)/train-x86_64.sif"
+ddp::default DDP_SITE raven
+ddp::default DDP_DATA_DIR "$(ddp::repo)/data"
+ddp::default DDP_RUN_DIR "$(ddp::repo)/runs/raven-${SLURM_JOB_ID:-local}"
+ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 256 --base-lr 0.01"
+
+ddp::run_job task -- --mode slurm-task -- "$@"

@@ -1,0 +1,196 @@
+"""`ddp-bench report RUN_DIR...`: the scaling table of seed 001 from the trainer's metrics.
+
+Reads <run>/metrics.jsonl of several runs (1 GPU, 1 node, N nodes), prints the table
+(configuration, time, images/s, speedup and efficiency against the smallest run) and
+writes it as Markdown, CSV and a PNG. `ddp-bench gpu DIR...` summarises GPU samplers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+METRICS_NAME = "metrics.jsonl"
+EXIT_USAGE = 2
+
+
+class ReportError(Exception):
+    """A user mistake (missing or incomplete run); main() prints it as one line."""
+
+
+@dataclass(frozen=True)
+class EpochPoint:
+    epoch: int
+    images_per_s: float
+    val_accuracy: float
+
+
+@dataclass(frozen=True)
+class RunResult:
+    name: str
+    device: str
+    nodes: int
+    world_size: int
+    total_time_s: float
+    images_per_s: float
+    final_accuracy: float
+    epochs: tuple[EpochPoint, ...]
+
+    @property
+    def configuration(self) -> str:
+        unit, units = ("GPU", "GPUs") if self.device == "cuda" else ("process", "processes")
+        if self.world_size == 1:
+            return f"Single {unit}"
+        if self.nodes == 1:
+            return f"Multi-{unit} ({self.world_size} {units}, 1 node)"
+        return f"Multi-Node ({self.world_size} {units}, {self.nodes} nodes)"
+
+
+@dataclass(frozen=True)
+class Row:
+    run: RunResult
+    speedup: float
+    efficiency: float
+
+
+def load_run(run_dir: Path) -> RunResult:
+    path = run_dir / METRICS_NAME if run_dir.is_dir() else run_dir
+    if not path.is_file():
+        raise ReportError(f"{path} not found: pass run directories written by ddp-train --run-dir")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{path} line {number}: not JSON ({exc.msg}); is this a metrics file?") from None
+    runs = [r for r in records if r.get("type") == "run"]
+    summaries = [r for r in records if r.get("type") == "summary"]
+    if not summaries:
+        raise ReportError(f"{path} has no summary record: the run did not finish; resume it or leave it out")
+    summary, meta = summaries[-1], (runs[-1] if runs else {})
+    epochs = tuple(EpochPoint(int(r["epoch"]), float(r["images_per_s"]), float(r["val_accuracy"]))
+                   for r in records if r.get("type") == "epoch")
+    return RunResult(
+        name=(run_dir if run_dir.is_dir() else run_dir.parent).name,
+        device=str(meta.get("device", "cuda")),
+        nodes=int(summary["nodes"]),
+        world_size=int(summary["world_size"]),
+        total_time_s=float(summary["total_time_s"]),
+        images_per_s=float(summary["images_per_s"]),
+        final_accuracy=float(summary["final_accuracy"]),
+        epochs=epochs,
+    )
+
+
+def scaling_rows(runs: Sequence[RunResult]) -> list[Row]:
+    """Speedup is throughput against the smallest run, so runs that stopped early compare fairly."""
+    ordered = sorted(runs, key=lambda r: (r.world_size, r.nodes, r.name))
+    base = ordered[0]
+    rows = []
+    for run in ordered:
+        speedup = run.images_per_s / base.images_per_s if base.images_per_s else 0.0
+        rows.append(Row(run, speedup, speedup / (run.world_size / base.world_size)))
+    return rows
+
+
+HEADER = ("Configuration", "Run", "Time (s)", "Images/s", "Speedup", "Efficiency", "Accuracy")
+
+
+def _cells(row: Row) -> tuple[str, ...]:
+    run = row.run
+    return (run.configuration, run.name, f"{run.total_time_s:.2f}", f"{run.images_per_s:.1f}",
+            f"{row.speedup:.2f}x", f"{row.efficiency * 100:.0f}%", f"{run.final_accuracy:.4f}")
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def csv_table(rows: Sequence[Row]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["configuration", "run", "nodes", "world_size", "time_s", "images_per_s",
+                     "speedup", "efficiency", "final_accuracy"])
+    for row in rows:
+        run = row.run
+        writer.writerow([run.configuration, run.name, run.nodes, run.world_size, f"{run.total_time_s:.3f}",
+                         f"{run.images_per_s:.3f}", f"{row.speedup:.4f}", f"{row.efficiency:.4f}",
+                         f"{run.final_accuracy:.4f}"])
+    return out.getvalue()
+
+
+def plot(rows: Sequence[Row], path: Path) -> bool:
+    """Throughput and accuracy per epoch, speedup against GPUs with the ideal line."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("ddp-bench: matplotlib is not installed; no PNG written (pip install matplotlib)", file=sys.stderr)
+        return False
+    fig, (ax_tp, ax_acc, ax_sp) = plt.subplots(1, 3, figsize=(15, 4.5))
+    for row in rows:
+        epochs = [p.epoch for p in row.run.epochs]
+        label = f"{row.run.configuration} [{row.run.name}]"
+        ax_tp.plot(epochs, [p.images_per_s for p in row.run.epochs], marker="o", label=label)
+        ax_acc.plot(epochs, [p.val_accuracy for p in row.run.epochs], marker="o", label=label)
+    ax_tp.set(title="Throughput", xlabel="epoch", ylabel="images/s")
+    ax_acc.set(title="Validation accuracy", xlabel="epoch", ylabel="accuracy")
+    ax_tp.legend(fontsize="small")
+    base_world = rows[0].run.world_size
+    worlds = [row.run.world_size for row in rows]
+    ax_sp.plot(worlds, [row.speedup for row in rows], marker="o", label="measured")
+    ax_sp.plot(worlds, [w / base_world for w in worlds], linestyle="--", color="grey", label="ideal")
+    ax_sp.set(title="Speedup", xlabel="GPUs (world size)", ylabel=f"x over {base_world}")
+    ax_sp.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def report(run_dirs: Sequence[Path], out_dir: Path) -> str:
+    rows = scaling_rows([load_run(path) for path in run_dirs])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(rows)
+    (out_dir / "report.md").write_text(table, encoding="utf-8")
+    (out_dir / "report.csv").write_text(csv_table(rows), encoding="utf-8")
+    plot(rows, out_dir / "report.png")
+    return table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddp-bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rep = sub.add_parser("report", help="scaling table (Markdown, CSV, PNG) from run directories")
+    rep.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    rep.add_argument("--out", type=Path, default=Path("bench-report"), help="output dir (default bench-report)")
+    gpu = sub.add_parser("gpu", help="mean/min utilisation per GPU (and a PNG) from gpu-<node>.csv files")
+    gpu.add_argument("paths", nargs="+", type=Path, metavar="CSV_OR_DIR")
+    gpu.add_argument("--png", type=Path, default=None, help="plot file (default: gpu-utilisation.png beside the CSVs)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "report":
+            print(report(args.runs, args.out), end="")
+            print(f"written: {args.out}/report.md, report.csv, report.png", file=sys.stderr)
+        else:
+            from ddp_train import gpumon
+            print(gpumon.summarise(args.paths, args.png), end="")
+    except ReportError as exc:
+        print(f"ddp-bench: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

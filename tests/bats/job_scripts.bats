@@ -1,0 +1,166 @@
+#!/usr/bin/env bats
+# The exact command lines the slurm/ job scripts build, with srun and friends stubbed.
+
+setup() {
+    load 'test_helper/common-setup'
+    _common_setup
+    _job_env
+}
+
+@test "olivia multi-node: one srun of apptainer --nv with the olivia site, torchrun logs and trainer flags" {
+    run bash "${REPO}/slurm/olivia-multinode.sh" --epochs 3
+
+    assert_success
+    run _train_call
+    assert_output "srun --kill-on-bad-exit=1 apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
+}
+
+@test "olivia multi-node: binds come from the olivia site profile plus the data and run directories" {
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run grep '^python3 ' "${CALLS}"
+    assert_output "python3 -m ddp_launch binds --site olivia"
+    run grep '^srun-env' "${CALLS}"
+    assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=/host/olivia:/opt/olivia,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
+}
+
+@test "olivia single GPU and one node: the same step with their own trainer defaults" {
+    run bash "${REPO}/slurm/olivia-1gpu.sh"
+    assert_success
+    run _train_call
+    assert_output --partial "--site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 256 "
+
+    : > "${CALLS}"
+    run bash "${REPO}/slurm/olivia-1node-4gpu.sh"
+    assert_success
+    run _train_call
+    assert_output --partial " --batch-size 1024 "
+}
+
+@test "every script starts one GPU sampler per node as an overlapping step" {
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run grep 'gpu-sampler.sh' "${CALLS}"
+    assert_output "srun --overlap --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --output=${DDP_RUN_DIR}/gpu/sampler-%N.log ${REPO}/slurm/gpu-sampler.sh ${DDP_RUN_DIR}/gpu 5"
+}
+
+@test "raven: one task per GPU, slurm-task mode, one log file per rank named by node" {
+    run bash "${REPO}/slurm/raven-task-per-gpu.sh"
+
+    assert_success
+    run _train_call
+    assert_output "srun --kill-on-bad-exit=1 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --nv ${DDP_IMAGE} --site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 256 --base-lr 0.01"
+}
+
+@test "ethernet nccl: InfiniBand disabled, generic site, one torchrun per node" {
+    run bash "${REPO}/slurm/ethernet-nccl.sh"
+
+    assert_success
+    run grep '^srun-env' "${CALLS}"
+    assert_line --partial "srun-env NCCL_IB_DISABLE=1 "
+    run _train_call
+    assert_output --partial "apptainer run --nv ${DDP_IMAGE} --site generic --log-dir "
+}
+
+@test "ethernet gloo: CPU workers and no --nv" {
+    run bash "${REPO}/slurm/ethernet-gloo.sh"
+
+    assert_success
+    run _train_call
+    assert_output "srun --kill-on-bad-exit=1 apptainer run ${DDP_IMAGE} --site generic --cpu-workers 1 --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 10 --batch-size 384 --base-lr 0.01"
+}
+
+@test "settings from the environment (sbatch --export) win over the script's defaults" {
+    export DDP_TRAIN_ARGS="--epochs 1 --width-scale 0.5" DDP_SITE=generic DDP_LAUNCH_ARGS="--max-restarts 2"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh" --seed 7
+
+    assert_success
+    run _train_call
+    assert_output "srun --kill-on-bad-exit=1 apptainer run --nv ${DDP_IMAGE} --site generic --log-dir ${DDP_RUN_DIR}/logs/42 --max-restarts 2 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 1 --width-scale 0.5 --seed 7"
+}
+
+@test "trainer arguments after the script name reach the trainer byte for byte" {
+    run bash "${REPO}/slurm/olivia-multinode.sh" --note 'two words' '$HOME' '*'
+
+    assert_success
+    run _train_call
+    assert_output --partial " --patience 2 --note two words \$HOME *"
+}
+
+@test "missing data stops the job before any step, naming the directory and make data" {
+    rm "${DDP_DATA_DIR}/cifar-100-python/test"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "${DDP_DATA_DIR}/cifar-100-python/test is missing: run 'make data DATA_DIR=${DDP_DATA_DIR}' on the login node"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
+
+@test "a missing image stops the job with the path and how to build it" {
+    rm "${DDP_IMAGE}"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "image ${DDP_IMAGE} not found"
+}
+
+@test "a checkout that is not this project is refused" {
+    export DDP_REPO="${BATS_TEST_TMPDIR}"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure
+    assert_output --partial "DDP_REPO=${BATS_TEST_TMPDIR} is not this project's checkout"
+}
+
+@test "a step that stopped on a signal with a checkpoint (exit 75) requeues the job" {
+    export SRUN_STATUS=75 SLURM_RESTART_COUNT=1
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "requeuing job 42 (restart 2 of 3)"
+    run grep '^scontrol requeue' "${CALLS}"
+    assert_output "scontrol requeue 42"
+}
+
+@test "torchrun's exit 1 with a 'stopped' metrics record also requeues" {
+    export SRUN_STATUS=1
+    mkdir -p "${DDP_RUN_DIR}"
+    printf '{"type": "epoch", "epoch": 0}\n{"type": "stopped", "signal": "SIGUSR2", "exit_code": 75}\n' \
+        > "${DDP_RUN_DIR}/metrics.jsonl"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run grep -c '^scontrol requeue 42' "${CALLS}"
+    assert_output "1"
+}
+
+@test "requeues stop at DDP_MAX_REQUEUES and the job keeps the step's exit status" {
+    export SRUN_STATUS=75 SLURM_RESTART_COUNT=3
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 75
+    assert_output --partial "already requeued 3 times (DDP_MAX_REQUEUES=3): not requeuing"
+    run grep -c '^scontrol' "${CALLS}"
+    assert_output "0"
+}
+
+@test "a failed step is not requeued and its status is the job's" {
+    export SRUN_STATUS=1
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "training step failed with exit status 1; per-rank logs are in ${DDP_RUN_DIR}/logs"
+    run grep -c '^scontrol' "${CALLS}"
+    assert_output "0"
+}

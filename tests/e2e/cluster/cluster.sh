@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# A real SLURM 22.05 cluster on one machine: one network namespace per compute node.
+# Usage: cluster.sh up [N] | down | status | env | exec NODE CMD... (run as root).
+#
+# Layout (all names carry the "ddpe2e" prefix so nothing else is touched):
+#   bridge ddpe2e-br  10.77.0.1/24 in the root namespace: slurmctld, munged, clients
+#   netns  ddpe2e-nodeK, veth ddpe2e-vK <-> eth0  10.77.0.(10+K): "slurmd -N nodeK"
+#   state  $DDP_E2E_STATE (default /tmp/ddp-e2e-cluster): slurm.conf, logs, spool, pids
+# slurmd runs under its own UTS namespace (hostname nodeK) and its own mount
+# namespace, where a private hosts file is bound over /etc/hosts, so node names
+# resolve inside the cluster and the machine's /etc/hosts is never edited.
+# Clients: export SLURM_CONF="$DDP_E2E_STATE/etc/slurm.conf" (cluster.sh env prints it).
+# Ports: slurmctld 46817, slurmd 46818 (unlikely to collide with a real SLURM).
+set -euo pipefail
+
+readonly CLUSTER_NAME="ddpe2e"
+readonly PREFIX="ddpe2e"
+readonly BRIDGE="${PREFIX}-br"
+readonly SUBNET_PREFIX="10.77.0"
+readonly CONTROLLER_ADDR="${SUBNET_PREFIX}.1"
+readonly SLURMCTLD_PORT=46817
+readonly SLURMD_PORT=46818
+readonly STATE="${DDP_E2E_STATE:-/tmp/ddp-e2e-cluster}"
+readonly UP_TIMEOUT_S="${DDP_E2E_UP_TIMEOUT:-60}"
+SELF="$(readlink -f "${BASH_SOURCE[0]}")"
+readonly SELF
+
+cluster::log() {
+    printf 'cluster: %s\n' "$*" >&2
+}
+
+cluster::err() {
+    cluster::log "error: $*"
+    exit 1
+}
+
+cluster::node_name() { printf 'node%d' "$1"; }
+cluster::netns() { printf '%s-node%d' "${PREFIX}" "$1"; }
+cluster::node_addr() { printf '%s.%d' "${SUBNET_PREFIX}" "$((10 + $1))"; }
+
+cluster::node_count() {
+    if [ -f "${STATE}/nodes" ]; then
+        cat "${STATE}/nodes"
+    else
+        echo 0
+    fi
+}
+
+cluster::pid_alive() {
+    local -r pidfile="$1"
+    [ -s "${pidfile}" ] && kill -0 "$(cat "${pidfile}")" 2>/dev/null
+}
+
+cluster::check_host() {
+    [ "$(id -u)" -eq 0 ] || cluster::err "needs root (network namespaces, slurmd)"
+    local cmd
+    for cmd in ip unshare nsenter munged mungekey slurmctld slurmd sinfo scontrol; do
+        command -v "${cmd}" >/dev/null || cluster::err "${cmd} not found (apt-get install slurm-wlm munge iproute2 util-linux)"
+    done
+}
+
+cluster::write_config() {
+    local -r nodes="$1"
+    local -r hostname_s="$(hostname -s)"
+    mkdir -p "${STATE}"/{etc,log,run,spool,ctld,munge}
+    chmod 0700 "${STATE}/munge"
+    echo "${nodes}" > "${STATE}/nodes"
+
+    {
+        printf '127.0.0.1 localhost\n%s %s\n' "${CONTROLLER_ADDR}" "${hostname_s}"
+        local i
+        for ((i = 1; i <= nodes; i++)); do
+            printf '%s %s\n' "$(cluster::node_addr "${i}")" "$(cluster::node_name "${i}")"
+        done
+    } > "${STATE}/etc/hosts"
+
+    cat > "${STATE}/etc/cgroup.conf" <<EOF
+CgroupPlugin=cgroup/v1
+CgroupAutomount=no
+EOF
+
+    # config_overrides: nodes declare the size of a GPU node (144 CPUs, 500 GiB)
+    # whatever this machine has, so the job scripts' own --cpus-per-task and --mem
+    # lines fit unchanged; nothing enforces them (no cgroups, CR_CPU).
+    cat > "${STATE}/etc/slurm.conf" <<EOF
+ClusterName=${CLUSTER_NAME}
+SlurmctldHost=${hostname_s}(${CONTROLLER_ADDR})
+SlurmctldPort=${SLURMCTLD_PORT}
+SlurmdPort=${SLURMD_PORT}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=${STATE}/munge/munge.socket
+StateSaveLocation=${STATE}/ctld
+SlurmctldPidFile=${STATE}/run/slurmctld.pid
+SlurmctldLogFile=${STATE}/log/slurmctld.log
+SlurmdSpoolDir=${STATE}/spool/%n
+SlurmdPidFile=${STATE}/run/slurmd-%n.pid
+SlurmdLogFile=${STATE}/log/slurmd-%n.log
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=${STATE}/log/jobcomp.txt
+ReturnToService=2
+MinJobAge=3600
+KillWait=5
+SlurmdTimeout=60
+InactiveLimit=0
+JobRequeue=0
+SlurmctldDebug=info
+SlurmdDebug=info
+EOF
+    local i
+    for ((i = 1; i <= nodes; i++)); do
+        printf 'NodeName=%s NodeAddr=%s NodeHostname=%s CPUs=144 RealMemory=512000 State=UNKNOWN\n' \
+            "$(cluster::node_name "${i}")" "$(cluster::node_addr "${i}")" "$(cluster::node_name "${i}")"
+    done >> "${STATE}/etc/slurm.conf"
+    printf 'PartitionName=e2e Nodes=node[1-%d] Default=YES MaxTime=INFINITE State=UP\n' "${nodes}" \
+        >> "${STATE}/etc/slurm.conf"
+}
+
+cluster::start_munge() {
+    cluster::pid_alive "${STATE}/munge/munged.pid" && return 0
+    [ -f "${STATE}/munge/munge.key" ] || mungekey --create --keyfile="${STATE}/munge/munge.key"
+    chmod 0600 "${STATE}/munge/munge.key"
+    munged --force \
+        --socket="${STATE}/munge/munge.socket" \
+        --key-file="${STATE}/munge/munge.key" \
+        --pid-file="${STATE}/munge/munged.pid" \
+        --seed-file="${STATE}/munge/munged.seed" \
+        --log-file="${STATE}/log/munged.log"
+}
+
+cluster::start_network() {
+    local -r nodes="$1"
+    if ! ip link show "${BRIDGE}" >/dev/null 2>&1; then
+        ip link add "${BRIDGE}" type bridge
+        ip addr add "${CONTROLLER_ADDR}/24" dev "${BRIDGE}"
+    fi
+    ip link set "${BRIDGE}" up
+    local i ns veth
+    for ((i = 1; i <= nodes; i++)); do
+        ns="$(cluster::netns "${i}")"
+        veth="${PREFIX}-v${i}"
+        ip netns list | grep -qw "^${ns}" || ip netns add "${ns}"
+        if ! ip link show "${veth}" >/dev/null 2>&1; then
+            ip link add "${veth}" type veth peer name eth0 netns "${ns}"
+            ip link set "${veth}" master "${BRIDGE}" up
+            ip -n "${ns}" addr add "$(cluster::node_addr "${i}")/24" dev eth0
+        fi
+        ip -n "${ns}" link set lo up
+        ip -n "${ns}" link set eth0 up
+    done
+}
+
+cluster::start_slurmctld() {
+    cluster::pid_alive "${STATE}/run/slurmctld.pid" && return 0
+    SLURM_CONF="${STATE}/etc/slurm.conf" slurmctld -c -f "${STATE}/etc/slurm.conf"
+}
+
+# Entered inside the node's network namespace, after unshare --uts --mount.
+cluster::node_main() {
+    local -r node="$1"
+    shift
+    mount --bind "${STATE}/etc/hosts" /etc/hosts
+    hostname "${node}"
+    exec "$@"
+}
+
+cluster::start_slurmd() {
+    local -r i="$1"
+    local -r node="$(cluster::node_name "${i}")"
+    cluster::pid_alive "${STATE}/run/slurmd-${node}.pid" && return 0
+    mkdir -p "${STATE}/spool/${node}"
+    ip netns exec "$(cluster::netns "${i}")" \
+        unshare --uts --mount --propagation private \
+        env SLURM_CONF="${STATE}/etc/slurm.conf" \
+        "${SELF}" _node "${node}" slurmd -N "${node}" -f "${STATE}/etc/slurm.conf"
+}
+
+cluster::wait_idle() {
+    local -r nodes="$1"
+    local -r deadline=$((SECONDS + UP_TIMEOUT_S))
+    local idle
+    while ((SECONDS < deadline)); do
+        idle="$(SLURM_CONF="${STATE}/etc/slurm.conf" sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l)"
+        if [ "${idle}" -ge "${nodes}" ]; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    cluster::err "nodes not idle after ${UP_TIMEOUT_S}s; see ${STATE}/log/"
+}
+
+cluster::up() {
+    local -r nodes="${1:-2}"
+    [[ "${nodes}" =~ ^[1-9][0-9]?$ ]] || cluster::err "node count '${nodes}' is not a number from 1 to 99"
+    cluster::check_host
+    if [ "$(cluster::node_count)" != 0 ] && [ "$(cluster::node_count)" != "${nodes}" ]; then
+        cluster::log "resizing: tearing down the $(cluster::node_count)-node cluster first"
+        cluster::down
+    fi
+    cluster::write_config "${nodes}"
+    cluster::start_munge
+    cluster::start_network "${nodes}"
+    cluster::start_slurmctld
+    local i
+    for ((i = 1; i <= nodes; i++)); do
+        cluster::start_slurmd "${i}"
+    done
+    cluster::wait_idle "${nodes}"
+    cluster::log "up: ${nodes} nodes; export SLURM_CONF=${STATE}/etc/slurm.conf"
+}
+
+cluster::stop_pidfile() {
+    local -r pidfile="$1"
+    cluster::pid_alive "${pidfile}" || { rm -f "${pidfile}"; return 0; }
+    local -r pid="$(cat "${pidfile}")"
+    kill -TERM "${pid}" 2>/dev/null || true
+    local n
+    for ((n = 0; n < 50; n++)); do
+        kill -0 "${pid}" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL "${pid}" 2>/dev/null || true
+    rm -f "${pidfile}"
+}
+
+# Job processes left in a node's namespace (a killed step, a hung worker).
+cluster::kill_netns_procs() {
+    local -r ns="$1"
+    local pid
+    for pid in $(ip netns pids "${ns}" 2>/dev/null); do
+        kill -KILL "${pid}" 2>/dev/null || true
+    done
+}
+
+cluster::down() {
+    [ "$(id -u)" -eq 0 ] || cluster::err "needs root"
+    local pidfile
+    for pidfile in "${STATE}"/run/slurmd-*.pid; do
+        [ -e "${pidfile}" ] && cluster::stop_pidfile "${pidfile}"
+    done
+    cluster::stop_pidfile "${STATE}/run/slurmctld.pid"
+    cluster::stop_pidfile "${STATE}/munge/munged.pid"
+    local ns
+    for ns in $(ip netns list | awk '{print $1}' | grep "^${PREFIX}-node" || true); do
+        cluster::kill_netns_procs "${ns}"
+        ip netns del "${ns}"
+    done
+    ip link del "${BRIDGE}" 2>/dev/null || true
+    rm -rf "${STATE}"
+    cluster::log "down"
+}
+
+cluster::status() {
+    local -r nodes="$(cluster::node_count)"
+    if [ "${nodes}" = 0 ]; then
+        echo "down"
+        return 3
+    fi
+    echo "state: ${STATE} (${nodes} nodes)"
+    echo "export SLURM_CONF=${STATE}/etc/slurm.conf"
+    local name pidfile
+    for pidfile in "${STATE}/munge/munged.pid" "${STATE}/run/slurmctld.pid" "${STATE}"/run/slurmd-*.pid; do
+        name="$(basename "${pidfile}" .pid)"
+        if cluster::pid_alive "${pidfile}"; then
+            echo "${name}: running (pid $(cat "${pidfile}"))"
+        else
+            echo "${name}: not running"
+        fi
+    done
+    SLURM_CONF="${STATE}/etc/slurm.conf" sinfo -N -o '%N %T %c' || true
+}
+
+# Run a command inside a node, in slurmd's own namespaces (network, UTS, mount).
+cluster::exec() {
+    local -r node="${1:?usage: cluster.sh exec NODE CMD...}"
+    shift
+    local -r pidfile="${STATE}/run/slurmd-${node}.pid"
+    cluster::pid_alive "${pidfile}" || cluster::err "${node}: slurmd is not running"
+    exec nsenter --target "$(cat "${pidfile}")" --net --uts --mount \
+        env SLURM_CONF="${STATE}/etc/slurm.conf" "$@"
+}
+
+main() {
+    local -r cmd="${1:-}"
+    shift || true
+    case "${cmd}" in
+        up) cluster::up "$@" ;;
+        down) cluster::down ;;
+        status) cluster::status ;;
+        env) printf 'export SLURM_CONF=%s\n' "${STATE}/etc/slurm.conf" ;;
+        exec) cluster::exec "$@" ;;
+        _node) cluster::node_main "$@" ;;
+        *) cluster::err "usage: cluster.sh up [N] | down | status | env | exec NODE CMD..." ;;
+    esac
+}
+
+main "$@"

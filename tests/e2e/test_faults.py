@@ -1,0 +1,115 @@
+"""Failures on the real cluster: a node's workers die, a node never joins, a stop signal."""
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TRAIN_ARGS, sbatch_args
+
+pytestmark = pytest.mark.e2e
+
+LONG_RUN = "--epochs 30 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1"
+
+
+def _records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _epochs_done(run_dir: Path) -> int:
+    return sum(1 for r in _records(run_dir) if r["type"] == "epoch")
+
+
+def _wait_for_epochs(cluster, run_dir: Path, count: int, timeout: float = 120) -> None:
+    cluster.wait_for_file(run_dir, timeout, predicate=lambda d: _epochs_done(d) >= count)
+
+
+def _kill_trainers(cluster, node: str) -> list[str]:
+    """SIGKILL the trainer processes (torchrun's workers) in one node's namespace."""
+    pids = subprocess.run(["ip", "netns", "pids", f"ddpe2e-{node}"], capture_output=True, text=True).stdout.split()
+    killed = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        is_agent = any(b"ddp_launch" in arg or b"torch.distributed.run" in arg for arg in cmdline)
+        if b"ddp_train" in cmdline and not is_agent:
+            subprocess.run(["kill", "-KILL", pid])
+            killed.append(pid)
+    return killed
+
+
+def test_killed_workers_on_one_node_fail_the_job_quickly_naming_the_rank(cluster, job_env, tmp_path):
+    job_env = {**job_env, "DDP_TRAIN_ARGS": LONG_RUN}
+    run_dir = Path(job_env["DDP_RUN_DIR"])
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+    _wait_for_epochs(cluster, run_dir, 1)
+
+    assert _kill_trainers(cluster, "node2"), "no trainer process found on node2"
+    killed_at = time.monotonic()
+    job = cluster.wait(job_id, timeout=90)
+
+    assert time.monotonic() - killed_at < 90
+    output = job.output()
+    assert job.state == "FAILED", output
+    assert job.exit_code != "0:0"
+    assert re.search(r"rank\s*:\s*[23]\b", output), output
+    assert "training step failed with exit status" in output
+
+
+def test_with_max_restarts_torchrun_restarts_and_the_trainer_resumes(cluster, job_env, tmp_path):
+    job_env = {**job_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 3") + " --checkpoint-every 1",
+               "DDP_LAUNCH_ARGS": "--max-restarts 1"}
+    run_dir = Path(job_env["DDP_RUN_DIR"])
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+    _wait_for_epochs(cluster, run_dir, 1)
+
+    assert _kill_trainers(cluster, "node2")
+    job = cluster.wait(job_id, timeout=240)
+
+    assert job.state == "COMPLETED", job.output()
+    starts = [r for r in _records(run_dir) if r["type"] == "run"]
+    assert len(starts) == 2
+    assert starts[1]["resumed_from_epoch"] is not None
+    assert [r for r in _records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
+
+
+def test_a_rendezvous_that_never_completes_times_out_with_a_clear_message(cluster, tmp_path):
+    # Node 2 never starts its launcher: node 1 waits for a peer that never comes.
+    script = tmp_path / "one-node-missing.sh"
+    script.write_text("#!/bin/bash\nif [ \"$SLURM_NODEID\" = 1 ]; then sleep 300; fi\n"
+                      "exec ddp-launch --cpu-workers 1 --script tests/e2e/workloads/allreduce.py\n")
+    script.chmod(0o755)
+    started = time.monotonic()
+
+    done = cluster.run(["srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", str(script)],
+                       env={"DDP_LAUNCH_RDZV_TIMEOUT": "15"}, timeout=120)
+
+    assert done.returncode != 0
+    assert time.monotonic() - started < 90
+    assert "ddp-launch: error: rendezvous at 10.77.0.11:" in done.stderr
+    assert "timed out before all 2 node(s) joined" in done.stderr
+
+
+def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path):
+    job_env = {**job_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 3")}
+    run_dir = Path(job_env["DDP_RUN_DIR"])
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+    _wait_for_epochs(cluster, run_dir, 1)
+
+    cluster.run(["scancel", "--signal=USR2", job_id], timeout=30)
+    job = cluster.wait(job_id, timeout=300, states={"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+
+    records = _records(run_dir)
+    kinds = [r["type"] for r in records]
+    assert job.state == "COMPLETED", job.output()
+    assert "stopped" in kinds
+    resumed = [r for r in records if r["type"] == "run"][1:]
+    assert resumed and resumed[0]["resumed_from_epoch"] is not None
+    assert kinds[-1] == "summary"
+    assert job.fields.get("Restarts") == "1"

@@ -1,0 +1,72 @@
+"""The slurm/ job scripts submitted with sbatch to the real 2-node cluster."""
+import json
+from pathlib import Path
+
+import pytest
+from conftest import sbatch_args
+
+pytestmark = pytest.mark.e2e
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_multinode_script_trains_across_two_nodes_to_completion(cluster, job_env, tmp_path):
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=240)
+
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    assert "Number of nodes: 2" in output
+    assert "World size: 4" in output
+    assert "Training completed successfully." in output
+    run_dir = Path(job_env["DDP_RUN_DIR"])
+    summary = [r for r in _records(run_dir) if r["type"] == "summary"]
+    assert summary and summary[-1]["world_size"] == 4 and summary[-1]["nodes"] == 2
+    assert (run_dir / "checkpoint.pt").is_file()
+    logs = run_dir / "logs" / job_id
+    for node in cluster.node_names:
+        streams = sorted(logs.glob(f"{node}/*/attempt_0/*/stdout.log"))
+        assert len(streams) == 2, f"{node}: {streams}"  # one per worker on the node
+    assert "Training completed successfully." in "".join(
+        p.read_text() for p in logs.glob("*/*/attempt_0/*/stdout.log"))
+    assert "node1:rank0: " in output
+
+
+def test_multinode_script_runs_a_gpu_sampler_on_every_node(cluster, job_env, tmp_path):
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=240)
+
+    assert job.state == "COMPLETED", job.output()
+    gpu_dir = Path(job_env["DDP_RUN_DIR"]) / "gpu"
+    for node in cluster.node_names:
+        log = (gpu_dir / f"sampler-{node}.log").read_text()
+        assert f"nvidia-smi not found on {node}" in log
+    assert "GPU sampler stopped" in job.output()
+
+
+def test_task_per_gpu_script_runs_two_ranks_on_each_of_two_nodes(cluster, job_env, tmp_path):
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=2", "--ntasks-per-node=2", "--gres=none"),
+                             "slurm/raven-task-per-gpu.sh"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=240)
+
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    assert "World size: 4" in output
+    logs = sorted(p.name for p in (Path(job_env["DDP_RUN_DIR"]) / "logs").glob("*.out"))
+    assert logs == [f"{job_id}-node1-rank0.out", f"{job_id}-node1-rank1.out",
+                    f"{job_id}-node2-rank2.out", f"{job_id}-node2-rank3.out"]
+
+
+def test_job_script_refuses_to_start_without_staged_data(cluster, job_env, tmp_path):
+    job_env = {**job_env, "DDP_DATA_DIR": str(tmp_path / "nowhere")}
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=60)
+
+    assert job.state == "FAILED"
+    assert "cifar-100-python/train is missing: run 'make data" in job.output()
