@@ -96,19 +96,24 @@ def test_a_rendezvous_that_never_completes_times_out_with_a_clear_message(cluste
     assert "timed out before all 2 node(s) joined" in done.stderr
 
 
-def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path):
+# USR2: what our scripts ask SLURM for before the time limit (forwarded by ddp-launch's agent).
+# TERM: preemption, and clusters that only ever send TERM (torchrun stops its workers).
+@pytest.mark.parametrize("stop_signal", ["USR2", "TERM"])
+def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path,
+                                                                             stop_signal):
     job_env = {**job_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 3")}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
     _wait_for_epochs(cluster, run_dir, 1)
 
-    cluster.run(["scancel", "--signal=USR2", job_id], timeout=30)
+    cluster.run(["scancel", f"--signal={stop_signal}", job_id], timeout=30)
     job = cluster.wait(job_id, timeout=300, states={"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
 
     records = _records(run_dir)
     kinds = [r["type"] for r in records]
     assert job.state == "COMPLETED", job.output()
     assert "stopped" in kinds
+    assert [r for r in records if r["type"] == "stopped"][0]["signal"] == f"SIG{stop_signal}"
     resumed = [r for r in records if r["type"] == "run"][1:]
     assert resumed and resumed[0]["resumed_from_epoch"] is not None
     assert kinds[-1] == "summary"

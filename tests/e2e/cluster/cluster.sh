@@ -79,6 +79,8 @@ CgroupPlugin=cgroup/v1
 CgroupAutomount=no
 EOF
 
+    # cred_expire=10: a requeued job may start again after 10 s instead of 120 s
+    # (the requeue tests' wait); it also bounds a step credential's lifetime.
     # config_overrides: nodes declare the size of a GPU node (144 CPUs, 500 GiB)
     # whatever this machine has, so the job scripts' own --cpus-per-task and --mem
     # lines fit unchanged; nothing enforces them (no cgroups, CR_CPU).
@@ -91,7 +93,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=${STATE}/munge/munge.socket
+AuthInfo=socket=${STATE}/munge/munge.socket,cred_expire=10
 StateSaveLocation=${STATE}/ctld
 SlurmctldPidFile=${STATE}/run/slurmctld.pid
 SlurmctldLogFile=${STATE}/log/slurmctld.log
