@@ -21,10 +21,10 @@ export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
 source "${DDP_REPO}/slurm/lib/ddp.sh"
 
-ddp::default DDP_IMAGE "$(ddp::repo)/train-olivia-arm64.sif"
+ddp::default DDP_IMAGE "${DDP_REPO}/train-olivia-arm64.sif"
 ddp::default DDP_SITE olivia
-ddp::default DDP_DATA_DIR "$(ddp::repo)/data"
-ddp::default DDP_RUN_DIR "$(ddp::repo)/runs/olivia-1gpu-${SLURM_JOB_ID:-local}"
+ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
+ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-1gpu-${SLURM_JOB_ID:-local}"
 ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 256 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
 
 ddp::run_job node -- -- "$@"

@@ -84,13 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"(exit {EXIT_STOPPED}): resubmit or requeue to resume", file=sys.stderr)
                 return EXIT_STOPPED
             raise
-        except RendezvousTimeoutError as error:
-            print(rendezvous_failure("timeout", args.rdzv_endpoint, args.nnodes, str(error)),
-                  file=sys.stderr)
-            return EXIT_RENDEZVOUS
-        except RendezvousConnectionError as error:
-            print(rendezvous_failure("connection", args.rdzv_endpoint, args.nnodes, str(error)),
-                  file=sys.stderr)
+        except (RendezvousTimeoutError, RendezvousConnectionError) as error:
+            kind = "timeout" if isinstance(error, RendezvousTimeoutError) else "connection"
+            print(rendezvous_failure(kind, args.rdzv_endpoint, args.nnodes, str(error)), file=sys.stderr)
             return EXIT_RENDEZVOUS
         return 0
 

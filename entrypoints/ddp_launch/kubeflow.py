@@ -94,10 +94,6 @@ def parse(env: Mapping[str, str]) -> KubeflowEnv:
     )
 
 
-def _pod_log_dir(log_dir: str | None, job: KubeflowEnv, multi: bool) -> str | None:
-    return node_log_dir(log_dir, f"pod{job.node_rank or 0}" if multi else None)
-
-
 def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
          facts: HostFacts, resolve: Resolver) -> tuple[LaunchPlan, Topology]:
     multi = job.max_nodes > 1
@@ -126,9 +122,10 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
         raise LaunchError("PET_MASTER_PORT and MASTER_PORT are unset: pass --rdzv-port P")
     workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.device_files))
     restarts = max_restarts(options, job.max_restarts, "PET_MAX_RESTARTS")
-    argv = torchrun_command(facts.python, job.nnodes, workers.count,
-                            Rendezvous(host, port, job.run_id or job.master_addr, is_head, join_timeout(options)),
-                            restarts, _pod_log_dir(options.log_dir, job, multi), options.workload)
+    rendezvous = Rendezvous(host, port, job.run_id or job.master_addr, is_head, join_timeout(options))
+    log_dir = node_log_dir(options.log_dir, f"pod{job.node_rank or 0}" if multi else None)
+    argv = torchrun_command(facts.python, job.nnodes, workers.count, rendezvous, restarts, log_dir,
+                            options.workload)
     removed = tuple(EnvChange(name, None, "describes the pod, not a worker; torchrun sets the workers' own")
                     for name in POD_LEVEL if name in env)
     notes = (f"pod {job.node_rank if job.node_rank is not None else 0} of {job.nnodes}"

@@ -3,8 +3,8 @@
 # the per-node GPU sampler and requeue. Sourced, never run; messages go to stderr.
 #
 # Settings (environment or sbatch --export win over each script's defaults):
-#   DDP_REPO        this checkout (default: $SLURM_SUBMIT_DIR; sbatch copies the job
-#                   script to a spool directory, so the script's own path is useless)
+#   DDP_REPO        this checkout, set and checked by each job script (default:
+#                   $SLURM_SUBMIT_DIR; sbatch runs a spooled copy of the script)
 #   DDP_IMAGE       the SIF to run              DDP_SITE      site profile (binds, fabric)
 #   DDP_DATA_DIR    holds cifar-100-python/     DDP_RUN_DIR   metrics, checkpoint, logs
 #   DDP_TRAIN_ARGS  trainer flags, split on spaces (arguments to the job script follow them)
@@ -30,19 +30,13 @@ ddp::default() {
     export "${name}=${!name:-${value}}"
 }
 
-ddp::repo() {
-    local -r repo="${DDP_REPO:-${SLURM_SUBMIT_DIR:-${PWD}}}"
-    [ -f "${repo}/slurm/lib/ddp.sh" ] \
-        || ddp::err "DDP_REPO=${repo} is not this project's checkout: submit from the repository root or set DDP_REPO"
-    printf '%s\n' "${repo}"
-}
+# The job script found and checked the checkout before it could source this file.
+: "${DDP_REPO:?the job script sets DDP_REPO before sourcing slurm/lib/ddp.sh}"
 
 # The launcher's host-side helpers (site profiles, binds) straight from the checkout:
 # stdlib only, so any python3 >= 3.8 on the login or compute node runs them.
 ddp::launcher_on_host() {
-    local repo
-    repo="$(ddp::repo)"
-    PYTHONPATH="${repo}/entrypoints${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_launch "$@"
+    PYTHONPATH="${DDP_REPO}/entrypoints${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_launch "$@"
 }
 
 ddp::export_binds() {
@@ -100,7 +94,7 @@ ddp::monitor_start() {
     mkdir -p "${out_dir}"
     srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
         --output="${out_dir}/sampler-%N.log" \
-        "$(ddp::repo)/slurm/gpu-sampler.sh" "${out_dir}" "${interval}" &
+        "${DDP_REPO}/slurm/gpu-sampler.sh" "${out_dir}" "${interval}" &
     DDP_MONITOR_PID=$!
     ddp::log "GPU sampler started (pid ${DDP_MONITOR_PID}): ${out_dir}/gpu-<node>.csv"
 }
