@@ -9,7 +9,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DATA_DIR  ?= data
 RUN_DIR   ?= runs/demo
 
-.PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench
+.PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench e2e-image
 
 help:
 	@echo "make demo    run the main job locally (CPU, no cluster, no Apptainer)"
@@ -35,7 +35,8 @@ data: venv
 	$(VENV)/bin/ddp-train --download --data-dir $(DATA_DIR)
 
 # Debian packages the tests use; installed only when missing and we are root.
-SYSDEPS_CMDS := bats shellcheck slurmctld slurmd munged ip
+# ch-image, ch-run (charliecloud) and debootstrap build and run the e2e image.
+SYSDEPS_CMDS := bats shellcheck slurmctld slurmd munged ip ch-image ch-run debootstrap
 sysdeps:
 	@missing=""; for c in $(SYSDEPS_CMDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
 	[ -d /usr/lib/bats/bats-assert ] || missing="$$missing bats-assert"; \
@@ -43,12 +44,13 @@ sysdeps:
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages for:$$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	      slurm-wlm munge bats bats-assert bats-support shellcheck iproute2 >/dev/null; \
+	      slurm-wlm munge bats bats-assert bats-support shellcheck iproute2 charliecloud debootstrap >/dev/null; \
 	  else echo "warning: missing$$missing and not root; the tests that need them will skip" >&2; fi; \
 	fi
 
 lint: venv sysdeps
 	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh
+	cd entrypoints && $(abspath $(VENV))/bin/vermin --target=3.6- --violations --no-tips $$(grep -v '^#' host-modules.txt)
 
 test-bats: sysdeps
 	bats --recursive tests/bats
@@ -58,6 +60,11 @@ test-unit: venv
 
 test-e2e: venv sysdeps
 	$(VPY) -m pytest tests/e2e
+
+# The e2e tests' image (ch-image, from containers/Dockerfile on a cached Debian + torch base);
+# the tests build it themselves when needed, this only does it ahead of them.
+e2e-image: venv sysdeps
+	$(VPY) tests/e2e/e2e_image.py build
 
 # bats first, pytest last: its closing summary line is the run's verdict.
 test: venv sysdeps lint test-bats

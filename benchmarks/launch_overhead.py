@@ -3,7 +3,9 @@
 Both run interleaved in one process, so load on the machine hits both alike;
 prints both medians and their ratio (target: under 3x a bare interpreter start).
 The launcher sees a 2-node, 4-GPU SLURM step (the Olivia seed) whose head is
-this machine's own name, so its one name lookup is answered locally.
+this machine's own name, so its one name lookup is answered locally. Its 4 workers
+per node are CPU workers: with GPUs granted the launcher would also ask the CUDA
+driver (cuInit) whether they are usable, and this machine has no GPU to answer.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def slurm_fixture() -> dict[str, str]:
         "SLURM_PROCID": "0",
         "SLURM_LOCALID": "0",
         "SLURMD_NODENAME": head,
-        "SLURM_GPUS_ON_NODE": "4",
+        "DDP_LAUNCH_CPU_WORKERS": "4",
     }
 
 

@@ -3,6 +3,9 @@
 spython's writer turns %runscript into a shell-form CMD, which drops the
 container's arguments; we swap it for an exec-form ENTRYPOINT so
 `docker run IMAGE --nodes 2` reaches ddp-launch, and run %test as a build step.
+The base is a build argument (`ARG BASE_IMAGE` before FROM, default from %arguments),
+so a test can build the same recipe on another base; %files become COPY, which
+Docker and Charliecloud's ch-image both build (ch-image 0.31 ignores ADD).
 Usage: python containers/dockerfile.py [--def PATH] [--build-arg K=V ...] [-o FILE]
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
@@ -19,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from deffile import render, sections  # noqa: E402
 
+_SHELL_ONLY_EXPANSION = re.compile(r"\$\{\w+:[-+]")
 EXPECTED_RUNSCRIPT = 'exec ddp-launch "$@"'
 ENTRYPOINT = '["ddp-launch"]'
 DEFAULT_DEF = os.path.join("containers", "x86_64.def")
@@ -29,7 +34,13 @@ def generate(def_path: str, build_args: Dict[str, str]) -> str:
     from spython.main.parse.writers import DockerWriter
 
     with open(def_path, encoding="utf-8") as handle:
-        rendered = render(handle.read(), build_args)
+        text = handle.read()
+    base = re.search(r"^From:\s*(\S+)", sections(render(text, build_args))[""], re.M)
+    if not base:
+        raise ValueError(f"{def_path}: no `From:` line in the header")
+    base_image = base.group(1)
+    # $BASE_IMAGE, not ${BASE_IMAGE}: ch-image 0.31's FROM grammar takes only the plain form.
+    rendered = render(text, {**build_args, "BASE_IMAGE": "$BASE_IMAGE"})
     # Each RUN fails the build on its own, so `set -e` (needed in %test) is dropped.
     test_lines = [
         line for line in sections(rendered).get("test", "").splitlines()
@@ -56,7 +67,25 @@ def generate(def_path: str, build_args: Dict[str, str]) -> str:
         f"# Generated from {def_path} by containers/dockerfile.py (make dockerfile); do not edit.",
         "# Build: docker build -f containers/Dockerfile -t ddp-train . (from the repository root)",
     ]
-    return "\n".join(header) + "\n" + DockerWriter(recipe).convert() + "\n"
+    return "\n".join(header) + "\n" + _base_as_argument(DockerWriter(recipe).convert(), base_image) + "\n"
+
+
+def _base_as_argument(dockerfile: str, base_image: str) -> str:
+    """FROM the BASE_IMAGE build argument (its default before FROM, declared again inside the
+    stage for the LABEL, as Docker scopes ARGs); ADD of local files as COPY."""
+    lines = []
+    for line in dockerfile.splitlines():
+        if line.startswith("FROM "):
+            stage = line.split(" AS ", 1)[1] if " AS " in line else "spython-base"
+            lines += [f"ARG BASE_IMAGE={base_image}", f"FROM $BASE_IMAGE AS {stage}", "ARG BASE_IMAGE"]
+        elif line.startswith("ADD "):
+            lines.append("COPY " + line[len("ADD "):])
+        elif line.startswith("ENV ") and _SHELL_ONLY_EXPANSION.search(line):
+            raise ValueError(f"%environment line `{line[len('ENV '):]}` uses ${{VAR:+...}} or ${{VAR:-...}}, which "
+                             "ch-image cannot build (charliecloud issue #774): assign the value plainly")
+        else:
+            lines.append(line)
+    return "\n".join(lines)
 
 
 def parse_build_args(pairs: Sequence[str]) -> Dict[str, str]:

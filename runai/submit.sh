@@ -8,7 +8,8 @@
 # Settings (environment): RUNAI_JOB_NAME, RUNAI_IMAGE, RUNAI_WORKERS (pods besides the
 # master), RUNAI_GPUS (per pod), RUNAI_RDMA (1: RoCE annotation and rdma resource),
 # RUNAI_POD_SCRIPT (runai/pod.sh as the pod sees it: the image or a mounted checkout),
-# RUNAI_EXTRA_ARGS (more runai flags, e.g. "--pvc name:/mnt/data", split on spaces).
+# RUNAI_EXTRA_ARGS (more runai flags, e.g. "--pvc name:/mnt/data", split on spaces),
+# RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default).
 set -euo pipefail
 
 runai_submit::err() {
@@ -27,7 +28,18 @@ main() {
     [[ "${gpus}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_GPUS=${gpus} is not a number of GPUs per pod"
     command -v runai >/dev/null || runai_submit::err "runai CLI not found: install it from your RunAI cluster's web UI (version 2.13 or newer)"
 
-    local -a args=(submit-dist pytorch --name "${name}" --workers="${workers}" -g "${gpus}" -i "${image}")
+    # --command: without it RunAI appends what follows `--` to the image's ENTRYPOINT
+    # (ddp-launch), so every pod would run `ddp-launch /opt/ddp/runai/pod.sh ...` and exit 2;
+    # with it, what follows `--` replaces the ENTRYPOINT (Run:ai CLI reference, runai
+    # submit-dist pytorch: "--command: if set, overrides the image's entrypoint with the
+    # command supplied after '--'"; the Kubernetes rule for a container's command/args).
+    local -a args=(submit-dist pytorch --name "${name}" --workers="${workers}" -g "${gpus}" -i "${image}" --command)
+    # Kubernetes gives a pod a 64 MiB /dev/shm; NCCL's shared-memory transport between the
+    # GPUs of one pod needs far more and fails with "unhandled system error" (NCCL
+    # troubleshooting, "Docker/shared memory"). --large-shm mounts a memory-backed /dev/shm.
+    if [ "${RUNAI_LARGE_SHM:-1}" = 1 ]; then
+        args+=(--large-shm)
+    fi
     if [ "${RUNAI_RDMA:-1}" = 1 ]; then
         args+=(--annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1)
     fi

@@ -22,6 +22,7 @@ export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
 source "${DDP_REPO}/slurm/lib/ddp.sh"
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-x86_64.sif"
+ddp::default DDP_APPTAINER_MODULE apptainer  # MPCDF: Apptainer is a module on Raven
 ddp::default DDP_SITE raven
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/raven-${SLURM_JOB_ID:-local}"

@@ -1,12 +1,8 @@
-"""torchrun with preemption signals forwarded: what ddp-launch execs in torchrun modes.
+"""torchrun with our exit codes and stop signals: what ddp-launch execs in torchrun modes.
 
-torchrun's agent turns TERM/INT/HUP/QUIT into an orderly stop of its workers,
-but not USR1/USR2: their default action kills the agent and leaves the workers
-training on as orphans. SLURM's `--signal=USR2@T` before the time limit is such
-a signal, so the agent forwards it to its workers (the trainer checkpoints and
-exits 75). When every failed worker exited 75 the agent exits 75 as well, so a
-batch script can tell "stopped, checkpoint saved, requeue me" from a crash;
-torchrun alone reports both as 1.
+The launcher exits with the workers' own code (2 usage error, 75 stopped after a
+checkpoint, 1 crash) in one line, never torchrun's ChildFailedError report; only a
+crash is restarted; USR1, USR2 and TERM reach the workers so they checkpoint.
 
 This module imports torch: it runs only after the exec, never in the launcher.
 """
@@ -16,10 +12,33 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
 
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-EXIT_STOPPED = 75  # EX_TEMPFAIL, the trainer's exit code after a signal-stop
+from ddp_launch.worker import PARENT_PID_VARIABLE
+
+# The stop requests the trainer turns into "checkpoint, then exit 75". torchrun
+# itself knows only TERM/INT/HUP/QUIT, and answers TERM by raising in the agent
+# (a SignalException traceback, exit 1) while it stops the workers, so the
+# checkpoint the trainer writes is reported as a failure. Forwarded instead:
+# - USR1/USR2: SLURM's `--signal=USR2@T` before the time limit (sbatch(1),
+#   --signal); their default action would kill the agent and orphan the workers.
+# - TERM: scancel and preemption send it to every process of the step, then KILL
+#   after KillWait (scancel(1), slurm.conf(5) KillWait, default 30 s); Kubernetes
+#   sends it to PID 1 of the container only, then KILL after
+#   terminationGracePeriodSeconds (kubernetes.io, "Pod Lifecycle: Termination of
+#   Pods", default 30 s). Forwarding covers both: workers that already got it
+#   from SLURM get it twice, which only sets their stop flag again.
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+# torchrun's default --signals-to-handle without SIGTERM, which is forwarded above.
+TORCHRUN_HANDLED_SIGNALS = ("SIGINT", "SIGHUP", "SIGQUIT")
+
+EXIT_CRASH = 1
+EXIT_USAGE = 2      # the trainer's exit code for a mistake the user must fix
+EXIT_STOPPED = 75   # EX_TEMPFAIL, the trainer's exit code after a signal-stop
 EXIT_RENDEZVOUS = 1  # what torchrun itself returns for a failed rendezvous
+# A restart cannot fix a usage error, and a stop request must stay stopped.
+NOT_RETRIED = frozenset({EXIT_USAGE, EXIT_STOPPED})
+
 
 
 def child_pids(parent: int, proc: str = "/proc") -> list[int]:
@@ -40,16 +59,60 @@ def child_pids(parent: int, proc: str = "/proc") -> list[int]:
     return children
 
 
-def forward_to_children(signum: int, _frame: object = None) -> None:
-    for pid in child_pids(os.getpid()):
+def own_exit_codes(codes: Sequence[int]) -> list[int]:
+    """The codes of workers that ended on their own, without those torchrun stopped.
+
+    Once one worker fails, torchrun sends the others TERM and lists them among the
+    failures "for bookkeeping" (exit code -15), so a usage error on rank 0 reads
+    [2, -15]: the -15 is a consequence, not a crash. KILL (-9) is kept: it is also
+    what the kernel's OOM killer sends.
+    """
+    own = [code for code in codes if code != -signal.SIGTERM]
+    return own or list(codes)
+
+
+def launcher_exit_code(codes: Sequence[int]) -> int:
+    """The launcher's exit code for the failed workers' codes (negative: killed by a signal).
+
+    Any crash makes the run a crash (1); otherwise a usage error (2) wins over a
+    signal-stop (75), because requeueing cannot fix it.
+    """
+    codes = own_exit_codes(codes)
+    if not codes or any(code not in NOT_RETRIED for code in codes):
+        return EXIT_CRASH
+    return EXIT_USAGE if EXIT_USAGE in codes else EXIT_STOPPED
+
+
+def all_stopped_for_requeue(exit_codes: Sequence[int]) -> bool:
+    return bool(exit_codes) and launcher_exit_code(exit_codes) == EXIT_STOPPED
+
+
+def is_retried(codes: Sequence[int], stop_requested: bool) -> bool:
+    """Restart the worker group (--max-restarts) only for a crash, and never after a stop request."""
+    return not stop_requested and launcher_exit_code(codes) == EXIT_CRASH
+
+
+def first_crash(failures: dict) -> tuple:
+    """(global rank, failure) of the first worker that ended on its own (torchrun's root cause)."""
+    own = [item for item in failures.items() if item[1].exitcode in own_exit_codes(
+        [f.exitcode for f in failures.values()])]
+    # min() keeps the first of equal timestamps (whole seconds): the earliest captured.
+    return min(own, key=lambda item: item[1].timestamp)
+
+
+def crash_summary(rank: int, host: str, exitcode: int, log_dir: str | None) -> str:
+    """One line for a crashed worker; its own output (traceback included) is above it."""
+    if exitcode < 0:
         try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-
-def all_stopped_for_requeue(exit_codes: list[int]) -> bool:
-    return bool(exit_codes) and all(code == EXIT_STOPPED for code in exit_codes)
+            how = f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"was killed by signal {-exitcode}"
+    else:
+        how = f"exited with {exitcode}"
+    where = "its output above"
+    if log_dir:  # where the plan sets --log-dir, it also prefixes each worker's lines
+        where += f" (lines starting '{host}:rank{rank}:') or its log under {log_dir}"
+    return f"ddp-launch: error: worker rank {rank} on {host} {how} (crash): see {where}"
 
 
 def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> str:
@@ -60,37 +123,150 @@ def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> st
                 f"joined{detail}: check that srun started ddp-launch on every node and that the head is "
                 f"reachable (ddp-launch doctor), or raise --rdzv-timeout / DDP_LAUNCH_RDZV_TIMEOUT")
     return (f"ddp-launch: error: rendezvous store at {endpoint} failed{detail}: check that the head node's "
-            f"launcher is running and the port is reachable from here (ddp-launch doctor)")
+            f"launcher is running and the port is reachable from here (ddp-launch doctor), or raise "
+            f"--rdzv-timeout / DDP_LAUNCH_RDZV_TIMEOUT if the head starts late")
+
+
+def first_line(error: BaseException) -> str:
+    """The innermost cause's first line: the C++ store error, without its stack frames."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class StopRequest:
+    """The first stop signal this agent got; every one is forwarded to the workers."""
+
+    def __init__(self, children: Callable[[], list[int]], stop_now: Callable[[int], None]):
+        self.signum: int | None = None
+        self._children = children
+        self._stop_now = stop_now
+
+    def handle(self, signum: int, _frame: object = None) -> None:
+        if self.signum is None:
+            self.signum = signum
+        workers = self._children()
+        if not workers:
+            # Still in the rendezvous (or between restart rounds): nothing to
+            # checkpoint, so stop now rather than start workers after a stop.
+            self._stop_now(signum)
+        for pid in workers:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+
+def retry_crashes_only(agent_class: type, stop: StopRequest) -> bool:
+    """Make the agent's --max-restarts apply to crashes only; False if torch changed under us.
+
+    The hook: SimpleElasticAgent._invoke_run restarts a FAILED group while
+    self._remaining_restarts > 0, right after _monitor_workers reports it. Zeroing
+    the count inside _monitor_workers for a usage error or a stop sends the loop to
+    its stop-and-return branch instead; LocalElasticAgent does the same itself for a
+    worker stuck in D-state. Private API, guarded by a test with the real torchrun
+    (tests/unit/launch/test_launch_outcomes.py: a usage error with --max-restarts 2).
+    """
+    monitor = getattr(agent_class, "_monitor_workers", None)
+    if monitor is None:
+        return False
+
+    def monitor_workers(self, worker_group):
+        result = monitor(self, worker_group)
+        if result.is_failed():
+            codes = [failure.exitcode for failure in result.failures.values()]
+            if not is_retried(codes, stop.signum is not None):
+                self._remaining_restarts = 0
+        return result
+
+    agent_class._monitor_workers = monitor_workers
+    return True
+
+
+# torchrun's log records about ending a worker group ("failed (exitcode: 2)
+# local_rank: 0 ...", "Sending process N closing signal SIGTERM", "Received 15
+# death signal"): a usage error or a stop is said once by the worker itself, a
+# crash gets crash_summary and a stop before the workers its own line.
+WORKER_END_RECORDS = ("failed (exitcode", "Sending process", "Received ")
+WORKER_END_LOGGERS = ("torch.distributed.elastic.multiprocessing.api",
+                      "torch.distributed.elastic.agent.server.api")
+
+
+class _DropWorkerEndRecords:
+    @staticmethod
+    def filter(record) -> bool:
+        return not str(record.msg).startswith(WORKER_END_RECORDS)
+
+
+def _import_torch_quietly() -> None:
+    # The agent's only C++ is the rendezvous store; its failures come back as
+    # Python exceptions that get one line here, while its C++ log repeats them
+    # with stack frames every retry. Quiet in this process only: the workers
+    # inherit the user's setting (TORCH_CPP_LOG_LEVEL=INFO shows it all again).
+    previous = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    if previous is None:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    try:
+        import torch.distributed.run  # noqa: F401
+    finally:
+        if previous is None:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    import logging
+    import socket
+
+    _import_torch_quietly()
+    from torch.distributed import DistError
     from torch.distributed import run as torchrun
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
-    from torch.distributed.elastic.rendezvous.api import (RendezvousConnectionError,
-                                                          RendezvousTimeoutError)
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 
+    def stop_now(signum: int) -> None:
+        raise SignalException(f"ddp-launch got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+
+    stop = StopRequest(lambda: child_pids(os.getpid()), stop_now)
     for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, forward_to_children)
+        signal.signal(signum, stop.handle)
+    retry_crashes_only(LocalElasticAgent, stop)
+    for name in WORKER_END_LOGGERS:
+        logging.getLogger(name).addFilter(_DropWorkerEndRecords)
+    os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # the workers inherit it (worker.py)
+
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
-
-    @record  # torchrun's own error report: which rank failed, on which host, with what
-    def launch() -> int:
-        try:
-            torchrun.run(args)
-        except ChildFailedError as failure:
-            codes = [f.exitcode for f in failure.failures.values()]
-            if all_stopped_for_requeue(codes):
-                print("ddp-launch: workers stopped on a signal after saving a checkpoint "
-                      f"(exit {EXIT_STOPPED}): resubmit or requeue to resume", file=sys.stderr)
-                return EXIT_STOPPED
-            raise
-        except (RendezvousTimeoutError, RendezvousConnectionError) as error:
-            kind = "timeout" if isinstance(error, RendezvousTimeoutError) else "connection"
-            print(rendezvous_failure(kind, args.rdzv_endpoint, args.nnodes, str(error)), file=sys.stderr)
-            return EXIT_RENDEZVOUS
-        return 0
-
-    return launch()
+    if hasattr(args, "signals_to_handle"):
+        # torchrun would install its own TERM handler over ours in every round.
+        args.signals_to_handle = ",".join(TORCHRUN_HANDLED_SIGNALS)
+    try:
+        torchrun.run(args)
+    except ChildFailedError as failure:
+        codes = [f.exitcode for f in failure.failures.values()]
+        code = launcher_exit_code(codes)
+        if code == EXIT_STOPPED:
+            print("ddp-launch: workers stopped on a signal after saving a checkpoint "
+                  f"(exit {EXIT_STOPPED}): resubmit or requeue to resume", file=sys.stderr)
+        elif code == EXIT_CRASH:
+            rank, first = first_crash(failure.failures)
+            print(crash_summary(rank, socket.gethostname(), first.exitcode, args.log_dir), file=sys.stderr)
+        # EXIT_USAGE: the worker's own line says what to fix; nothing to add.
+        return code
+    except (RendezvousError, DistError) as error:
+        kind = "timeout" if isinstance(error, RendezvousTimeoutError) else "connection"
+        print(rendezvous_failure(kind, args.rdzv_endpoint, args.nnodes, first_line(error)), file=sys.stderr)
+        return EXIT_RENDEZVOUS
+    except SignalException as error:
+        name = error.sigval.name
+        if error.sigval in FORWARDED_SIGNALS:
+            print(f"ddp-launch: stopped by {name} while no worker was running: nothing to save; "
+                  f"resubmit or requeue to go on (exit {EXIT_STOPPED})", file=sys.stderr)
+            return EXIT_STOPPED
+        print(f"ddp-launch: stopped by {name}: the workers were sent {name}", file=sys.stderr)
+        return 128 + int(error.sigval)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """`ddp-launch binds --site NAME`: print the APPTAINER_BIND value for this host.
 
-Job scripts run it on the HOST before `apptainer run`, so it is stdlib only and
-Python 3.8 compatible. stdout carries only the value; what was chosen, and why,
-goes to stderr so `export APPTAINER_BIND="$(ddp-launch binds --site olivia)"` works.
+Job scripts run it on the HOST before `apptainer run`, as `python3 -m ddp_launch.binds`,
+with whatever python3 the node has (3.6 on SLES 15): it and everything it imports
+are stdlib only, Python 3.6 compatible and listed in entrypoints/host-modules.txt,
+which `make lint` checks with vermin. stdout carries only the value; what was
+chosen, and why, goes to stderr so `export APPTAINER_BIND="$(...)"` works.
 """
-
-from __future__ import annotations
 
 import argparse
 import os
@@ -13,14 +13,18 @@ import sys
 from typing import List, Mapping, Optional, Sequence, TextIO
 
 from ddp_launch.errors import EXIT_USAGE, LaunchError
+from ddp_launch.flags import FlagParser
+from ddp_launch.libclosure import Closure, closure_binds
 from ddp_launch.sites import apptainer_bind_value, load_site, resolve_binds
+
+PROG = "ddp-launch binds"
 
 SITE_VAR = "DDP_LAUNCH_SITE"
 
 
 def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="ddp-launch binds",
+    parser = FlagParser(
+        prog=PROG, subcommand="binds", hint="see ddp-launch binds --help",
         description="Print the APPTAINER_BIND value (host:container,...) for a site's host libraries.",
     )
     parser.add_argument("--site", default=env.get(SITE_VAR), help=f"site profile name (default: ${SITE_VAR})")
@@ -36,7 +40,21 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
 def explain(binds, out: TextIO) -> None:
     for bind in binds:
         where = bind.host if bind.host else "-"
-        print(f"ddp-launch binds: {bind.spec.name}: {where} -> {bind.spec.target}  ({bind.how})", file=out)
+        print(f"{PROG}: {bind.spec.name}: {where} -> {bind.spec.target}  ({bind.how})", file=out)
+
+
+def explain_closure(extra, out: TextIO) -> None:
+    for bind in extra:
+        print(f"{PROG}: added {bind.host} -> {bind.spec.target} ({bind.how})", file=out)
+
+
+def warn_closure(found: Closure, out: TextIO) -> None:
+    """Printed even with --quiet: each one may stop libfabric or NCCL from loading."""
+    for lib in found.missing:
+        print(f"{PROG}: warning: {lib.soname} (needed by {lib.needed_by}) not found on this host; "
+              "not bound, so the image must provide it", file=out)
+    for problem in found.unreadable:
+        print(f"{PROG}: warning: cannot read {problem}; its dependencies are not bound", file=out)
 
 
 def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -> int:
@@ -45,10 +63,13 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -
         raise LaunchError(f"no site given; pass --site NAME or set {SITE_VAR}")
     profile = load_site(args.site, env)
     binds = resolve_binds(profile, env, args.root)
+    extra, found = closure_binds(profile, binds, env, args.root)
     if not args.quiet:
         explain(binds, err)
+        explain_closure(extra, err)
+    warn_closure(found, err)
     existing = "" if args.no_existing else env.get("APPTAINER_BIND", "")
-    print(apptainer_bind_value(binds, existing), file=out)
+    print(apptainer_bind_value(binds + extra, existing), file=out)
     return 0
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from ddp_launch import __version__
 from ddp_launch.errors import EXIT_USAGE, LaunchError
+from ddp_launch.flags import FlagParser
 
 SUBCOMMANDS = ("doctor", "binds")
 EXIT_CANNOT_EXEC = 127
@@ -39,15 +40,6 @@ everything after -- goes to the workload unchanged (default workload: python -m 
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises LaunchError, so a bad flag is one line and exit 2 like any mistake."""
-
-    def error(self, message: str):  # type: ignore[override]
-        if message.startswith("unrecognized arguments"):
-            message += " (put workload arguments after --)"
-        raise LaunchError(message)
-
-
 def _help_formatter(prog: str) -> argparse.HelpFormatter:
     # A fixed width: by default argparse imports shutil (and with it bz2, lzma,
     # zlib: ~3 ms of every launch) to measure the terminal, even with no --help.
@@ -55,9 +47,9 @@ def _help_formatter(prog: str) -> argparse.HelpFormatter:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ddp-launch", usage=USAGE, epilog=EPILOG, allow_abbrev=False,
-                     formatter_class=_help_formatter,
-                     description="Turn a scheduler's environment into a correct torchrun launch.")
+    parser = FlagParser(prog="ddp-launch", usage=USAGE, epilog=EPILOG, hint="put workload arguments after --",
+                        formatter_class=_help_formatter,
+                        description="Turn a scheduler's environment into a correct torchrun launch.")
     add = parser.add_argument
     add("--mode", help="auto (default), slurm-node, slurm-task, kubeflow, torchrun or local")
     add("--nodes", metavar="N", help="expected node count; an error if the scheduler disagrees")
@@ -123,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dataclasses import replace
 
     from ddp_launch.fabric import FabricRequest, plan_fabric
-    from ddp_launch.gpus import count_device_files
+    from ddp_launch import gpus
+    from ddp_launch.gpus import count_device_files, granted_gpus, require_usable_gpus
     from ddp_launch.modes import build_plan, detect_mode
     from ddp_launch.options import merge_options
     from ddp_launch.rendezvous import lookup_ipv4, waiting_resolver
@@ -147,6 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         facts = HostFacts(python=sys.executable, cpu_count=_cpu_count(),
                           device_files=count_device_files("/"))
         plan, topology = build_plan(options, env, facts, resolve)
+        if options.mode != "torchrun" and options.cpu_workers is None:
+            # Inside torchrun the agent already checked; --cpu-workers is CPU on purpose.
+            grant = granted_gpus(env)
+            if grant is not None:
+                require_usable_gpus(grant, gpus.probe_cuda_driver(), on_kubernetes=options.mode == "kubeflow")
         fabric_env = env
         if options.log_dir and "DDP_LAUNCH_LOG_DIR" not in env:
             # NCCL's transport log goes beside torchrun's per-rank logs.
@@ -158,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             head_address=topology.head_address,
             nccl_debug=options.nccl_debug,
             require_fabric=options.require_fabric,
+            gloo=options.cpu_workers is not None,
         ))
         plan = plan.with_env(fabric.changes, fabric.notes)
     except LaunchError as error:

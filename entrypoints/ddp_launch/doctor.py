@@ -13,14 +13,18 @@ from typing import List, Mapping, Optional, Sequence, TextIO
 
 from ddp_launch.doctor_checks import FAIL, REAL_PROBES, Check, Probes, make_context, run_checks
 from ddp_launch.errors import EXIT_USAGE, LaunchError
+from ddp_launch.flags import FlagParser
 from ddp_launch.sites import load_site
 
 EXIT_FAILED_CHECK = 1
 
 
 def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="ddp-launch doctor", description=__doc__.splitlines()[0])
+    parser = FlagParser(prog="ddp-launch doctor", subcommand="doctor", hint="see ddp-launch doctor --help",
+                        description=__doc__.splitlines()[0])
     parser.add_argument("--offline", action="store_true", help="skip network checks (head node reachability)")
+    parser.add_argument("--image", action="store_true",
+                        help="only what the image carries (the build's %%test): no GPU, fabric or network checks")
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     parser.add_argument("--site", default=env.get("DDP_LAUNCH_SITE"), help="site profile (default: $DDP_LAUNCH_SITE)")
     parser.add_argument("--data-dir", default=env.get("DDP_DATA_DIR", "data"), help="where CIFAR-100 should be")
@@ -47,11 +51,42 @@ def render_json(checks: Sequence[Check]) -> str:
     )
 
 
+RELAUNCHED = "DDP_DOCTOR_RELAUNCHED"
+
+
+def library_path_for_workers(context) -> Optional[str]:
+    """The LD_LIBRARY_PATH the launch plan gives the workers, when this process lacks it.
+
+    The dynamic loader reads LD_LIBRARY_PATH once, at process start (ld.so(8)), so a
+    bound libfabric whose libcxi sits in a planned directory cannot load in a process
+    started without it; the checks must run where the workers would.
+    """
+    # The plan merges the bound directories into the user's value (never replaces it).
+    merged = [c.value for c in context.fabric.changes if c.name == "LD_LIBRARY_PATH"]
+    if not merged or merged[-1] == context.env.get("LD_LIBRARY_PATH"):
+        return None
+    return merged[-1]
+
+
+def relaunch(argv: Sequence[str], env: Mapping[str, str], library_path: str) -> None:
+    """Run the doctor again in a fresh interpreter with the workers' library path (the edge)."""
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "ddp_launch", "doctor", *argv],
+              {**env, "LD_LIBRARY_PATH": library_path, RELAUNCHED: "1"})
+
+
 def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, probes: Probes = REAL_PROBES) -> int:
     args = parse_args(argv, env)
     profile = load_site(args.site, env) if args.site else None
     context = make_context(env, args.root, args.offline, profile, args.data_dir, probes)
-    checks = run_checks(context)
+    library_path = library_path_for_workers(context)
+    if library_path is not None and probes is REAL_PROBES and env.get(RELAUNCHED) != "1":
+        relaunch(argv, env, library_path)
+    if args.image:
+        from ddp_launch.doctor_image import image_checks
+        checks = image_checks(context)
+    else:
+        checks = run_checks(context)
     print(render_json(checks) if args.json else render_text(checks), file=out)
     return EXIT_FAILED_CHECK if any(c.status == FAIL for c in checks) else 0
 

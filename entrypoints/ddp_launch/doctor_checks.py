@@ -20,9 +20,10 @@ from ddp_launch.fabric import FabricPlan, FabricRequest, plan_fabric
 from ddp_launch.fabric.common import list_dir, read_text, under
 from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.gpus import count_device_files, parse_count
+from ddp_launch.libload import load_in_child, missing_library
 from ddp_launch.nodelist import expand_nodelist
-from ddp_launch.rendezvous import rendezvous_port
-from ddp_launch.sites import SiteProfile
+from ddp_launch.rendezvous import host_name_problem, rendezvous_port
+from ddp_launch.sites import SiteProfile, container_search_paths
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 # Oldest Linux driver for each CUDA major (CUDA toolkit release notes, table 3).
@@ -44,6 +45,8 @@ class Probes:
     run_command: Callable[[Sequence[str]], Tuple[int, str]]
     connect: Callable[[str, int, float], str]           # "open" | "refused" | "timeout" | "error: ..."
     which: Callable[[str], Optional[str]] = shutil.which
+    # (paths, LD_LIBRARY_PATH) -> ((path, dlopen error or ""), ...), in a fresh process
+    load_in_child: Callable[[Sequence[str], str], Tuple[Tuple[str, str], ...]] = load_in_child
 
 
 @dataclass(frozen=True)
@@ -166,7 +169,16 @@ def check_fabric_settings(ctx: DoctorContext) -> Check:
 
 
 def _library_dirs(ctx: DoctorContext) -> Tuple[str, ...]:
-    return tuple(d for d in (planned(ctx, "LD_LIBRARY_PATH") or "").split(":") if d)
+    """The workers' LD_LIBRARY_PATH: the launcher merges the site's directories into the
+    user's (NGC images set one), so its planned change wins over the environment's value."""
+    merged = next((c.value for c in ctx.fabric.changes if c.name == "LD_LIBRARY_PATH"), None)
+    value = merged if merged is not None else ctx.env.get("LD_LIBRARY_PATH", "")
+    return tuple(d for d in value.split(":") if d)
+
+
+def _load_failure(path: str, error: str) -> str:
+    missing = missing_library(path, error)
+    return f"{missing} is missing (needed to load {os.path.basename(path)})" if missing else error
 
 
 def _find(ctx: DoctorContext, dirs: Sequence[str], pattern: str) -> Tuple[str, ...]:
@@ -209,7 +221,7 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
         try:
             version = ctx.probes.load_library(under(ctx.root, chosen), kind)
         except OSError as exc:
-            checks.append(Check(label, FAIL, f"{chosen} does not load: {exc}", fix))
+            checks.append(Check(label, FAIL, f"{chosen} does not load: {_load_failure(chosen, str(exc))}", fix))
             continue
         checks.append(Check(label, OK, f"{chosen} loads{(' (' + version + ')') if version else ''}{shadowed}"))
     cudart_dirs = dirs + ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/sbsa-linux/lib", "/usr/local/cuda/targets/x86_64-linux/lib")
@@ -221,12 +233,76 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
     return tuple(checks)
 
 
+def _bound_libraries(ctx: DoctorContext) -> Tuple[Tuple[str, str], ...]:
+    """(container path, LD_LIBRARY_PATH group) of each shared object in the site's library dirs."""
+    if ctx.profile is None:
+        return ()
+    groups = container_search_paths(ctx.profile)
+    found, seen = [], set()
+    for group in ("first", "prepend", "append"):
+        for directory in groups[group]:
+            for name in list_dir(ctx.root, directory) or ():
+                path = os.path.join(directory, name)
+                real = os.path.realpath(under(ctx.root, path))
+                if (name.endswith(".so") or ".so." in name) and os.path.isfile(real) and real not in seen:
+                    seen.add(real)
+                    found.append((path, group))
+    return tuple(found)
+
+
+def check_library_dependencies(ctx: DoctorContext) -> Check:
+    """Every bound host library loads with the workers' LD_LIBRARY_PATH, or the missing one is named.
+
+    A dependency that `ddp-launch binds` could not bind (or binds from an old checkout
+    did not) shows here as glibc's "libX.so.N: cannot open shared object file".
+    """
+    name = "library dependencies"
+    bound = _bound_libraries(ctx)
+    if not bound:
+        return Check(name, SKIP, "no bound host libraries in this container")
+    library_path = ":".join(under(ctx.root, d) for d in _library_dirs(ctx))
+    results = ctx.probes.load_in_child([under(ctx.root, path) for path, _ in bound], library_path)
+    failures = [(path, group, error) for (path, group), (_, error) in zip(bound, results) if error]
+    if not failures:
+        return Check(name, OK, f"{len(bound)} bound libraries load with the planned LD_LIBRARY_PATH")
+    needers: Dict[str, list] = {}
+    for path, _, error in failures:
+        needers.setdefault(missing_library(under(ctx.root, path), error) or "", []).append(os.path.basename(path))
+    parts = [f"{missing} is missing (needed to load {', '.join(names)})" for missing, names in needers.items() if missing]
+    parts += [f"{os.path.basename(path)}: {error}" for path, _, error in failures
+              if not missing_library(under(ctx.root, path), error)]
+    # The NCCL network path (first/prepend) must load; extras appended for convenience only warn.
+    critical = any(group != "append" for _, group, _ in failures)
+    status = FAIL if critical and multi_node_job(ctx.env) else WARN
+    return Check(name, status, "; ".join(parts),
+                 f"run `ddp-launch binds --site {ctx.profile.name}` on the host again: it binds the host libraries "
+                 f"these need (its stderr names each, and warns about those the host lacks too)")
+
+
+def fi_info_candidates(ctx: DoctorContext) -> Tuple[str, ...]:
+    """Where the binds put fi_info (<target>/bin of each bound directory, from the site profile), then PATH."""
+    found = []
+    for spec in ctx.profile.binds if ctx.profile else ():
+        candidate = f"{spec.target.rstrip('/')}/bin/fi_info"
+        if os.access(under(ctx.root, candidate), os.X_OK) and os.path.isfile(under(ctx.root, candidate)):
+            found.append(under(ctx.root, candidate))
+    on_path = ctx.probes.which("fi_info")
+    if on_path:
+        found.append(on_path)
+    return tuple(found)
+
+
 def check_fi_info(ctx: DoctorContext) -> Check:
     if fabric_expected(ctx) != "slingshot":
         return Check("fi_info -p cxi", SKIP, "no Slingshot fabric expected")
-    if not ctx.probes.which("fi_info"):
-        return Check("fi_info -p cxi", SKIP, "fi_info not on PATH (it ships with libfabric's bin dir)")
-    code, output = ctx.probes.run_command(["fi_info", "-p", "cxi"])
+    candidates = fi_info_candidates(ctx)
+    if not candidates:
+        bound_bins = ", ".join(f"{s.target}/bin" for s in ctx.profile.binds) if ctx.profile else "no site profile"
+        return Check("fi_info -p cxi", SKIP, f"fi_info neither in the bound directories ({bound_bins}) nor on PATH")
+    library_path = ":".join(under(ctx.root, d) for d in _library_dirs(ctx))
+    # ld.so reads LD_LIBRARY_PATH only at start, so the bound libfabric reaches fi_info through env(1).
+    argv = ["env", f"LD_LIBRARY_PATH={library_path}"] if library_path else []
+    code, output = ctx.probes.run_command(argv + [candidates[0], "-p", "cxi"])
     first = next((line.strip() for line in output.splitlines() if line.strip()), "")
     if code != 0:
         return Check("fi_info -p cxi", FAIL, f"exit {code}: {first}", "libfabric cannot open the CXI provider: check the cxi devices and the libfabric version")
@@ -278,9 +354,13 @@ def check_head_node(ctx: DoctorContext) -> Check:
     host, port = head_node(ctx.env)
     if not host:
         return Check("head node", SKIP, "no head node known (run inside the job, or set DDP_LAUNCH_RDZV_HOST)")
+    problem = host_name_problem(host)
+    if problem is not None:  # the resolver would raise UnicodeError (IDNA) on some of these
+        return Check("head node", FAIL, f"{host!r} is not a valid host name ({problem})",
+                     "set --rdzv-host / DDP_LAUNCH_RDZV_HOST to the head node's name or IPv4 address")
     try:
         address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-    except OSError as exc:
+    except (OSError, UnicodeError) as exc:
         return Check("head node", FAIL, f"{host} does not resolve: {exc}", "use the head node's IP (--rdzv-host) or fix DNS")
     outcome = ctx.probes.connect(address, port, 3.0)
     if outcome == "open":
@@ -303,6 +383,7 @@ def check_dataset(ctx: DoctorContext) -> Check:
 def run_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
     checks = [check_gpus(ctx), check_torch(ctx), check_cuda_driver(ctx), check_fabric_devices(ctx), check_fabric_settings(ctx)]
     checks.extend(check_host_libraries(ctx))
+    checks.append(check_library_dependencies(ctx))
     checks.extend([check_fi_info(ctx), check_interface(ctx), check_head_node(ctx), check_dataset(ctx)])
     return tuple(checks)
 
@@ -328,6 +409,10 @@ def real_torch_info() -> Optional[Dict[str, object]]:
 def real_load_library(path: str, kind: str) -> str:
     """dlopen with RTLD_GLOBAL so later libraries (the plugin) find earlier ones by soname."""
     library = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    symbol = {"libfabric": "fi_version", "nccl": "ncclGetVersion"}.get(kind)
+    if symbol is not None and not hasattr(library, symbol):
+        # It loads, but it is not the library its name promises (a stub, a wrong build).
+        return f"version unknown: no {symbol} in it"
     if kind == "libfabric":
         library.fi_version.restype = ctypes.c_uint32
         value = library.fi_version()

@@ -73,3 +73,79 @@ def count_device_files(root: str = "/") -> int:
     except OSError:
         return 0
     return sum(1 for name in names if _DEVICE_FILE.fullmatch(name))
+
+
+# -- GPUs the scheduler granted, and whether the driver can reach them -----------------------
+
+# What says "this job was given GPUs", in the order a message names them. Apptainer keeps
+# these in the container's environment whether or not --nv was given.
+GRANT_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "RUNAI_NUM_OF_GPUS")
+
+
+class GpuGrant(NamedTuple):
+    count: int
+    source: str  # "SLURM_GPUS_ON_NODE=4"
+
+
+def granted_gpus(env: Mapping[str, str]) -> GpuGrant | None:
+    """GPUs the scheduler gave this node, or None when it gave none (or said nothing)."""
+    for name in GRANT_VARIABLES:
+        value = env.get(name, "").strip()
+        if not value:
+            continue
+        if name in ("SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS"):
+            count = parse_count(name, value) if value.isascii() and value.isdigit() else 0
+        else:  # SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES list devices: "0,1,2,3"
+            count = visible_devices(value)
+        if count > 0:
+            return GpuGrant(count, f"{name}={value}")
+    return None
+
+
+def require_usable_gpus(grant: GpuGrant | None, driver_problem: str | None, on_kubernetes: bool) -> None:
+    """Stop before launching when GPUs were granted but CUDA cannot see any.
+
+    Without `apptainer run --nv` the container sees the scheduler's variables and even
+    /dev/nvidia*, but not the driver's user-space libraries (Apptainer user guide, "GPU
+    Support": --nv binds them in), so torch finds no GPU and the job would quietly train
+    on CPU with one gloo worker per granted GPU.
+    """
+    if grant is None or driver_problem is None:
+        return
+    fix = ("check that the pod requests nvidia.com/gpu and the NVIDIA device plugin runs on the node"
+           if on_kubernetes else "run the image with `apptainer run --nv` (or `apptainer exec --nv`)")
+    raise LaunchError(f"{grant.source} granted {grant.count} GPU(s) but CUDA cannot use any here "
+                      f"({driver_problem}): {fix}, or pass --cpu-workers N to train on CPU on purpose")
+
+
+# CUresult values worth naming (CUDA driver API, cuda.h).
+_CU_ERRORS = {100: "CUDA_ERROR_NO_DEVICE", 35: "CUDA_ERROR_INSUFFICIENT_DRIVER",
+              803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", 804: "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
+              999: "CUDA_ERROR_UNKNOWN"}
+
+
+def probe_cuda_driver(library: str = "libcuda.so.1") -> str | None:
+    """None when the CUDA driver initialises and sees a device, else what went wrong (the edge).
+
+    Asks the driver itself (dlopen + cuInit + cuDeviceGetCount) instead of counting
+    /dev/nvidia*: Apptainer binds the host's /dev without --nv too. Called only when the
+    scheduler granted GPUs, so a CPU launch never pays for it.
+    """
+    import ctypes  # only here: most launches never need it
+
+    try:
+        cuda = ctypes.CDLL(library)
+    except OSError:
+        return f"{library} not found: the NVIDIA driver libraries are not in this container"
+    try:
+        init, count_devices = cuda.cuInit, cuda.cuDeviceGetCount
+    except AttributeError:
+        return f"{library} has no cuInit: not a CUDA driver library"
+    status = init(0)
+    if status != 0:
+        return f"cuInit failed with {_CU_ERRORS.get(status, status)}"
+    count = ctypes.c_int(0)
+    status = count_devices(ctypes.byref(count))
+    if status != 0 or count.value == 0:
+        return f"the driver sees no GPU ({_CU_ERRORS.get(status, status) if status else '0 devices'})"
+    return None

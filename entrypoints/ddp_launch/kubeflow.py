@@ -13,7 +13,7 @@ from ddp_launch import gpus as gpu_count
 from ddp_launch.errors import LaunchError
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import EnvChange, LaunchPlan, Topology
-from ddp_launch.rendezvous import Resolver, is_loopback, parse_port
+from ddp_launch.rendezvous import Resolver, check_host_name, is_loopback, parse_port
 from ddp_launch.torchrun import (HostFacts, Rendezvous, join_timeout, max_restarts, node_log_dir,
                                  torchrun_command, worker_env, worker_notes, workers_per_node)
 
@@ -50,7 +50,7 @@ class KubeflowEnv:
     max_nodes: int
     nproc: tuple[int, str] | None
     node_rank: int | None
-    master_addr: str
+    master_addr: str | None       # None: --rdzv-host must name the master
     master_addr_source: str
     master_port: int | None
     run_id: str | None
@@ -60,6 +60,9 @@ class KubeflowEnv:
 def _nnodes(value: str) -> int:
     parts = value.split(":")
     if len(parts) in (1, 2) and all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
+        if int(parts[0]) > int(parts[-1]):
+            raise LaunchError(f"PET_NNODES={value!r} asks for at least {parts[0]} but at most {parts[-1]} "
+                              f"nodes: write it as MIN:MAX with MIN <= MAX")
         return int(parts[-1])
     raise LaunchError(f"PET_NNODES={value!r} is not a node count: expected 'N' or 'MIN:MAX'")
 
@@ -70,9 +73,6 @@ def parse(env: Mapping[str, str]) -> KubeflowEnv:
     if nnodes is None:
         raise LaunchError("PET_NNODES is not set: this does not look like a RunAI/Kubeflow PyTorchJob pod; "
                           "use --mode local or set PET_NNODES")
-    if addr is None:
-        raise LaunchError(f"PET_NNODES={nnodes} is set but {addr_name} is not: the job's master address is "
-                          f"missing; pass --rdzv-host")
     nproc_value, nproc_name = _first(env, "nproc")
     nproc = None
     if nproc_value is not None and nproc_value not in ("auto", "gpu"):
@@ -81,11 +81,16 @@ def parse(env: Mapping[str, str]) -> KubeflowEnv:
     port_value, port_name = _first(env, "master_port")
     run_id, _ = _first(env, "run_id")
     restarts, _ = _first(env, "max_restarts")
+    max_nodes = _nnodes(nnodes)
+    node_rank = gpu_count.parse_count(rank_name, rank_value) if rank_value is not None else None
+    if node_rank is not None and node_rank >= max_nodes:
+        raise LaunchError(f"{rank_name}={rank_value} but PET_NNODES={nnodes}: a pod's rank must be below the "
+                          f"node count; check the job spec (replicas) or the variables set by hand")
     return KubeflowEnv(
         nnodes=nnodes,
-        max_nodes=_nnodes(nnodes),
+        max_nodes=max_nodes,
         nproc=nproc,
-        node_rank=gpu_count.parse_count(rank_name, rank_value) if rank_value is not None else None,
+        node_rank=node_rank,
         master_addr=addr,
         master_addr_source=addr_name,
         master_port=parse_port(port_name, port_value) if port_value is not None else None,
@@ -104,9 +109,14 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
         raise LaunchError("PET_NODE_RANK and RANK are unset: this pod cannot tell whether it hosts the "
                           "rendezvous; the operator sets them, so check the job spec")
     is_head = (job.node_rank or 0) == 0
-    name = str(options.rdzv_host.value) if options.rdzv_host else job.master_addr
-    source = options.rdzv_host.source if options.rdzv_host else job.master_addr_source
-    address = resolve(name)
+    if options.rdzv_host is not None:
+        name, source = str(options.rdzv_host.value), options.rdzv_host.source
+    elif job.master_addr is not None:
+        name, source = job.master_addr, job.master_addr_source
+    else:
+        raise LaunchError(f"PET_NNODES={job.nnodes} is set but {job.master_addr_source} is not: the job's "
+                          f"master address is missing; pass --rdzv-host with the master pod's service name")
+    address = resolve(check_host_name(name, source))
     if address is None:
         host, head_note = name, f"rendezvous host {name} ({source}) did not resolve yet: passing the name"
     else:
@@ -122,7 +132,7 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
         raise LaunchError("PET_MASTER_PORT and MASTER_PORT are unset: pass --rdzv-port P")
     workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.device_files))
     restarts = max_restarts(options, job.max_restarts, "PET_MAX_RESTARTS")
-    rendezvous = Rendezvous(host, port, job.run_id or job.master_addr, is_head, join_timeout(options))
+    rendezvous = Rendezvous(host, port, job.run_id or job.master_addr or name, is_head, join_timeout(options))
     log_dir = node_log_dir(options.log_dir, f"pod{job.node_rank or 0}" if multi else None)
     argv = torchrun_command(facts.python, job.nnodes, workers.count, rendezvous, restarts, log_dir,
                             options.workload)
@@ -131,5 +141,6 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
     notes = (f"pod {job.node_rank if job.node_rank is not None else 0} of {job.nnodes}"
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
-    plan = LaunchPlan("kubeflow", argv, removed + worker_env(workers, env, facts, restarts), notes)
+    plan = LaunchPlan("kubeflow", argv, removed + worker_env(workers, env, facts, restarts, log_dir,
+                                                                    f"pod{job.node_rank or 0}"), notes)
     return plan, Topology(job.max_nodes, host)

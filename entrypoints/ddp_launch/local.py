@@ -34,4 +34,4 @@ def plan(options: LaunchOptions, env: Mapping[str, str], facts: HostFacts,
                if s is not None]
     if ignored:
         notes.append(f"ignored in local mode (--standalone picks a free port): {', '.join(ignored)}")
-    return LaunchPlan("local", argv, worker_env(workers, env, facts, restarts), tuple(notes)), Topology(1, None)
+    return LaunchPlan("local", argv, worker_env(workers, env, facts, restarts, options.log_dir), tuple(notes)), Topology(1, None)

@@ -7,11 +7,16 @@ silent fallback to localhost makes every node rendezvous with itself.
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Iterator
 
 from ddp_launch.errors import LaunchError
 
-# A hostlist that expands past this is a typo (a[1-1000000000]), not a job.
-MAX_HOSTS = 100_000
+# SLURM's own hostlist code takes a larger range for an error (MAX_RANGE, 64K
+# hosts, SchedMD/slurm src/common/hostlist.c): no job of SLURM's has more, so a
+# hostlist that would expand past it (a[1-1000000000], n[1-10000]x[1-10000]) is
+# a typo, refused from its counted size before a single name is built.
+MAX_HOSTS = 64 * 1024
 
 
 def expand_nodelist(text: str, variable: str = "nodelist") -> tuple[str, ...]:
@@ -23,14 +28,12 @@ def expand_nodelist(text: str, variable: str = "nodelist") -> tuple[str, ...]:
     first number, as SLURM does ([8-10] -> 8,9,10; [008-010] -> 008,009,010).
     Several groups expand as a product, the leftmost varying slowest.
     """
-    hosts: list[str] = []
-    for item in _split_items(text, variable):
-        hosts.extend(_expand_item(item, text, variable))
-        if len(hosts) > MAX_HOSTS:
-            raise LaunchError(
-                f"{variable}={text!r} expands to more than {MAX_HOSTS} hosts: check the ranges"
-            )
-    return tuple(hosts)
+    items = [_parse_item(item, text, variable) for item in _split_items(text, variable)]
+    count = sum(_host_count(parts) for parts in items)
+    if count > MAX_HOSTS:
+        raise LaunchError(f"{variable}={text!r} names {count} hosts, more than SLURM's limit of "
+                          f"{MAX_HOSTS} for one hostlist: check the ranges")
+    return tuple(host for parts in items for host in _expand(parts))
 
 
 def _bad(text: str, variable: str, why: str) -> LaunchError:
@@ -65,40 +68,48 @@ def _split_items(text: str, variable: str) -> list[str]:
     return stripped
 
 
-def _expand_item(item: str, text: str, variable: str) -> list[str]:
-    # Split into alternating parts: literal, group, literal, group, ..., literal.
-    parts: list[list[str]] = []
+# A bracket group as its terms (first, last, zero-padded width); "7" is (7, 7, 1).
+Group = list[tuple[int, int, int]]
+
+
+def _parse_item(item: str, text: str, variable: str) -> list[str | Group]:
+    """An item as alternating parts, literal, group, literal, ..., literal; groups unexpanded."""
+    if any(char.isspace() for char in item):
+        raise _bad(text, variable, f"whitespace inside {item!r}")
+    parts: list[str | Group] = []
     rest = item
     while "[" in rest:
         literal, _, after = rest.partition("[")
         group, _, rest = after.partition("]")
-        parts.append([literal])
-        parts.append(_expand_group(group, text, variable))
-    parts.append([rest])
-    if any(char.isspace() for char in item):
-        raise _bad(text, variable, f"whitespace inside {item!r}")
-    return ["".join(combo) for combo in itertools.product(*parts)]
+        parts += [literal, _parse_group(group, text, variable)]
+    parts.append(rest)
+    return parts
 
 
-def _expand_group(group: str, text: str, variable: str) -> list[str]:
-    values: list[str] = []
+def _host_count(parts: list[str | Group]) -> int:
+    return math.prod(sum(last - first + 1 for first, last, _ in part)
+                     for part in parts if not isinstance(part, str))
+
+
+def _expand(parts: list[str | Group]) -> Iterator[str]:
+    choices = [[part] if isinstance(part, str) else
+               [str(number).zfill(width) for first, last, width in part for number in range(first, last + 1)]
+               for part in parts]
+    return ("".join(combo) for combo in itertools.product(*choices))
+
+
+def _parse_group(group: str, text: str, variable: str) -> Group:
+    terms: Group = []
     for term in group.split(","):
         low, dash, high = term.partition("-")
         if not _is_number(low) or (dash and not _is_number(high)):
             raise _bad(text, variable, f"bad range {term!r} in '[{group}]'")
-        if not dash:
-            values.append(low)
-            continue
-        first, last = int(low), int(high)
+        first, last = int(low), int(high if dash else low)
         if last < first:
             raise _bad(text, variable, f"range {term!r} runs backwards")
-        if last - first > MAX_HOSTS:
-            raise LaunchError(
-                f"{variable}={text!r} expands to more than {MAX_HOSTS} hosts: check the ranges"
-            )
-        width = len(low)
-        values.extend(str(number).zfill(width) for number in range(first, last + 1))
-    return values
+        # The range's first number sets the width, as SLURM does ([8-10], [008-010]).
+        terms.append((first, last, len(low)))
+    return terms
 
 
 def _is_number(text: str) -> bool:

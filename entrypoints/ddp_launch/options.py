@@ -31,6 +31,10 @@ ENV_OVERRIDES = {
 }
 
 
+# Every worker runs through this module: it dies with its launcher (worker.py).
+WORKER_MODULE = "ddp_launch.worker"
+
+
 @dataclass(frozen=True)
 class Workload:
     """What the workers run: a module (python -m MOD) or a Python file, plus its arguments."""
@@ -39,17 +43,19 @@ class Workload:
     script: str | None = None
     args: tuple[str, ...] = ()
 
+    def _wrapped(self) -> tuple[str, ...]:
+        """ddp_launch.worker's arguments: the python command line's own (-m MOD | SCRIPT) ARGS."""
+        if self.script is not None:
+            return (WORKER_MODULE, self.script, *self.args)
+        return (WORKER_MODULE, "-m", str(self.module), *self.args)
+
     def direct_argv(self, python: str) -> tuple[str, ...]:
         """The command for one worker started without torchrun."""
-        if self.script is not None:
-            return (python, self.script, *self.args)
-        return (python, "-m", str(self.module), *self.args)
+        return (python, "-m", *self._wrapped())
 
     def torchrun_args(self) -> tuple[str, ...]:
-        """The tail of a torchrun command: its own -m flag, or the script path."""
-        if self.script is not None:
-            return (self.script, *self.args)
-        return ("-m", str(self.module), *self.args)
+        """The tail of a torchrun command: its -m flag and the wrapped workload."""
+        return ("-m", *self._wrapped())
 
 
 class Setting(NamedTuple):

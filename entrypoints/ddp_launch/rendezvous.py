@@ -48,6 +48,54 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# RFC 1035 section 2.3.4: a label is at most 63 octets, a name at most 255
+# octets on the wire, which leaves 253 characters in the dotted text form.
+MAX_LABEL = 63
+MAX_NAME = 253
+
+
+def host_name_problem(host: str) -> str | None:
+    """Why host cannot be looked up as a name or address, or None when it can.
+
+    The resolver would fail on these, some of them with a UnicodeError traceback
+    from the IDNA codec (a label over 63 characters, bytes of the environment
+    that are not UTF-8, which Python keeps as surrogates).
+    """
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if not host:
+        return "it is empty"
+    if any(0xDC80 <= ord(char) <= 0xDCFF for char in host):
+        return "it holds bytes that are not UTF-8"
+    if any(char.isspace() or not char.isprintable() for char in host):
+        return "it holds spaces or control characters"
+    try:
+        wire = host.encode("ascii") if host.isascii() else host.encode("idna")
+    except UnicodeError:
+        return "it cannot be encoded for DNS (IDNA)"
+    labels = wire.rstrip(b".").split(b".")
+    if len(wire.rstrip(b".")) > MAX_NAME:
+        return f"over {MAX_NAME} characters"
+    if any(not label for label in labels):
+        return "it has an empty label ('..')"
+    longest = max(labels, key=len)
+    if len(longest) > MAX_LABEL:
+        return f"its label {longest[:20].decode()}... has {len(longest)} characters, over DNS's {MAX_LABEL}"
+    return None
+
+
+def check_host_name(host: str, source: str) -> str:
+    """host, or a LaunchError naming where it came from when no resolver can take it."""
+    problem = host_name_problem(host)
+    if problem is not None:
+        raise LaunchError(f"{source}={host!r} is not a valid host name ({problem}): give the head node's "
+                          f"name or IPv4 address")
+    return host
+
+
 def lookup_ipv4(host: str) -> str | None:
     """The first IPv4 address of host, or None when it does not resolve."""
     try:
@@ -55,6 +103,7 @@ def lookup_ipv4(host: str) -> str | None:
         return host
     except ValueError:
         pass
+    check_host_name(host, "rendezvous host")
     import socket  # here, not at the top: local mode never looks a name up
 
     try:

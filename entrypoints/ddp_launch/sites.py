@@ -1,18 +1,16 @@
 """Site profiles: what a cluster needs (host library binds, environment), read from data.
 
-Runs on the HOST in job scripts (python3 may be 3.8 there) and inside the image,
-so it uses only the standard library and Python 3.8 syntax. Profiles are JSON
-(tomllib is 3.11+); every value carries its source so --dry-run can cite it.
+Runs on the HOST in job scripts (SLES 15's python3 is 3.6) and inside the image,
+so it uses only the standard library and Python 3.6 syntax (`make lint` checks it
+with vermin). Profiles are JSON (tomllib is 3.11+); every value carries its source
+so --dry-run can cite it.
 """
-
-from __future__ import annotations
 
 import glob
 import json
 import os
 import re
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ddp_launch.errors import LaunchError
 
@@ -22,8 +20,9 @@ LIBRARY_ORDERS = ("first", "prepend", "append")
 _NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
-@dataclass(frozen=True)
-class EnvDefault:
+# Records are typing.NamedTuple, not dataclasses: dataclasses are Python 3.7+ and
+# this module runs on the 3.6 python3 of SLES 15 login and batch nodes.
+class EnvDefault(NamedTuple):
     """One variable a site sets when the user has not, and where the value comes from."""
 
     name: str
@@ -31,8 +30,7 @@ class EnvDefault:
     source: str
 
 
-@dataclass(frozen=True)
-class BindSpec:
+class BindSpec(NamedTuple):
     """A host path found by module root (env) or newest glob match, bound at target.
 
     library_path / include_path are container paths added to LD_LIBRARY_PATH /
@@ -53,8 +51,18 @@ class BindSpec:
     hint: str = ""
 
 
-@dataclass(frozen=True)
-class SiteProfile:
+class ClosureSpec(NamedTuple):
+    """Where `ddp-launch binds` puts the host libraries that the bound ones need.
+
+    target: a container directory on some bind's library_path; each dependency
+    is bound there as one file named by its soname.
+    """
+
+    target: str
+    source: str
+
+
+class SiteProfile(NamedTuple):
     name: str
     description: str
     fabric: str
@@ -62,6 +70,7 @@ class SiteProfile:
     binds: Tuple[BindSpec, ...]
     env: Tuple[EnvDefault, ...]
     path: str
+    closure: Optional[ClosureSpec] = None
 
     def env_value(self, name: str) -> Optional[EnvDefault]:
         for item in self.env:
@@ -122,11 +131,11 @@ def parse_profile(data: object, path: str) -> SiteProfile:
 
     if not isinstance(data, dict):
         raise fail("the top level must be a JSON object")
-    allowed = {"schema", "name", "description", "fabric", "gpu", "binds", "env"}
+    allowed = {"schema", "name", "description", "fabric", "gpu", "binds", "env", "closure"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise fail(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    if data.get("schema") != 1:
+    if type(data.get("schema")) is not int or data.get("schema") != 1:  # not true, not 1.0
         raise fail(f"'schema' must be 1, got {data.get('schema')!r}")
     name = _string(data, "name", fail)
     expected = os.path.basename(path)[:-5] if path.endswith(".json") else name
@@ -143,19 +152,39 @@ def parse_profile(data: object, path: str) -> SiteProfile:
     duplicates = sorted({t for t in targets if targets.count(t) > 1})
     if duplicates:
         raise fail(f"two binds share the target {duplicates[0]}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise fail("'description' must be a string")
     env_data = data.get("env", {})
     if not isinstance(env_data, dict):
         raise fail("'env' must be an object of NAME: {\"value\": ..., \"source\": ...}")
     env = tuple(_env_default(key, value, fail) for key, value in sorted(env_data.items()))
     return SiteProfile(
         name=name,
-        description=str(data.get("description", "")),
+        description=description,
         fabric=fabric,
         gpu=gpu,
         binds=binds,
         env=env,
         path=path,
+        closure=_closure(data.get("closure"), binds, fail),
     )
+
+
+def _closure(item: object, binds: Sequence[BindSpec], fail) -> Optional[ClosureSpec]:
+    if item is None:
+        return None
+    if not isinstance(item, dict) or set(item) != {"target", "source"}:
+        raise fail("'closure' must be {\"target\": \"/container/dir\", \"source\": \"...\"}")
+    def field(what: str) -> LaunchError:
+        return fail(f"'closure': {what}")
+
+    target = _string(item, "target", field)
+    source = _string(item, "source", field)
+    searched = {path for spec in binds for path in spec.library_path}
+    if target not in searched:
+        raise fail(f"'closure' target {target} is on no bind's library_path, so nothing would find the libraries there")
+    return ClosureSpec(target, source)
 
 
 def _string(data: Mapping[str, object], key: str, fail) -> str:
@@ -186,32 +215,41 @@ def _bind(item: object, index: int, fail) -> BindSpec:
     unknown = sorted(set(item) - allowed)
     if unknown:
         raise fail(f"binds[{index}] has unknown key(s) {', '.join(unknown)}")
-    name = _string(item, "name", fail)
-    target = _string(item, "target", fail)
+    def field(what: str) -> LaunchError:
+        return fail(f"binds[{index}]: {what}")
+
+    name = _string(item, "name", field)
+    target = _string(item, "target", field)
     if not target.startswith("/") or "," in target or ":" in target:
         raise fail(f"bind {name!r}: 'target' must be an absolute path without ',' or ':'")
     if not item.get("env") and not item.get("glob"):
         raise fail(f"bind {name!r} needs 'env' (a module root variable) or 'glob' (host path pattern)")
+    module_root = item.get("env")
+    if module_root is not None and not isinstance(module_root, str):
+        raise fail(f"bind {name!r}: 'env' must be the name of a variable (a string)")
     host_glob = item.get("glob")
     if host_glob is not None and (not isinstance(host_glob, str) or not host_glob.startswith("/")):
         raise fail(f"bind {name!r}: 'glob' must be an absolute host path pattern")
     order = item.get("order", "prepend")
     if order not in LIBRARY_ORDERS:
         raise fail(f"bind {name!r}: 'order' must be one of {', '.join(LIBRARY_ORDERS)}")
+    hint = item.get("hint", "")
+    if not isinstance(hint, str):
+        raise fail(f"bind {name!r}: 'hint' must be a string")
     required = item.get("required", True)
     if not isinstance(required, bool):
         raise fail(f"bind {name!r}: 'required' must be true or false")
     return BindSpec(
         name=name,
         target=target,
-        source=_string(item, "source", fail),
-        env=item.get("env") or None,
+        source=_string(item, "source", field),
+        env=module_root or None,
         glob=host_glob,
         required=required,
         library_path=_paths(item, "library_path", fail),
         include_path=_paths(item, "include_path", fail),
         order=order,
-        hint=str(item.get("hint", "")),
+        hint=hint,
     )
 
 
@@ -240,8 +278,7 @@ def host_path(root: str, path: str) -> str:
     return os.path.join(root, path.lstrip("/")) if root not in ("", "/") else path
 
 
-@dataclass(frozen=True)
-class ResolvedBind:
+class ResolvedBind(NamedTuple):
     spec: BindSpec
     host: Optional[str]  # None: optional and not found
     how: str             # why this host path, for the user

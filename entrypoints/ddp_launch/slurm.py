@@ -16,7 +16,7 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.nodelist import expand_nodelist
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import EnvChange, LaunchPlan, Topology
-from ddp_launch.rendezvous import Resolver, is_loopback, rendezvous_port
+from ddp_launch.rendezvous import Resolver, check_host_name, is_loopback, rendezvous_port
 from ddp_launch.torchrun import (HostFacts, Rendezvous, join_timeout, max_restarts, node_log_dir,
                                  torchrun_command, worker_env, worker_notes, workers_per_node)
 
@@ -153,7 +153,14 @@ def parse(env: Mapping[str, str]) -> SlurmEnv:
     node_index = _int(_first(env, TASK_VARIABLES["node_index"]))
     if node_index is not None and node_index >= len(nodes):
         raise LaunchError(f"SLURM_NODEID={node_index} but {listed.name} names only {len(nodes)} node(s)")
-    return SlurmEnv(
+    if node_name is not None:
+        _check_node_name(node_name.value, node_index, nodes, listed)
+    num_tasks = _first(env, scope["num_tasks"])
+    proc_id = _int(_first(env, TASK_VARIABLES["proc_id"]))
+    if proc_id is not None and num_tasks is not None and proc_id >= _int(num_tasks):
+        raise LaunchError(f"SLURM_PROCID={proc_id} but {num_tasks.name}={num_tasks.value}: a task id must be "
+                          f"below the task count; the environment is inconsistent (start ddp-launch with srun)")
+    slurm = SlurmEnv(
         job_id=_int(job) or 0,
         step_id=_int(_first(env, TASK_VARIABLES["step_id"])),
         in_step=bool(_first(env, ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST"))),
@@ -163,11 +170,27 @@ def parse(env: Mapping[str, str]) -> SlurmEnv:
         node_name=node_name.value if node_name else None,
         tasks_per_node=tasks_per_node,
         tasks_source=f"{tasks.name}={tasks.value!r}" if tasks else "",
-        num_tasks=_int(_first(env, scope["num_tasks"])),
-        proc_id=_int(_first(env, TASK_VARIABLES["proc_id"])),
+        num_tasks=_int(num_tasks),
+        proc_id=proc_id,
         local_id=_int(_first(env, TASK_VARIABLES["local_id"])),
         cpus_per_task=_int(_first(env, TASK_VARIABLES["cpus_per_task"])),
     )
+    here = slurm.tasks_here()
+    if slurm.local_id is not None and here is not None and slurm.local_id >= here:
+        raise LaunchError(f"SLURM_LOCALID={slurm.local_id} but {slurm.tasks_source} runs {here} task(s) on "
+                          f"this node: a local id must be below that; the environment is inconsistent")
+    return slurm
+
+
+def _check_node_name(name: str, index: int | None, nodes: tuple[str, ...], listed: Value) -> None:
+    """SLURMD_NODENAME is a node of the list, at SLURM_NODEID when both are set (srun sets both)."""
+    if name not in nodes:
+        raise LaunchError(f"SLURMD_NODENAME={name!r} is not in {listed.name}={listed.value!r}: this environment "
+                          f"is not this node's (copied from another job or node?); start ddp-launch with srun")
+    position = nodes.index(name)
+    if index is not None and index != position:
+        raise LaunchError(f"SLURM_NODEID={index} but SLURMD_NODENAME={name!r} is node {position} of "
+                          f"{listed.name}: the environment is inconsistent; start ddp-launch with srun")
 
 
 def auto_mode(slurm: SlurmEnv) -> str:
@@ -190,13 +213,13 @@ def _head(slurm: SlurmEnv, options: LaunchOptions, resolve: Resolver, is_head: b
     """(rendezvous host, note): the override, or the first node's IPv4 address, or its name."""
     multi = slurm.num_nodes > 1
     if options.rdzv_host is not None:
-        host = str(options.rdzv_host.value)
+        host = check_host_name(str(options.rdzv_host.value), options.rdzv_host.source)
         if multi and is_loopback(host):
             raise LaunchError(f"{options.rdzv_host.source}={host!r} is a loopback address on a "
                               f"{slurm.num_nodes}-node job: every node would rendezvous with itself; "
                               f"give the head node's routable name or address")
         return host, f"rendezvous host {host} from {options.rdzv_host.source}"
-    name = slurm.nodes[0]
+    name = check_host_name(slurm.nodes[0], f"the first host of {slurm.nodes_source}")
     address = resolve(name)
     if address is None:
         return name, f"head node {name} (first of {slurm.nodes_source}) did not resolve here: passing the name"
@@ -241,7 +264,8 @@ def plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
     notes = (f"SLURM job {slurm.job_id}: {slurm.num_nodes} node(s), this is node {index if index is not None else 0}"
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
-    plan = LaunchPlan("slurm-node", argv, worker_env(workers, env, facts, restarts), notes)
+    node = slurm.node_name or (slurm.nodes[index] if index is not None else slurm.nodes[0])
+    plan = LaunchPlan("slurm-node", argv, worker_env(workers, env, facts, restarts, options.log_dir, node), notes)
     return plan, Topology(slurm.num_nodes, host)
 
 

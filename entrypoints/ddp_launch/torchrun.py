@@ -1,7 +1,7 @@
 """Pieces shared by the modes that start torchrun: its command, workers per node, threads.
 
 torchrun is started as `<this python> -m ddp_launch.agent` (torch.distributed.run
-with USR1/USR2 forwarded to the workers), not the
+with our exit codes and stop signals), not the
 `torchrun` on PATH: images often carry several interpreters (NGC: /usr/bin and
 /usr/local/bin; the Olivia seed hard-codes TORCHRUN_PATH for that reason), and
 the workers must run the same interpreter, torch and packages as the launcher.
@@ -18,17 +18,24 @@ from ddp_launch.gpus import GpuCount
 from ddp_launch.options import LaunchOptions, Workload
 from ddp_launch.plan import EnvChange
 
-# ddp_launch.agent is torch.distributed.run plus signal forwarding (see agent.py).
+# ddp_launch.agent is torch.distributed.run plus exit codes and signal forwarding (agent.py).
 TORCHRUN_MODULE = "ddp_launch.agent"
 
 # c10d's store read/connect timeout defaults to 60 s. A node whose container
 # starts sooner than the head's (cold squashfs cache, a Kubernetes image pull)
-# keeps retrying the head's store until this runs out, so allow 5 minutes; the
-# 600 s join_timeout default already covers the rendezvous as a whole.
-STORE_READ_TIMEOUT_S = 300
+# keeps retrying the head's store until it runs out, so it follows the join
+# timeout: half of it, because TCPStore's client makes one more connect attempt
+# of the full timeout after its deadline (torch 2.14, measured: read_timeout=5
+# gives up after 10 s). So a node whose head never comes up gives up within the
+# join timeout, like every other rendezvous wait: 300 s for torchrun's 600 s.
+TORCHRUN_JOIN_TIMEOUT_S = 600
 
-# torchrun substitutes these per worker: "node2:rank5: ..." finds rank 5 on node 2.
-LOG_LINE_PREFIX = "${hostname}:rank${rank}: "
+
+def store_read_timeout(join_timeout_s: int | None) -> int:
+    return max(1, (join_timeout_s or TORCHRUN_JOIN_TIMEOUT_S) // 2)
+
+# "node2:rank5: ..." finds rank 5 on node 2 (see log_line_prefix).
+LOG_PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
 @dataclass(frozen=True)
@@ -71,9 +78,25 @@ def workers_per_node(
     return Workers(1, "no GPU found", on_cpu=True)
 
 
+def log_line_prefix(node: str | None) -> str:
+    """torchrun's per-line template with this node's name filled in by us.
+
+    Older torchrun (2.2 to 2.13, and NGC images carry such) substitutes only
+    ${role_name}, ${rank} and ${local_rank}; the node is known here, at plan time.
+    """
+    return f"{node}:rank${{rank}}: " if node else "rank${rank}: "
+
+
 def worker_env(workers: Workers, env: Mapping[str, str], facts: HostFacts,
-               restarts: int = 0) -> tuple[EnvChange, ...]:
+               restarts: int = 0, log_dir: str | None = None,
+               node: str | None = None) -> tuple[EnvChange, ...]:
     changes = []
+    if log_dir and LOG_PREFIX_VAR not in env:
+        # The variable, not torchrun's --log-line-prefix-template flag: the flag is new
+        # (torch 2.13 takes it for the script name), while torchrun reads the variable
+        # since 2.2.
+        changes.append(EnvChange(LOG_PREFIX_VAR, log_line_prefix(node),
+                                 "--log-dir: each console line names its node and global rank"))
     if restarts > 0 and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env:
         # torchrun shares its rendezvous store with the workers by default, and
         # the keys of a failed round stay in it: restarted workers read their
@@ -141,7 +164,7 @@ def torchrun_command(
         argv += ["--standalone", "--nnodes=1"]
     else:
         host_flag = "true" if rendezvous.is_host else "false"
-        conf = f"is_host={host_flag},read_timeout={STORE_READ_TIMEOUT_S}"
+        conf = f"is_host={host_flag},read_timeout={store_read_timeout(rendezvous.join_timeout_s)}"
         if rendezvous.join_timeout_s is not None:
             conf += f",join_timeout={rendezvous.join_timeout_s}"
         argv += [
@@ -158,6 +181,6 @@ def torchrun_command(
         # --log-dir alone writes only error files: --tee=3 writes every worker's
         # stdout and stderr there as well and keeps them on the console, where
         # each line names its host and global rank.
-        argv += [f"--log-dir={log_dir}", "--tee=3", f"--log-line-prefix-template={LOG_LINE_PREFIX}"]
+        argv += [f"--log-dir={log_dir}", "--tee=3"]
     argv += workload.torchrun_args()
     return tuple(argv)

@@ -7,10 +7,13 @@
 #                   $SLURM_SUBMIT_DIR; sbatch runs a spooled copy of the script)
 #   DDP_IMAGE       the SIF to run              DDP_SITE      site profile (binds, fabric)
 #   DDP_DATA_DIR    holds cifar-100-python/     DDP_RUN_DIR   metrics, checkpoint, logs
+#                   (both made absolute; ',' and ':' are refused: APPTAINER_BIND cannot carry them)
+#   DDP_APPTAINER_MODULE  module that provides apptainer, loaded when it is not on PATH
 #   DDP_TRAIN_ARGS  trainer flags, split on spaces (arguments to the job script follow them)
 #   DDP_LAUNCH_ARGS ddp-launch flags, split on spaces
 #   DDP_MONITOR_INTERVAL  GPU sampling period in seconds (0 disables the sampler)
 #   DDP_MAX_REQUEUES      requeues after a stop signal, counted by SLURM_RESTART_COUNT
+#   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
 set -euo pipefail
 
 readonly DDP_EXIT_REQUEUE=75  # the trainer's "checkpointed on a stop signal" status
@@ -33,10 +36,13 @@ ddp::default() {
 # The job script found and checked the checkout before it could source this file.
 : "${DDP_REPO:?the job script sets DDP_REPO before sourcing slurm/lib/ddp.sh}"
 
-# The launcher's host-side helpers (site profiles, binds) straight from the checkout:
-# stdlib only, so any python3 >= 3.8 on the login or compute node runs them.
+# The launcher's host half (site profiles, binds) straight from the checkout, run by the
+# node's own python3 (3.6 on SLES 15): `python3 -m ddp_launch.MODULE`, not the full CLI,
+# so only the modules in entrypoints/host-modules.txt load (make lint checks them for 3.6).
 ddp::launcher_on_host() {
-    PYTHONPATH="${DDP_REPO}/entrypoints${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_launch "$@"
+    local -r module="$1"
+    shift
+    PYTHONPATH="${DDP_REPO}/entrypoints${PYTHONPATH:+:${PYTHONPATH}}" python3 -m "ddp_launch.${module}" "$@"
 }
 
 ddp::export_binds() {
@@ -50,6 +56,34 @@ ddp::export_binds() {
     done
     export APPTAINER_BIND="${binds}"
     ddp::log "APPTAINER_BIND=${APPTAINER_BIND}"
+}
+
+# Apptainer comes from a module on most clusters (MPCDF Raven: `module load apptainer`);
+# without it the job would fail only inside srun, once per node. A script that knows
+# its site's module sets DDP_APPTAINER_MODULE, and the module is loaded when needed.
+ddp::require_apptainer() {
+    local -r module="${DDP_APPTAINER_MODULE:-}"
+    if ! command -v apptainer >/dev/null && [ -n "${module}" ] && type module >/dev/null 2>&1; then
+        module load "${module}" >/dev/null 2>&1 || true
+    fi
+    command -v apptainer >/dev/null \
+        || ddp::err "apptainer is not on PATH: run 'module load ${module:-apptainer}' (or set DDP_APPTAINER_MODULE to your site's module) before sbatch"
+}
+
+# APPTAINER_BIND is "src:dst,src:dst" with absolute paths: a relative directory, or one
+# with ',' or ':', would break every bind (Apptainer user guide, "Bind Paths and Mounts").
+ddp::absolute_dir_setting() {
+    local -r name="$1"
+    local path="${!name}"
+    [ -n "${path}" ] || ddp::err "${name} is empty: set it to a directory"
+    case "${path}" in
+        /*) ;;
+        *) path="${PWD}/${path}" ;;
+    esac
+    case "${path}" in
+        *,* | *:*) ddp::err "${name}=${path} contains ',' or ':', which APPTAINER_BIND cannot carry: use a path without them (a symlink to it works)" ;;
+    esac
+    export "${name}=${path}"
 }
 
 ddp::require_image() {
@@ -113,11 +147,9 @@ ddp::monitor_stop() {
 ddp::maybe_requeue() {
     local -r status="$1" run_dir="$2"
     local -r restarts="${SLURM_RESTART_COUNT:-0}" max="${DDP_MAX_REQUEUES:-3}"
-    [ "${status}" -ne 0 ] || return 1
-    if [ "${status}" -ne "${DDP_EXIT_REQUEUE}" ] \
-        && ! tail -n 1 "${run_dir}/metrics.jsonl" 2>/dev/null | grep -q '"type": *"stopped"'; then
-        return 1
-    fi
+    # 75 is the launcher's "every worker checkpointed on a stop signal"; anything else
+    # (a crash, a usage error, a kill) is not retried.
+    [ "${status}" -eq "${DDP_EXIT_REQUEUE}" ] || return 1
     if [ "${restarts}" -ge "${max}" ]; then
         ddp::log "stopped with a checkpoint, but already requeued ${restarts} times (DDP_MAX_REQUEUES=${max}): not requeuing"
         return 1
@@ -154,8 +186,13 @@ ddp::train() {
         apptainer_args+=(--nv)
     fi
 
+    # Every task ends with the same code (a stop is agreed by all ranks), but not at the
+    # same instant: with --kill-on-bad-exit=1 srun would kill the others as soon as the
+    # first exits 75 or 2, and report their death (143) instead of the code. --wait
+    # gives them DDP_STEP_WAIT seconds to end on their own after the first task ends
+    # (srun(1): -K overrides -W), which still bounds a hang behind a crashed node.
     local status=0
-    srun --kill-on-bad-exit=1 "${srun_args[@]}" \
+    srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${srun_args[@]}" \
         apptainer "${apptainer_args[@]}" "${DDP_IMAGE}" \
         --site "${DDP_SITE}" "${launch_args[@]}" "${extra_launch[@]}" \
         -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
@@ -181,6 +218,9 @@ ddp::first_node() {
 # The whole job: checks, sampler, training step, sampler stopped, requeue or exit.
 #   ddp::run_job MODE SRUN_ARGS... -- LAUNCH_ARGS... -- TRAIN_ARGS...
 ddp::run_job() {
+    ddp::absolute_dir_setting DDP_DATA_DIR
+    ddp::absolute_dir_setting DDP_RUN_DIR
+    ddp::require_apptainer
     ddp::require_image "${DDP_IMAGE}"
     ddp::require_data "${DDP_DATA_DIR}"
     mkdir -p "${DDP_RUN_DIR}"

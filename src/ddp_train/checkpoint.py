@@ -18,6 +18,7 @@ from ddp_train.errors import TrainError
 
 CHECKPOINT_NAME = "checkpoint.pt"
 PREVIOUS_NAME = "checkpoint.prev.pt"
+REQUIRED_KEYS = ("model", "optimizer", "scaler", "progress", "rng", "config")
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
@@ -63,16 +64,39 @@ def _keep_previous(path: Path) -> None:
     os.replace(staging, previous)
 
 
-def load(path: Path) -> dict[str, Any]:
+def recovery_hint(path: Path) -> str:
+    """How to go on from an unusable checkpoint; --no-resume keeps the old files (rundir.py)."""
     previous = path.with_name(PREVIOUS_NAME)
-    hint = (f"move it aside to start fresh, or `mv {previous} {path}` to resume from the previous one"
-            if previous.exists() else "move it aside (or pass --no-resume) to start fresh")
+    fresh = f"--no-resume starts fresh and moves it aside into {path.parent}/checkpoint-<UTC time>/"
+    if previous.exists():
+        return f"`mv {previous} {path}` resumes from the one before it, or {fresh}"
+    return fresh
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:120]}" if lines else type(exc).__name__
+
+
+def load(path: Path) -> dict[str, Any]:
+    hint = recovery_hint(path)
     try:
+        if path.stat().st_size == 0:
+            raise TrainError(f"checkpoint {path} is empty (0 bytes: the disk filled up or the "
+                             f"write was cut off); {hint}")
         # weights_only: a checkpoint is data (tensors, numbers, strings), never code.
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except TrainError:
+        raise
     except Exception as exc:
-        raise TrainError(f"checkpoint {path} is corrupt or unreadable "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]}); {hint}") from None
-    if not isinstance(state, dict) or "model" not in state or "progress" not in state:
-        raise TrainError(f"checkpoint {path} is not a ddp-train checkpoint; {hint}")
+        raise TrainError(f"checkpoint {path} is corrupt or unreadable ({_first_line(exc)}); {hint}") from None
+    missing = [key for key in REQUIRED_KEYS if key not in state] if isinstance(state, dict) else REQUIRED_KEYS
+    if missing:
+        raise TrainError(f"checkpoint {path} is not a ddp-train checkpoint (no {', '.join(missing)}); {hint}")
     return state
+
+
+def estimated_bytes(model: torch.nn.Module, copies: int) -> int:
+    """A checkpoint's size before one exists: the model's state `copies` times (weights,
+    momentum buffers, an EMA copy)."""
+    return copies * sum(t.numel() * t.element_size() for t in model.state_dict().values())

@@ -1,35 +1,116 @@
 """`ddp-train` / `python -m ddp_train`: parse flags, then download or train.
 
-A TrainError (a user mistake) becomes one line `ddp-train: error: ...` on stderr and exit 2;
-anything else keeps its traceback. Exit codes are listed in errors.py.
+A TrainError (a user mistake) becomes one line `ddp-train: error: ...` on stderr and exit 2,
+printed once for the whole job; anything else keeps its traceback. Exit codes: errors.py.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Optional, Sequence
+import time
+import traceback
+from typing import Mapping, Optional, Sequence
 
 from ddp_train.config import config_from_args
-from ddp_train.errors import EXIT_USAGE, TrainError
+from ddp_train.errors import EXIT_FAILURE, EXIT_USAGE, Seen, TrainError, seen_by
 
 
-def _reports_errors(env: "os._Environ[str]") -> bool:
-    """Rank 0 and the first rank of every other node print; the rest stay quiet (no 256 copies)."""
-    return env.get("RANK", "0") == "0" or env.get("LOCAL_RANK", "0") == "0"
+# torchrun stops every worker as soon as one exits non-zero, so a rank that stays quiet about an
+# error and exits first would kill the rank that prints it before it has said why. Quiet ranks
+# wait this long; once the printing rank has exited, torchrun's SIGTERM ends the wait at once.
+QUIET_RANK_GRACE_S = 5.0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _rank_variable(env: Mapping[str, str], name: str) -> int:
+    """RANK / LOCAL_RANK as torchrun sets them; 0 when unset or garbage (DistEnv names that mistake)."""
     try:
-        config = config_from_args(argv)
+        return int(env.get(name, "0"))
+    except ValueError:
+        return 0
+
+
+def prints_error(seen: Seen, rank: int, local_rank: int) -> bool:
+    """Whether this process prints an error, so that a job of many ranks shows it once."""
+    if seen is Seen.ELSEWHERE:
+        return False
+    if seen is Seen.BY_EVERY_RANK:
+        return rank == 0
+    if seen is Seen.BY_EVERY_RANK_OF_NODE:
+        return local_rank == 0
+    return True
+
+
+def one_line(message: str) -> str:
+    """A path may hold a newline; the error must still be one line."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _keep_unencodable_output() -> None:
+    """A non-UTF-8 path (bytes that decode to surrogates) prints escaped instead of crashing a
+    finished run at its summary line (stdout is strict under a UTF-8 locale)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
+def _world_size(env: Mapping[str, str]) -> int:
+    try:
+        return int(env.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def _leave_now(code: int) -> None:
+    """Exit without interpreter finalization, once the output is flushed (distributed runs only).
+
+    A finished run must exit 0 every time (issue 9, class 7), and with gloo it did not: DDP's
+    reducer keeps the process group alive after destroy_process_group(), so its worker threads
+    (pt_gloo_runloop) still run while the interpreter finalizes. A worker thread releases each
+    finished collective after the caller has moved on: the final barrier's work holds the all-gather
+    before it, whose tensors Python created, and freeing them takes the GIL. During finalization
+    Python ends such a thread with pthread_exit() inside that noexcept destructor: "terminate called
+    without an active exception", SIGABRT, exit -6 (a core dump of it shows ~AsyncBarrierWork ->
+    ~AsyncAllgatherWork -> decref_pyobject -> take_gil -> PyThread_exit_thread while the main thread
+    is in Py_FinalizeEx; pytorch#190489). The trainer's exit sequence in a small script hit it in 2
+    of 40 torchrun runs of 4 gloo ranks on a busy machine, and in 0 of 40 when it left this way
+    (benchmarks/exit_repeat.py counts the trainer itself). Every file the run wrote is closed (checkpoints fsynced, metrics appended and
+    closed) and the group is destroyed, so finalization has nothing left to do but race those
+    threads: os._exit skips it.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _main(argv: Optional[Sequence[str]], env: Mapping[str, str]) -> int:
+    try:
+        with seen_by(Seen.BY_EVERY_RANK):  # every rank parses the same command line
+            config = config_from_args(argv)
         if config.download:
             from ddp_train.download import download_cifar100, refuse_inside_job
-            refuse_inside_job(os.environ)
+            refuse_inside_job(env)
             download_cifar100(config.data_dir)
             return 0
         from ddp_train.train import run  # torch is imported only when training
-        return run(config, os.environ)
+        return run(config, env)
     except TrainError as exc:
-        if _reports_errors(os.environ):
-            print(f"ddp-train: error: {exc}", file=sys.stderr, flush=True)
+        if prints_error(exc.seen, _rank_variable(env, "RANK"), _rank_variable(env, "LOCAL_RANK")):
+            print(f"ddp-train: error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+        elif _world_size(env) > 1:
+            time.sleep(QUIET_RANK_GRACE_S)
         return EXIT_USAGE
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    _keep_unencodable_output()
+    if _world_size(os.environ) <= 1:
+        return _main(argv, os.environ)  # a process of its own: tests call this in-process
+    try:
+        code = _main(argv, os.environ)
+    except Exception:  # a crash keeps its traceback, and its exit code 1 (not -6, see _leave_now)
+        traceback.print_exc()
+        code = EXIT_FAILURE
+    _leave_now(code)
+    return code  # not reached

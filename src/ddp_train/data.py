@@ -6,6 +6,7 @@ decode or transpose is needed. Training never downloads: see download.py.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import pickle
@@ -99,10 +100,18 @@ def memory_format_for(device: torch.device) -> torch.memory_format:
     return torch.channels_last if device.type == "cuda" else torch.contiguous_format
 
 
+@functools.lru_cache(maxsize=None)
+def normalize_constants(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, shift) built once per device and dtype: building them from Python lists every step is
+    a blocking host-to-device copy (about 14% of an eager b256 step on an H100, issue 11)."""
+    scale = torch.tensor([1 / (255 * s) for s in STD], dtype=dtype).view(1, 3, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(MEAN, STD)], dtype=dtype).view(1, 3, 1, 1)
+    return scale.to(device), shift.to(device)
+
+
 def normalize(images_uint8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 N,3,H,W -> normalised float on the images' device, in the device's memory format."""
     device = images_uint8.device
-    scale = torch.tensor([1 / (255 * s) for s in STD], device=device, dtype=dtype).view(1, 3, 1, 1)
-    shift = torch.tensor([-m / s for m, s in zip(MEAN, STD)], device=device, dtype=dtype).view(1, 3, 1, 1)
+    scale, shift = normalize_constants(device, dtype)
     x = images_uint8.to(dtype).contiguous(memory_format=memory_format_for(device))
     return torch.addcmul(shift, x, scale)

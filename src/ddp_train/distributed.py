@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from ddp_train.errors import TrainError
+from ddp_train.errors import Seen, TrainError
 
 # torchrun sets all of these; a scheduler task launch (srun, one task per GPU) must too.
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -60,20 +60,32 @@ class DistEnv:
                 if not env.get(name):
                     raise TrainError(f"{name} is not set for a world of {world}: "
                                      f"start the trainer with ddp-launch or torchrun")
-            number("MASTER_PORT")
+            port = number("MASTER_PORT")
+            if not 0 < port < 65536:
+                raise TrainError(f"MASTER_PORT={port} is not a TCP port (1..65535)")
         return cls(rank, world, local_rank, local_world)
+
+
+def gpu_index(dist_env: DistEnv, visible: int) -> int:
+    """This process's GPU: one per local rank, never shared (NCCL refuses two ranks on one GPU
+    with a "Duplicate GPU detected" traceback, so the mistake is named here instead).
+
+    A task bound to its own GPU (SLURM --gpus-per-task=1) sees one device; ddp-launch's
+    slurm-task mode then sets LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 for it.
+    """
+    if dist_env.local_world_size > visible:
+        raise TrainError(
+            f"{dist_env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only {visible} "
+            f"GPU(s) visible: start one process per GPU (--nproc-per-node {visible}), or pass "
+            f"--device cpu for CPU workers")
+    return dist_env.local_rank
 
 
 def pick_device(requested: str, dist_env: DistEnv) -> torch.device:
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise TrainError("--device cuda but no CUDA GPU is visible (check --nv / --gpus)")
-        visible = torch.cuda.device_count()
-        # SLURM's --gpus-per-task / per-task binding leaves each process exactly one visible GPU.
-        index = 0 if visible == 1 else dist_env.local_rank
-        if index >= visible:
-            raise TrainError(f"LOCAL_RANK {dist_env.local_rank} but only {visible} GPUs are visible: "
-                             f"start one process per GPU")
+        index = gpu_index(dist_env, torch.cuda.device_count())
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
@@ -114,6 +126,50 @@ def max_over_ranks(value: int, device: torch.device) -> int:
     return int(t.item())
 
 
+class DelayedMax:
+    """The max of every rank's small integer, launched now and read one check later.
+
+    A blocking all-reduce plus .item() makes the host wait for every queued kernel. Here the
+    all-reduce is asynchronous and its result is copied to pinned host memory behind an event;
+    read() comes one check later (stop_check_every steps), when that event is long past, so the
+    host does not wait in practice. Every rank reads the same vote at the same step, so every
+    rank decides the same.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device if active() else torch.device("cpu")
+        cuda = self.device.type == "cuda"
+        self.host = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        self.pending: Optional[tuple[Any, Any, torch.Tensor]] = None
+
+    def launch(self, value: int) -> None:
+        """Start the vote (dropping an unread one: it is never needed once a newer one starts)."""
+        vote = torch.full((1,), value, dtype=torch.int32, device=self.device)  # a fill, no copy
+        work = dist.all_reduce(vote, op=dist.ReduceOp.MAX, async_op=True) if active() else None
+        event = None
+        if self.device.type == "cuda":
+            if work is not None:
+                work.wait()  # NCCL: orders the current stream after the all-reduce; the host goes on
+                work = None
+            self.host.copy_(vote, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        self.pending = (work, event, vote)
+
+    def read(self) -> int:
+        """The vote launched last (0 when none is pending); then nothing is pending."""
+        if self.pending is None:
+            return 0
+        work, event, vote = self.pending
+        self.pending = None
+        if event is not None:
+            event.synchronize()
+            return int(self.host[0])
+        if work is not None:
+            work.wait()
+        return int(vote[0])
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     return max_over_ranks(int(flag), device) > 0
 
@@ -131,12 +187,21 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return out
 
 
-def agree_or_raise(error: Optional[Exception], device: torch.device) -> None:
-    """Make a setup error on one rank an error on every rank, instead of peers hanging."""
-    if any_rank(error is not None, device):
-        if error is not None:
-            raise error
-        raise TrainError("setup failed on another rank (see rank 0's or that rank's log)")
+def agree_or_raise(error: Optional[TrainError], device: torch.device) -> None:
+    """Make a setup error on one rank an error on every rank, instead of peers hanging.
+
+    The lowest rank that found an error reports it (whatever rank that is: a corrupt file
+    may sit on one node only); every other rank exits quietly with the same code.
+    """
+    rank, world = (dist.get_rank(), dist.get_world_size()) if active() else (0, 1)
+    # The max of (world - rank) over the failing ranks names the lowest of them.
+    reporter = world - max_over_ranks(world - rank if error is not None else 0, device)
+    if reporter == world:
+        return
+    if error is not None and rank == reporter:
+        error.seen = Seen.BY_THIS_RANK
+        raise error
+    raise TrainError(f"setup failed on rank {reporter} (its log says why)", Seen.ELSEWHERE)
 
 
 def count_nodes() -> tuple[int, int]:
@@ -175,7 +240,5 @@ def check_network_transport(env: Mapping[str, str], device: torch.device) -> Opt
     except ImportError:  # started without ddp-launch's package (plain torchrun): nothing set up to read
         return None
     ok, message = check_nccl_transport(env)
-    if any_rank(not ok, device):
-        raise TrainError(message if not ok else
-                         "another rank's NCCL fell back to TCP sockets under --require-fabric: see that rank's log")
+    agree_or_raise(None if ok else TrainError(message), device)  # the first failing rank prints
     return message

@@ -25,7 +25,12 @@ ARCHIVE_MD5 = "eb9058c3a382ffc7106e4002c42a8d85"
 
 def refuse_inside_job(env: Mapping[str, str]) -> None:
     """Several ranks downloading into one directory corrupts it (the seed does this)."""
-    if int(env.get("WORLD_SIZE", "1") or 1) > 1:
+    raw = env.get("WORLD_SIZE", "1") or "1"
+    try:
+        world_size = int(raw)
+    except ValueError:
+        raise TrainError(f"WORLD_SIZE={raw!r} is not an integer: unset it for --download") from None
+    if world_size > 1:
         raise TrainError(
             "--download runs once, on a login node, not inside a distributed job: "
             "run `make data` (or `ddp-train --download --data-dir DIR`) before submitting")
@@ -38,7 +43,11 @@ def download_cifar100(data_dir: str | Path, url: str = ARCHIVE_URL, archive_md5:
             file_md5(target / name) == md5 for name, md5 in OFFICIAL_MD5.items()):
         print(f"CIFAR-100 already present and verified in {target}")
         return target
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TrainError(f"cannot create --data-dir {data_dir} ({exc.strerror}): "
+                         f"pass a directory you can write") from None
     with tempfile.TemporaryDirectory(prefix=".cifar-download-", dir=data_dir) as tmp:
         archive = Path(tmp) / "cifar-100-python.tar.gz"
         print(f"Downloading {url} ...", file=sys.stderr)

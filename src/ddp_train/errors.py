@@ -4,6 +4,10 @@ Deep code raises TrainError with a message naming the thing and the fix; cli.mai
 prints it as one line and exits EXIT_USAGE. Anything else is a bug and keeps its traceback.
 """
 
+import contextlib
+import enum
+from typing import Iterator
+
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected exception (a traceback) or a peer rank failing
 EXIT_USAGE = 2  # a TrainError: bad flag, missing or corrupt dataset or checkpoint
@@ -14,5 +18,28 @@ EXIT_USAGE = 2  # a TrainError: bad flag, missing or corrupt dataset or checkpoi
 EXIT_REQUEUE = 75
 
 
+class Seen(enum.Enum):
+    """Which ranks found an error, so that a job of many ranks prints it once (cli.main)."""
+
+    BY_THIS_RANK = "rank"  # maybe by this rank alone (a corrupt file on its node): it prints
+    BY_EVERY_RANK = "job"  # every rank alike (a flag, the world size): global rank 0 prints
+    BY_EVERY_RANK_OF_NODE = "node"  # every rank of a node alike (its GPUs): local rank 0 prints
+    ELSEWHERE = "elsewhere"  # another rank found it and prints it (distributed.agree_or_raise)
+
+
 class TrainError(Exception):
     """A problem the user can fix: a bad flag, a missing dataset, a corrupt checkpoint."""
+
+    def __init__(self, message: str, seen: Seen = Seen.BY_THIS_RANK):
+        super().__init__(message)
+        self.seen = seen
+
+
+@contextlib.contextmanager
+def seen_by(seen: Seen) -> Iterator[None]:
+    """Mark the TrainErrors raised inside as found by `seen` (e.g. every rank parses the same flags)."""
+    try:
+        yield
+    except TrainError as exc:
+        exc.seen = seen
+        raise

@@ -59,8 +59,14 @@ def _column(header: Sequence[str], prefix: str, path: Path) -> int:
 def read_csv(path: Path) -> list[Sample]:
     """One nvidia-smi CSV; the node is the file name's gpu-<node>.csv part."""
     node = path.stem[len("gpu-"):] if path.stem.startswith("gpu-") else path.stem
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f, skipinitialspace=True))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f, skipinitialspace=True))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ReportError(f"{path} is not an nvidia-smi CSV ({type(exc).__name__}); pass the gpu-<node>.csv "
+                          f"files slurm/gpu-sampler.sh writes") from None
+    except OSError as exc:
+        raise ReportError(f"{path} cannot be read ({exc.strerror}); check its permissions") from None
     if not rows:
         return []
     header = rows[0]
@@ -75,9 +81,10 @@ def read_csv(path: Path) -> list[Sample]:
             continue
         try:
             when = datetime.strptime(row[cols["timestamp"]].strip(), TIME_FORMAT)
-        except ValueError:
+            index = int(row[cols["index"]])
+        except ValueError:  # a garbled line: the sampler was killed mid-write
             continue
-        samples.append(Sample(node, int(row[cols["index"]]), row[cols["name"]].strip(), when, util,
+        samples.append(Sample(node, index, row[cols["name"]].strip(), when, util,
                               _number(row[cols["memory.used"]]) or 0.0))
     return samples
 
@@ -156,6 +163,13 @@ def summarise(paths: Sequence[Path], png: Path | None = None) -> str:
     if not samples:
         raise ReportError(f"{', '.join(map(str, files))}: no utilisation samples (only headers or N/A)")
     png = png or files[0].parent / "gpu-utilisation.png"
-    if plot(samples, png):
+    if png.is_dir():  # matplotlib would write <dir>.png beside it instead
+        raise ReportError(f"--png {png} is a directory: pass a file path such as {png / 'gpu-utilisation.png'}")
+    try:
+        written = plot(samples, png)
+    except (OSError, ValueError) as exc:  # a directory, a missing parent, an unknown image suffix
+        raise ReportError(f"--png {png} cannot be written ({getattr(exc, 'strerror', None) or exc}): "
+                          f"pass a .png file path in a directory you can write") from None
+    if written:
         print(f"written: {png}", file=sys.stderr)
     return markdown(summarise_samples(samples))

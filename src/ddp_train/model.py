@@ -30,7 +30,8 @@ class BasicBlock(nn.Module):
         super().__init__()
         self.conv1 = conv3x3(cin, cout)
         self.bn1 = nn.BatchNorm2d(cout)
-        self.dropout = nn.Dropout(dropout)
+        # No module at all for 0: dropout with p=0 can still launch a mask kernel per block.
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.conv2 = conv3x3(cout, cout)
         self.bn2 = nn.BatchNorm2d(cout)
         self.shortcut = nn.Identity() if cin == cout else nn.Conv2d(cin, cout, 1, bias=False)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Optional, TextIO
 
 
 class ProgressBar:
-    def __init__(self, total_steps: int, label: str, enabled: bool, stream: TextIO = sys.stdout):
+    def __init__(self, total_steps: int, label: str, enabled: bool, stream: Optional[TextIO] = None):
+        # sys.stdout looked up now, not at import: it may have been replaced since (pytest, tee).
+        stream = stream if stream is not None else sys.stdout
         self.total, self.label, self.stream = total_steps, label, stream
         self.enabled = enabled and stream.isatty()
         self.start = self.last = time.perf_counter()

@@ -29,6 +29,7 @@ class EpochPoint:
     epoch: int
     images_per_s: float
     val_accuracy: float
+    warm_up: bool = False  # the first epoch of a process start: not steady state
 
 
 @dataclass(frozen=True)
@@ -63,20 +64,52 @@ def load_run(run_dir: Path) -> RunResult:
     path = run_dir / METRICS_NAME if run_dir.is_dir() else run_dir
     if not path.is_file():
         raise ReportError(f"{path} not found: pass run directories written by ddp-train --run-dir")
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ReportError(f"{path} line {number}: not JSON ({exc.msg}); is this a metrics file?") from None
+    records = read_records(path)
     runs = [r for r in records if r.get("type") == "run"]
     summaries = [r for r in records if r.get("type") == "summary"]
     if not summaries:
         raise ReportError(f"{path} has no summary record: the run did not finish; resume it or leave it out")
     summary, meta = summaries[-1], (runs[-1] if runs else {})
-    epochs = tuple(EpochPoint(int(r["epoch"]), float(r["images_per_s"]), float(r["val_accuracy"]))
+    try:
+        result = _run_result(run_dir, records, summary, meta)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        what = f"no {exc.args[0]!r} field" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise ReportError(f"{path}: a malformed record ({what}); pass metrics.jsonl files written "
+                          f"by ddp-train") from None
+    if result.world_size < 1 or result.nodes < 1:
+        raise ReportError(f"{path}: the summary says {result.world_size} processes on {result.nodes} "
+                          f"nodes; pass metrics.jsonl files written by ddp-train")
+    return result
+
+
+def read_records(path: Path) -> list[dict]:
+    """metrics.jsonl's records; a cut-off last line (a run killed mid-write) is left out."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ReportError(f"{path} is not UTF-8 text; pass metrics.jsonl files written by ddp-train") from None
+    except OSError as exc:
+        raise ReportError(f"{path} cannot be read ({exc.strerror}); check its permissions") from None
+    lines = text.splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines) and not text.endswith("\n"):
+                continue
+            raise ReportError(f"{path} line {number}: not JSON ({exc.msg}); is this a metrics file?") from None
+        if not isinstance(record, dict):
+            raise ReportError(f"{path} line {number}: not a JSON object; is this a metrics file?")
+        records.append(record)
+    return records
+
+
+def _run_result(run_dir: Path, records: list[dict], summary: dict, meta: dict) -> RunResult:
+    epochs = tuple(EpochPoint(int(r["epoch"]), float(r["images_per_s"]), float(r["val_accuracy"]),
+                              bool(r.get("warm_up_epoch", False)))
                    for r in records if r.get("type") == "epoch")
     return RunResult(
         name=(run_dir if run_dir.is_dir() else run_dir.parent).name,
@@ -84,7 +117,8 @@ def load_run(run_dir: Path) -> RunResult:
         nodes=int(summary["nodes"]),
         world_size=int(summary["world_size"]),
         total_time_s=float(summary["total_time_s"]),
-        images_per_s=float(summary["images_per_s"]),
+        # The steady figure (first epoch of each start excluded); older runs have only the overall one.
+        images_per_s=float(summary.get("steady_images_per_s", summary["images_per_s"])),
         final_accuracy=float(summary["final_accuracy"]),
         epochs=epochs,
     )
@@ -142,9 +176,10 @@ def plot(rows: Sequence[Row], path: Path) -> bool:
     for row in rows:
         epochs = [p.epoch for p in row.run.epochs]
         label = f"{row.run.configuration} [{row.run.name}]"
-        ax_tp.plot(epochs, [p.images_per_s for p in row.run.epochs], marker="o", label=label)
+        steady = [p for p in row.run.epochs if not p.warm_up]  # the table's figure: steady epochs
+        ax_tp.plot([p.epoch for p in steady], [p.images_per_s for p in steady], marker="o", label=label)
         ax_acc.plot(epochs, [p.val_accuracy for p in row.run.epochs], marker="o", label=label)
-    ax_tp.set(title="Throughput", xlabel="epoch", ylabel="images/s")
+    ax_tp.set(title="Throughput (steady epochs)", xlabel="epoch", ylabel="images/s")
     ax_acc.set(title="Validation accuracy", xlabel="epoch", ylabel="accuracy")
     ax_tp.legend(fontsize="small")
     base_world = rows[0].run.world_size
@@ -161,25 +196,37 @@ def plot(rows: Sequence[Row], path: Path) -> bool:
 
 def report(run_dirs: Sequence[Path], out_dir: Path) -> str:
     rows = scaling_rows([load_run(path) for path in run_dirs])
-    out_dir.mkdir(parents=True, exist_ok=True)
     table = markdown_table(rows)
-    (out_dir / "report.md").write_text(table, encoding="utf-8")
-    (out_dir / "report.csv").write_text(csv_table(rows), encoding="utf-8")
-    plot(rows, out_dir / "report.png")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "report.md").write_text(table, encoding="utf-8")
+        (out_dir / "report.csv").write_text(csv_table(rows), encoding="utf-8")
+        plot(rows, out_dir / "report.png")
+    except OSError as exc:
+        raise ReportError(f"--out {out_dir} cannot be written ({exc.strerror}): pass a directory "
+                          f"you can write") from None
     return table
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; ddp-bench prints one line (exit 2), as ddp-train does."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ReportError(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddp-bench", description=__doc__.splitlines()[0])
+    parser = _OneLineErrorParser(prog="ddp-bench", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", help="scaling table (Markdown, CSV, PNG) from run directories")
+    rep = sub.add_parser("report", allow_abbrev=False, help="scaling table (Markdown, CSV, PNG) from run directories")
     rep.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     rep.add_argument("--out", type=Path, default=Path("bench-report"), help="output dir (default bench-report)")
-    gpu = sub.add_parser("gpu", help="mean/min utilisation per GPU (and a PNG) from gpu-<node>.csv files")
+    gpu = sub.add_parser("gpu", allow_abbrev=False,
+                         help="mean/min utilisation per GPU (and a PNG) from gpu-<node>.csv files")
     gpu.add_argument("paths", nargs="+", type=Path, metavar="CSV_OR_DIR")
     gpu.add_argument("--png", type=Path, default=None, help="plot file (default: gpu-utilisation.png beside the CSVs)")
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         if args.command == "report":
             print(report(args.runs, args.out), end="")
             print(f"written: {args.out}/report.md, report.csv, report.png", file=sys.stderr)
@@ -187,7 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ddp_train import gpumon
             print(gpumon.summarise(args.paths, args.png), end="")
     except ReportError as exc:
-        print(f"ddp-bench: error: {exc}", file=sys.stderr)
+        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")  # one line, even for odd paths
+        print(f"ddp-bench: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     return 0
 

@@ -2,13 +2,15 @@
 
 Speed comes from the data path: the whole dataset sits on the device as uint8, batches are
 gathered, augmented and normalised there (no DataLoader workers), the model runs in
-channels_last under bf16 autocast, and nothing syncs the GPU inside an epoch except the
-stop-signal check every --stop-check-every steps. (On CPU the model stays NCHW: measured faster.)
+channels_last under bf16 autocast, compiled with CUDA graphs on GPUs (speed.py), and nothing
+syncs the GPU inside an epoch: the stop-signal vote is read one check after it started.
+(On CPU the model stays NCHW: measured faster.)
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import hashlib
 import os
 import platform
@@ -21,14 +23,14 @@ from typing import Any, Mapping, Optional
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel
 
-from ddp_train import checkpoint, distributed
+from ddp_train import checkpoint, distributed, rundir, speed
 from ddp_train.augment import random_crop_flip
-from ddp_train.config import TrainConfig, check_world, peak_lr, resolve_precision
+from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, peak_lr,
+                              resolve_compile_mode, resolve_precision)
 from ddp_train.data import Split, load_cifar100, memory_format_for, normalize
-from ddp_train.distributed import DistEnv, agree_or_raise, max_over_ranks
-from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, TrainError
+from ddp_train.distributed import DelayedMax, DistEnv, agree_or_raise, max_over_ranks
+from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, TrainError, seen_by
 from ddp_train.evaluate import EvalResult, evaluate
 from ddp_train.layout import NUM_CLASSES, has_dataset
 from ddp_train.metrics import MetricsWriter
@@ -52,6 +54,11 @@ class Progress:
     best_accuracy: float = 0.0
     train_time_s: float = 0.0
     images: int = 0
+    # Epochs after the first of each process start: that one pays lazy loading and allocator
+    # growth even after the warm-up pass, so it is left out of the steady images/s.
+    steady_time_s: float = 0.0
+    steady_images: int = 0
+    setup_time_s: float = 0.0  # warm-up passes (compile, autotune, graph recording), off the clock
     early_stopped: bool = False
     finished: bool = False
 
@@ -118,10 +125,18 @@ def versions(device: torch.device) -> dict[str, Optional[str]]:
 
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     dist_env = DistEnv.from_env(env)
-    check_world(config, dist_env.world_size)
-    device = distributed.pick_device(config.device, dist_env)
+    with seen_by(Seen.BY_EVERY_RANK):  # the same flags and world size on every rank: rank 0 tells
+        check_world(config, dist_env.world_size)
+    with seen_by(Seen.BY_EVERY_RANK_OF_NODE):  # the same GPUs for every rank of a node
+        device = distributed.pick_device(config.device, dist_env)
+    config = for_device(config, device.type, dist_env.world_size)
+    if compile_by_default(config, device.type):
+        # Before torch writes its /tmp default into os.environ (creating an optimizer does).
+        speed.use_compile_cache(speed.compile_cache_dir(config.compile_cache_dir, config.run_dir, env),
+                                os.environ)
     bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    precision = resolve_precision(config.precision, device.type, bf16_ok)
+    with seen_by(Seen.BY_EVERY_RANK_OF_NODE):
+        precision = resolve_precision(config.precision, device.type, bf16_ok)
     stop = StopFlag().install()
     try:
         distributed.init_process_group(dist_env, device, config.dist_timeout_s)
@@ -170,6 +185,18 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
         torch.backends.cudnn.benchmark = True
         torch.set_float32_matmul_precision("high")
 
+    # The run dir, before anything else: writable, and an earlier run moved aside under --no-resume.
+    prepare_error, moved_to = None, None
+    if dist_env.is_main:
+        try:
+            moved_to = rundir.prepare(run_dir, fresh=config.resume is False,
+                                      now=datetime.datetime.now(datetime.timezone.utc))
+        except TrainError as exc:
+            prepare_error = exc
+    agree_or_raise(prepare_error, device)  # a collective: the other ranks wait for rank 0's moves
+    if moved_to:
+        say(dist_env, f"--no-resume: the earlier run's checkpoints and metrics are kept in {moved_to}/")
+
     # Data: uint8 tensors resident on the device.
     train_set, test_set, data_note = prepare_data(config, dist_env, device)
 
@@ -203,26 +230,42 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
                     raise TrainError(
                         f"{ckpt_path} was written with --{key.replace('_', '-')} {saved.get(key)}, "
                         f"this run has {getattr(config, key)}: use the same value, another --run-dir, "
-                        f"or --no-resume")
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scaler.load_state_dict(state["scaler"])
-            if ema is not None and state.get("ema") is not None:
-                ema.load_state_dict(state["ema"])
-            progress = Progress(**state["progress"])
-            if len(state["rng"]) == world:
-                set_rng_state(state["rng"][rank], device)
+                        f"or --no-resume (which keeps this run, moved aside into "
+                        f"{run_dir}/checkpoint-<UTC time>/)")
+            try:
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                scaler.load_state_dict(state["scaler"])
+                if ema is not None and state.get("ema") is not None:
+                    ema.load_state_dict(state["ema"])
+                progress = Progress(**state["progress"])
+                if len(state["rng"]) == world:
+                    set_rng_state(state["rng"][rank], device)
+            except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # edited or foreign state
+                detail = (str(exc).strip().splitlines() or [""])[0][:120]
+                raise TrainError(f"checkpoint {ckpt_path} does not fit this run ({type(exc).__name__}: "
+                                 f"{detail}); {checkpoint.recovery_hint(ckpt_path)}") from None
             resumed_from = {"epoch": progress.epoch, "step": progress.step}
         except TrainError as exc:
             error = exc
         agree_or_raise(error, device)
+    if dist_env.is_main:
+        copies = 1 + (config.momentum > 0) + (ema is not None)  # weights, momentum, EMA
+        space_warning = rundir.low_space_warning(run_dir, rundir.free_bytes(run_dir),
+                                                 checkpoint.estimated_bytes(model, copies))
+        if space_warning:
+            print(space_warning, file=sys.stderr, flush=True)
 
     ddp_model: nn.Module = model
     if distributed.active():
-        ddp_model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
-            gradient_as_bucket_view=True)
-    forward = torch.compile(ddp_model) if config.compile else ddp_model
+        speed.check_compression_backend(config.grad_compression)
+        ddp_model = speed.wrap_ddp(model, device, config.bucket_cap_mb, config.grad_compression)
+    compiled = compile_by_default(config, device.type)
+    compile_mode = resolve_compile_mode(config, device.type) if compiled else "eager"
+    cuda_graphs = compiled and device.type == "cuda" and speed.uses_cuda_graphs(compile_mode)
+    forward = ddp_model
+    if compiled:
+        forward = torch.compile(ddp_model, mode=compile_mode)
 
     def save(path: Path = ckpt_path) -> None:
         rngs = distributed.all_gather_objects(rng_state(device))  # collective: every rank
@@ -256,24 +299,60 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
         "run", world_size=world, nodes=nodes, gpus_per_node=gpus_per_node,
         processes_per_node=per_node, device=device.type, gpu_model=gpu_model,
         cpu_model=platform.processor() or platform.machine(), precision=precision,
-        batch_size=config.batch_size, batch_size_per_rank=local_batch, lr=lr_peak,
+        batch_size=config.batch_size, batch_size_per_rank=local_batch, lr=lr_peak, compile_mode=compile_mode,
         train_images=n_train, test_images=n_test, steps_per_epoch=steps_per_epoch,
         versions=versions(device), resumed_from_epoch=resumed_from and resumed_from["epoch"],
         resumed_from_step=resumed_from and resumed_from["step"], config=config.to_dict())
     what = gpu_model or f"CPU ({torch.get_num_threads()} threads per process)"
     say(dist_env, f"ddp-train: {world} process(es) on {nodes} node(s), {what}, {precision}, "
                   f"global batch {config.batch_size} ({local_batch} per rank), lr {lr_peak:g}, "
-                  f"recipe {config.recipe}, {steps_per_epoch} steps per epoch")
+                  f"recipe {config.recipe}, {compile_mode}, {steps_per_epoch} steps per epoch")
     if data_note:
         say(dist_env, data_note)
     if resumed_from:
         say(dist_env, f"Resumed from {ckpt_path} at epoch {progress.epoch + 1}, step {progress.step}")
 
-    # The loop.
+    # The step.
     augment_gen = torch.Generator(device=device)
     train_images, train_labels = train_set.images, train_set.labels
+
+    def batch(perm: torch.Tensor, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = step * config.batch_size + rank * local_batch
+        idx = perm[start:start + local_batch]
+        augment_gen.manual_seed(step_seed(config.seed, epoch, step, rank))
+        return normalize(random_crop_flip(train_images[idx], CROP_PADDING, augment_gen)), train_labels[idx]
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are done
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                            enabled=autocast_dtype is not None):
+            loss = criterion(forward(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            update_ema(ema, model, config.ema_decay)
+        return loss.detach()
+
+    # Warm-up, off the clock: compile, autotune and record graphs on a real batch, then restore.
+    passes = speed.warmup_passes(device, compiled, cuda_graphs) if not progress.finished else 0
+    if passes:
+        warm_x, warm_y = batch(epoch_permutation(n_train, config.seed, progress.epoch, device),
+                               progress.epoch, progress.step)
+        model.train()
+        setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, model, optimizer, scaler,
+                                device, ema)
+        progress.setup_time_s += setup_s
+        say(dist_env, f"Warm-up ({compile_mode}, {passes} pass(es), outside the training time): "
+                      f"{setup_s:.1f} s")
+
+    # The loop.
+    stop_vote = DelayedMax(device)
     stopped_by: Optional[str] = None
     last_eval: Optional[EvalResult] = None
+    first_epoch_here = True
     for epoch in range(progress.epoch, config.epochs):
         if progress.finished:
             break
@@ -286,37 +365,30 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
         step = first_step
         while step < steps_per_epoch:
             if step > first_step and step % config.stop_check_every == 0:
-                stop_signum = max_over_ranks(stop.signum, device)
+                stop_signum = stop_vote.read()  # the vote started one check ago: no wait
                 if stop_signum:
                     stopped_by = signal_name(stop_signum)
                     break
-            start = step * config.batch_size + rank * local_batch
-            idx = perm[start:start + local_batch]
-            augment_gen.manual_seed(step_seed(config.seed, epoch, step, rank))
-            x = normalize(random_crop_flip(train_images[idx], CROP_PADDING, augment_gen))
-            y = train_labels[idx]
+                stop_vote.launch(stop.signum)
+            x, y = batch(perm, epoch, step)
             lr = lr_at(epoch * steps_per_epoch + step, total_steps, warmup_steps, lr_peak,
                        config.schedule)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                enabled=autocast_dtype is not None):
-                loss = criterion(forward(x), y)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            if ema is not None:
-                update_ema(ema, model, config.ema_decay)
-            loss_sum += loss.detach()
+            loss_sum += train_step(x, y)
             step += 1
             bar.update(step, (step - first_step) * config.batch_size)
         train_loss = loss_sum.item() / max(1, step - first_step)  # .item() waits for the GPU
         epoch_time = time.perf_counter() - t0
         bar.close()
+        stop_vote.read()  # drain: the blocking check at the epoch's end sees the same flag
         images = (step - first_step) * config.batch_size
         progress.train_time_s += epoch_time
         progress.images += images
+        warm_up_epoch, first_epoch_here = first_epoch_here, False
+        if not warm_up_epoch:
+            progress.steady_time_s += epoch_time
+            progress.steady_images += images
         if stopped_by:
             progress.step = step
             break
@@ -336,7 +408,7 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
         metrics.write("epoch", epoch=epoch + 1, epoch_time_s=epoch_time, images=images,
                       images_per_s=rate, train_loss=train_loss, val_loss=last_eval.loss,
                       val_accuracy=last_eval.accuracy, val_correct=last_eval.correct,
-                      val_total=last_eval.total, lr=lr)
+                      val_total=last_eval.total, lr=lr, warm_up_epoch=warm_up_epoch)
         recent = progress.accuracies[-config.patience:]
         if len(recent) == config.patience and all(a >= config.target_accuracy for a in recent):
             progress.early_stopped = True
@@ -371,7 +443,12 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
         say(dist_env, f"WARNING: model parameters differ across ranks ({digests}): please report this")
     final_accuracy = progress.accuracies[-1] if progress.accuracies else 0.0
     throughput = progress.images / progress.train_time_s if progress.train_time_s else 0.0
+    # With a single epoch per process start there is no steady epoch: the overall figure stands in.
+    steady = progress.steady_images / progress.steady_time_s if progress.steady_time_s else throughput
     metrics.write("summary", total_time_s=progress.train_time_s, images_per_s=throughput,
+                  steady_images_per_s=steady, steady_time_s=progress.steady_time_s,
+                  setup_time_s=progress.setup_time_s,
+                  ddp=speed.bucket_layout(ddp_model) if isinstance(ddp_model, speed.DistributedDataParallel) else None,
                   wall_time_s=time.perf_counter() - wall_start, nodes=nodes,
                   gpus_per_node=gpus_per_node, world_size=world, final_accuracy=final_accuracy,
                   best_accuracy=progress.best_accuracy, epochs_run=progress.epoch,
@@ -381,7 +458,9 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
         "",
         "Training Summary:",
         f"Total training time: {progress.train_time_s:.3f} seconds",
-        f"Throughput: {throughput:.3f} images/second",
+        f"Throughput: {steady:.3f} images/second (steady state, each start's first epoch "
+        f"excluded; {throughput:.3f} over all epochs)",
+        f"Setup time (warm-up: compile, autotune, outside the training time): {progress.setup_time_s:.3f} seconds",
         f"Number of nodes: {nodes}",
         f"Number of GPUs per node: {gpus_per_node}",
         f"Total GPUs used: {gpus_per_node * nodes}",
@@ -391,5 +470,7 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
         f"Metrics: {metrics.path}",
         "Training completed successfully.")
     sys.stdout.flush()
-    distributed.barrier()  # leave together: gloo can abort when a peer tears down mid-exchange
+    # Leave together: no rank exits while a peer still waits in a collective. The process then
+    # leaves through cli._leave_now, which explains the abort at exit that this barrier alone left.
+    distributed.barrier()
     return EXIT_OK

@@ -12,7 +12,7 @@ setup() {
 
     assert_success
     run _train_call
-    assert_output "srun --kill-on-bad-exit=1 apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
 }
 
 @test "olivia multi-node: binds come from the olivia site profile plus the data and run directories" {
@@ -20,7 +20,7 @@ setup() {
 
     assert_success
     run grep '^python3 ' "${CALLS}"
-    assert_output "python3 -m ddp_launch binds --site olivia"
+    assert_output "python3 -m ddp_launch.binds --site olivia"
     run grep '^srun-env' "${CALLS}"
     assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=/host/olivia:/opt/olivia,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
 }
@@ -51,7 +51,7 @@ setup() {
 
     assert_success
     run _train_call
-    assert_output "srun --kill-on-bad-exit=1 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --nv ${DDP_IMAGE} --site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 256 --base-lr 0.01"
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --nv ${DDP_IMAGE} --site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 256 --base-lr 0.01"
 }
 
 @test "ethernet nccl: InfiniBand disabled, generic site, one torchrun per node" {
@@ -69,7 +69,7 @@ setup() {
 
     assert_success
     run _train_call
-    assert_output "srun --kill-on-bad-exit=1 apptainer run ${DDP_IMAGE} --site generic --cpu-workers 1 --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 10 --batch-size 384 --base-lr 0.01"
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 apptainer run ${DDP_IMAGE} --site generic --cpu-workers 1 --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 10 --batch-size 384 --base-lr 0.01"
 }
 
 @test "settings from the environment (sbatch --export) win over the script's defaults" {
@@ -79,7 +79,7 @@ setup() {
 
     assert_success
     run _train_call
-    assert_output "srun --kill-on-bad-exit=1 apptainer run --nv ${DDP_IMAGE} --site generic --log-dir ${DDP_RUN_DIR}/logs/42 --max-restarts 2 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 1 --width-scale 0.5 --seed 7"
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 apptainer run --nv ${DDP_IMAGE} --site generic --log-dir ${DDP_RUN_DIR}/logs/42 --max-restarts 2 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 1 --width-scale 0.5 --seed 7"
 }
 
 @test "trainer arguments after the script name reach the trainer byte for byte" {
@@ -130,7 +130,7 @@ setup() {
     assert_output "scontrol requeue 42"
 }
 
-@test "torchrun's exit 1 with a 'stopped' metrics record also requeues" {
+@test "only exit 75 requeues: exit 1 is a failure even when the metrics say stopped" {
     export SRUN_STATUS=1
     mkdir -p "${DDP_RUN_DIR}"
     printf '{"type": "epoch", "epoch": 0}\n{"type": "stopped", "signal": "SIGUSR2", "exit_code": 75}\n' \
@@ -138,9 +138,9 @@ setup() {
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_success
-    run grep -c '^scontrol requeue 42' "${CALLS}"
-    assert_output "1"
+    assert_failure 1
+    run grep -c '^scontrol' "${CALLS}"
+    assert_output "0"
 }
 
 @test "requeues stop at DDP_MAX_REQUEUES and the job keeps the step's exit status" {
@@ -163,4 +163,61 @@ setup() {
     assert_output --partial "training step failed with exit status 1; per-rank logs are in ${DDP_RUN_DIR}/logs"
     run grep -c '^scontrol' "${CALLS}"
     assert_output "0"
+}
+
+@test "apptainer missing from PATH stops the job in one line naming the module, before any srun" {
+    rm "${STUBS}/apptainer"
+    export PATH="${STUBS}:/usr/bin:/bin"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "apptainer is not on PATH: run 'module load apptainer'"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
+
+@test "raven loads its apptainer module when apptainer is not on PATH" {
+    rm "${STUBS}/apptainer"
+    export PATH="${STUBS}:/usr/bin:/bin"
+    # Lmod's `module` is a shell function that job scripts inherit from the environment.
+    module() {
+        printf 'module %s\n' "$*" >> "${CALLS}"
+        printf '#!/bin/sh\nexit 0\n' > "${STUBS}/apptainer"
+        chmod +x "${STUBS}/apptainer"
+    }
+    export -f module
+
+    run bash "${REPO}/slurm/raven-task-per-gpu.sh"
+
+    assert_success
+    run grep '^module' "${CALLS}"
+    assert_output "module load apptainer"
+    run grep -c '^srun .* apptainer run' "${CALLS}"
+    assert_output "1"
+}
+
+@test "relative data and run directories are made absolute for the binds and the trainer" {
+    cd "${BATS_TEST_TMPDIR}"
+    export DDP_DATA_DIR=data DDP_RUN_DIR=runs/one
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run grep '^srun-env' "${CALLS}"
+    assert_line --partial ",${BATS_TEST_TMPDIR}/data:${BATS_TEST_TMPDIR}/data,${BATS_TEST_TMPDIR}/runs/one:${BATS_TEST_TMPDIR}/runs/one"
+    run _train_call
+    assert_output --partial " -- --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/runs/one "
+}
+
+@test "a run or data directory with ',' or ':' is refused in one line before any srun" {
+    for bad in "${BATS_TEST_TMPDIR}/run,2" "${BATS_TEST_TMPDIR}/run:2"; do
+        : > "${CALLS}"
+        DDP_RUN_DIR="${bad}" run bash "${REPO}/slurm/olivia-multinode.sh"
+
+        assert_failure 1
+        assert_output "ddp: error: DDP_RUN_DIR=${bad} contains ',' or ':', which APPTAINER_BIND cannot carry: use a path without them (a symlink to it works)"
+        run grep -c '^srun' "${CALLS}"
+        assert_output "0"
+    done
 }

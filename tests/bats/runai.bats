@@ -7,25 +7,25 @@ setup() {
     _common_setup
     _stub runai 'exit 0'
     _stub ddp-launch 'exit 0'
-    unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS
+    unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM
     export RUNAI_IMAGE=registry.example/ddp-train:0.1
 }
 
-@test "runai submit: one master plus workers, GPUs per pod, the RoCE annotation and rdma resource" {
+@test "runai submit: one master plus workers, GPUs per pod, the pod script as the command, large shm, RoCE" {
     run bash "${REPO}/runai/submit.sh" --epochs 5
 
     assert_success
     run cat "${CALLS}"
-    assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 -- /opt/ddp/runai/pod.sh --epochs 5"
+    assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 -- /opt/ddp/runai/pod.sh --epochs 5"
 }
 
 @test "runai submit: settings from the environment, no RDMA, extra flags split on spaces" {
-    RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--pvc data:/mnt/data" \
+    RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--pvc data:/mnt/data" \
         run bash "${REPO}/runai/submit.sh" --batch-size "1 024"
 
     assert_success
     run cat "${CALLS}"
-    assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --pvc data:/mnt/data -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+    assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --pvc data:/mnt/data -- /opt/ddp/runai/pod.sh --batch-size 1 024"
 }
 
 @test "runai submit: a missing image or a bad count is one error line and nothing is submitted" {

@@ -6,6 +6,7 @@ explains itself (pyxis's bats helpers do the same).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import e2e_image as image
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -186,7 +188,35 @@ def pytest_runtest_makereport(item, call):
         item.rep_call = report
 
 
-SHIM_BIN = REPO / "tests" / "e2e" / "bin"
+SHIM_BIN = REPO / "tests" / "e2e" / "bin"  # apptainer: the ch-run stand-in
+
+
+@pytest.fixture(scope="session")
+def container_image() -> str:
+    """The image built by ch-image from containers/Dockerfile on the cached test base."""
+    reason = image.missing_tools()
+    if reason:
+        print(f"e2e: skipping container tests, {reason}", file=sys.stderr)
+        pytest.skip(f"container tests: {reason}")
+    try:
+        return image.build()
+    except image.ImageError as error:
+        pytest.fail(f"building the e2e image failed: {error}")
+
+
+def container_versions(sif: Path) -> dict:
+    """Python and torch as the image has them (they differ from this venv's: proof of where a run ran)."""
+    code = "import json, platform, torch; print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__}))"
+    done = subprocess.run([str(SHIM_BIN / "apptainer"), "exec", str(sif), "python3", "-c", code],
+                          cwd=sif.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def sif(container_image: str, tmp_path: Path) -> Path:
+    """What the job scripts take for a SIF: a file naming this test's copy of the image."""
+    return image.write_pointer(tmp_path / "train.sif", container_image)
 TRAIN_ARGS = "--epochs 2 --batch-size 64 --width-scale 0.25 --allow-unverified-data"
 
 
@@ -200,19 +230,18 @@ def cifar_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path) -> dict:
+def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> dict:
     """What a user sets before sbatch of a slurm/ script, pointed at this test's dirs.
 
-    apptainer is the shim that runs the definition's %runscript on the host; the
-    site is "generic" (this machine has no Slingshot libraries to bind); GPUs are
-    not requested (sbatch --gpus-per-node=0), so ddp-launch runs 2 CPU workers.
+    apptainer is the ch-run stand-in, so every step runs in a container of the image
+    built from the real recipe; the site is "generic" (this machine has no Slingshot
+    libraries to bind); GPUs are not requested (sbatch --gpus-per-node=0), so
+    ddp-launch runs 2 CPU workers.
     """
-    image = tmp_path / "train.sif"
-    image.write_bytes(b"not a real image: tests/e2e/bin/apptainer runs the %runscript")
     return {
         "PATH": f"{SHIM_BIN}{os.pathsep}{cluster.env['PATH']}",
         "DDP_REPO": str(REPO),
-        "DDP_IMAGE": str(image),
+        "DDP_IMAGE": str(sif),
         "DDP_SITE": "generic",
         "DDP_DATA_DIR": str(cifar_data),
         "DDP_RUN_DIR": str(tmp_path / "run"),

@@ -3,7 +3,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import sbatch_args
+from conftest import container_versions, sbatch_args
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +33,8 @@ def test_multinode_script_trains_across_two_nodes_to_completion(cluster, job_env
     assert "Training completed successfully." in "".join(
         p.read_text() for p in logs.glob("*/*/attempt_0/*/stdout.log"))
     assert "node1:rank0: " in output
+    run = [r for r in _records(run_dir) if r["type"] == "run"][-1]
+    assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(Path(job_env["DDP_IMAGE"]))
 
 
 def test_multinode_script_runs_a_gpu_sampler_on_every_node(cluster, job_env, tmp_path):
@@ -60,6 +62,8 @@ def test_task_per_gpu_script_runs_two_ranks_on_each_of_two_nodes(cluster, job_en
     logs = sorted(p.name for p in (Path(job_env["DDP_RUN_DIR"]) / "logs").glob("*.out"))
     assert logs == [f"{job_id}-node1-rank0.out", f"{job_id}-node1-rank1.out",
                     f"{job_id}-node2-rank2.out", f"{job_id}-node2-rank3.out"]
+    run = [r for r in _records(Path(job_env["DDP_RUN_DIR"])) if r["type"] == "run"][-1]
+    assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(Path(job_env["DDP_IMAGE"]))
 
 
 def test_job_script_refuses_to_start_without_staged_data(cluster, job_env, tmp_path):

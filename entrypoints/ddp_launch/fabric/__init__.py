@@ -38,6 +38,7 @@ class FabricRequest:
     nccl_debug: Optional[str] = None    # --nccl-debug LEVEL
     require_fabric: bool = False    # --require-fabric
     machine: Optional[str] = None   # CPU architecture; None = platform.machine()
+    gloo: bool = False              # CPU workers: gloo over TCP, whatever the node's HCAs
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,22 @@ def detect_fabric(root: str) -> str:
     if rdma_device_names(root):
         return "infiniband"
     return "ethernet"
+
+
+def ethernet_requested(request: FabricRequest, profile: Optional[SiteProfile]) -> Optional[str]:
+    """Why this job must use Ethernet sockets though the node has a faster fabric, if it must.
+
+    Nodes often carry an InfiniBand HCA that the job may not use (seed 004, "InfiniBand
+    conflicts": NCCL_IB_DISABLE=1 forces Ethernet). Then NCCL needs its socket interface
+    chosen per node, and sockets are what the transport check must expect.
+    """
+    if request.gloo:
+        return "CPU workers (gloo over TCP)"
+    if request.env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return "NCCL_IB_DISABLE=1"
+    if profile is not None and profile.fabric == "ethernet":
+        return f"site {profile.name} says ethernet"
+    return None
 
 
 def nccl_debug_file(env: Mapping[str, str]) -> str:
@@ -79,6 +96,10 @@ def plan_fabric(request: FabricRequest) -> FabricPlan:
     fabric = profile.fabric if profile and profile.fabric != "auto" else detect_fabric(request.root)
     machine = request.machine or platform.machine()
     builder = EnvBuilder(request.env)
+    sockets_reason = ethernet_requested(request, profile)
+    if (sockets_reason and fabric == "infiniband") or (request.gloo and fabric != "ethernet"):
+        builder.notes.append(f"{sockets_reason}: Ethernet sockets, although {fabric} devices are present")
+        fabric = "ethernet"
 
     if request.nccl_debug is not None:
         level = request.nccl_debug.upper()
@@ -108,6 +129,8 @@ def plan_fabric(request: FabricRequest) -> FabricPlan:
     if request.multi_node:
         if fabric in HIGH_SPEED_FABRICS:
             _observe_transport(builder, request, fabric)
+        elif request.require_fabric and sockets_reason:
+            raise LaunchError(f"--require-fabric contradicts {sockets_reason}: drop one of them")
         elif request.require_fabric:
             raise LaunchError(
                 "--require-fabric given but no high-speed fabric was found (no /dev/cxi*, /sys/class/cxi "

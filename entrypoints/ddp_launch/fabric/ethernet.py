@@ -68,7 +68,7 @@ def resolve_ipv4(host: str) -> Optional[str]:
         pass
     try:
         infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
-    except OSError:
+    except (OSError, UnicodeError):  # UnicodeError: the IDNA codec refuses the name (a label over 63)
         return None
     return infos[0][4][0] if infos else None
 

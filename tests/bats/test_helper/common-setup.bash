@@ -28,7 +28,7 @@ _write_stubs() {
     _stub srun '
 for arg in "$@"; do
     case "${arg}" in
-        --overlap|--nodes=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--output=*) ;;
+        --overlap|--nodes=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--output=*) ;;
         -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
         *) break ;;
     esac
@@ -47,8 +47,8 @@ esac'
     _stub sbatch 'echo "sbatch stub: job scripts must not submit jobs" >&2; exit 2'
     # The launcher's host helper: record the binds request, answer with one bind.
     _stub python3 '
-if [ "${1-} ${2-} ${3-} ${4-}" = "-m ddp_launch binds --site" ] && [ "$#" -eq 5 ]; then
-    echo "/host/${5}:/opt/${5}"
+if [ "${1-} ${2-} ${3-}" = "-m ddp_launch.binds --site" ] && [ "$#" -eq 4 ]; then
+    echo "/host/${4}:/opt/${4}"
 else
     echo "python3 stub: unexpected arguments $*" >&2; exit 2
 fi'

@@ -157,14 +157,39 @@ def test_environment_and_runscript_work_from_the_image_layout(name, tmp_path):
     assert f"{image_root}/opt/ddp/sites" in result.stderr  # profiles found where %files put them
 
 
-@pytest.mark.parametrize("name", ["x86_64.def"])
-def test_test_section_passes_on_the_host_against_the_installed_packages(name, tmp_path, venv_bin):
+# A SLURM build job (make build-olivia-job): Apptainer passes the job's environment into
+# %test but no GPUs, since %test never gets --nv (Apptainer user guide, "Definition Files").
+BUILD_JOB_ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gh001",
+                 "SLURM_GPUS_ON_NODE": "1", "SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0",
+                 "DDP_LAUNCH_SITE": "olivia"}
+
+
+def _run_test_section(name, tmp_path, venv_bin, extra_env):
     script = tmp_path / "test.sh"
     script.write_text(sections(render(text(name)))["test"])  # verbatim: it starts with set -e
-    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path), "DDP_DATA_DIR": str(tmp_path)}
-    result = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path), "DDP_DATA_DIR": str(tmp_path),
+           **extra_env}
+    return subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["x86_64.def"])
+@pytest.mark.parametrize("extra_env", [{}, BUILD_JOB_ENV], ids=["plain", "slurm-build-job-without-gpus"])
+def test_test_section_passes_on_the_host_against_the_installed_packages(name, tmp_path, venv_bin, extra_env):
+    result = _run_test_section(name, tmp_path, venv_bin, extra_env)
+
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "doctor: no failures" in result.stdout and "imports ok, CPU torch" in result.stdout
+    assert "doctor: no failures" in result.stdout
+    assert "OK    trainer: ddp_train.train imports" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["x86_64.def"])
+def test_test_section_still_fails_a_broken_image(name, tmp_path, venv_bin):
+    # An image whose %files lost the site profiles (DDP_SITES_DIR points at nothing).
+    build_job = {k: v for k, v in BUILD_JOB_ENV.items() if k != "DDP_LAUNCH_SITE"}
+    result = _run_test_section(name, tmp_path, venv_bin, {**build_job, "DDP_SITES_DIR": str(tmp_path / "none")})
+
+    assert result.returncode != 0
+    assert "FAIL  site profiles: none found in" in result.stdout
 
 
 @pytest.mark.parametrize("name", DEFINITIONS)

@@ -37,7 +37,7 @@ def test_entrypoint_is_exec_form_ddp_launch(dockerfile):
 
 
 def test_test_section_runs_at_build_time(dockerfile):
-    assert "RUN ddp-launch doctor --offline" in dockerfile.splitlines()
+    assert "RUN ddp-launch doctor --image" in dockerfile.splitlines()
 
 
 def test_docker_run_arguments_reach_ddp_launch(dockerfile, venv_bin, tmp_path):
@@ -110,3 +110,38 @@ def test_olivia_from_ngc_targets_arm64_and_skips_tests_off_arm(tmp_path):
     argv = log.read_text().splitlines()
     assert argv[argv.index("--arch") + 1] == "arm64"
     assert ("--notest" in argv) == (platform.machine() != "aarch64")
+
+
+def test_base_is_a_build_argument_defaulting_to_the_definitions_base(dockerfile):
+    # Docker and ch-image both take `ARG` before the first FROM as the FROM's default
+    # (Dockerfile reference, "Understand how ARG and FROM interact"); ch-image 0.31 parses
+    # only the $NAME form in FROM, not ${NAME}.
+    lines = dockerfile.splitlines()
+    start = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    assert lines[start:start + 3] == ["ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.06-py3",
+                                      "FROM $BASE_IMAGE AS spython-base", "ARG BASE_IMAGE"]
+    assert sum(line.startswith("FROM ") for line in lines) == 1
+
+
+def test_a_build_arg_changes_only_the_default_base(monkeypatch):
+    monkeypatch.chdir(REPO)
+    default = generate("containers/x86_64.def", {})
+    other = generate("containers/x86_64.def", {"BASE_IMAGE": "example/base:1"})
+    changed = [(a, b) for a, b in zip(default.splitlines(), other.splitlines()) if a != b]
+    assert changed == [("ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.06-py3", "ARG BASE_IMAGE=example/base:1")]
+
+
+def test_files_are_copied_with_copy_which_ch_image_builds(dockerfile):
+    # ch-image 0.31 ignores ADD ("not yet supported, ignored"), so %files must become COPY.
+    lines = dockerfile.splitlines()
+    assert not any(line.startswith("ADD ") for line in lines)
+    assert "COPY runai/pod.sh /opt/ddp/runai/pod.sh" in lines
+
+
+def test_an_environment_line_ch_image_cannot_build_is_refused(tmp_path):
+    definition = tmp_path / "prepend.def"
+    definition.write_text("Bootstrap: docker\nFrom: python:3.12-slim\n\n%environment\n"
+                          '    export PYTHONPATH="/opt/x${PYTHONPATH:+:$PYTHONPATH}"\n\n%runscript\n'
+                          '    exec ddp-launch "$@"\n')
+    with pytest.raises(ValueError, match=r"ch-image cannot build"):
+        generate(str(definition), {})

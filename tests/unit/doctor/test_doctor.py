@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import subprocess
 import sys
 
+import pytest
+from elf_tree import bind_into, build_fake_olivia_host
+
+from ddp_launch import binds as binds_cli
 from ddp_launch.doctor import run
-from ddp_launch.doctor_checks import Probes
+from ddp_launch.doctor_checks import Probes, real_run_command
+from ddp_launch.libload import load_in_child
 
 TORCH = {"version": "2.7.0a0+nv25.06", "cuda": "12.9", "nccl": "2.27.3", "cuda_device_count": 4}
 
@@ -16,9 +22,11 @@ TORCH = {"version": "2.7.0a0+nv25.06", "cuda": "12.9", "nccl": "2.27.3", "cuda_d
 class FakeProbes:
     """Records what doctor asked for; fails loudly on a library kind it does not know."""
 
-    def __init__(self, torch=TORCH, refuse=(), fi_info=(0, "provider: cxi\n    fabric: cxi\n"), connect="refused", which=True):
+    def __init__(self, torch=TORCH, refuse=(), fi_info=(0, "provider: cxi\n    fabric: cxi\n"), connect="refused", which=True,
+                 missing=None):
         self.torch, self.refuse, self.fi_info, self.connect_result, self.has_fi_info = torch, refuse, fi_info, connect, which
-        self.loaded, self.commands, self.connected = [], [], []
+        self.missing = missing or {}  # library file name -> the dependency dlopen cannot find
+        self.loaded, self.commands, self.connected, self.child_loads = [], [], [], []
 
     def load(self, path, kind):
         assert kind in ("plain", "libfabric", "nccl"), kind
@@ -26,6 +34,11 @@ class FakeProbes:
         if any(path.endswith(name) for name in self.refuse):
             raise OSError(f"{path}: undefined symbol: fi_cxi_ext")
         return {"libfabric": "libfabric 2.3", "nccl": "NCCL 2.26.6"}.get(kind, "")
+
+    def load_in_child(self, paths, library_path):
+        self.child_loads.append((list(paths), library_path))
+        return tuple((path, f"{self.missing[name]}: cannot open shared object file: No such file or directory"
+                      if (name := path.rsplit("/", 1)[-1]) in self.missing else "") for path in paths)
 
     def run(self, argv):
         self.commands.append(list(argv))
@@ -37,7 +50,7 @@ class FakeProbes:
 
     def probes(self):
         return Probes(lambda: self.torch, self.load, self.run, self.connect,
-                      lambda name: f"/usr/bin/{name}" if self.has_fi_info else None)
+                      lambda name: f"/usr/bin/{name}" if self.has_fi_info else None, self.load_in_child)
 
 
 def doctor(node, argv=(), env=None, fake=None):
@@ -236,3 +249,134 @@ def test_nccl_net_with_nccl_net_plugin_fails(node):
     node.cxi(1)
     code, checks, _ = doctor(node, ["--offline"], {"NCCL_NET": "AWS Libfabric", "NCCL_NET_PLUGIN": "ofi"})
     assert code == 1 and "unset NCCL_NET_PLUGIN" in checks["fabric settings"]["fix"]
+
+
+# --- bound host libraries and their dependencies, with real cc-built objects -------------
+
+@pytest.fixture(scope="module")
+def olivia_binds(tmp_path_factory):
+    """A fake Olivia host (elf_tree.py) and the APPTAINER_BIND value `ddp-launch binds` makes for it."""
+    host = build_fake_olivia_host(tmp_path_factory.mktemp("olivia") / "host")
+    out, err = io.StringIO(), io.StringIO()
+    assert binds_cli.run(["--site", "olivia", "--root", str(host["root"])], {}, out, err) == 0, err.getvalue()
+    return out.getvalue().strip()
+
+
+def real_loading_probes(fake: FakeProbes, run_command=None) -> Probes:
+    """The fake probes, but libraries load for real in a child process (and fi_info runs, if asked)."""
+    return dataclasses.replace(fake.probes(), load_in_child=load_in_child, run_command=run_command or fake.run)
+
+
+def doctor_with(node, probes, env=JOB):
+    out = io.StringIO()
+    code = run(["--root", str(node.root), "--json", "--site", "olivia", "--offline"], env, out, probes)
+    return code, {c["name"]: c for c in json.loads(out.getvalue())["checks"]}
+
+
+def test_bound_libraries_load_with_their_host_dependencies(node, olivia_binds):
+    node.cxi(4)
+    bind_into(node.root, olivia_binds)
+    code, checks = doctor_with(node, real_loading_probes(FakeProbes()))
+    check = checks["library dependencies"]
+    assert check["status"] == "OK", check
+    assert check["detail"].startswith("9 bound libraries load")  # libfabric, libnccl, plugin; libcxi + 5 in /opt/host-libs
+
+
+def test_binds_without_the_dependencies_name_the_missing_library(node, olivia_binds):
+    """What the old `ddp-launch binds` gave: libcxi.so.1 alone in /opt/host-libs."""
+    node.cxi(4)
+    old = [e for e in olivia_binds.split(",") if ":/opt/host-libs/" not in e or e.endswith(":/opt/host-libs/libcxi.so.1")]
+    bind_into(node.root, ",".join(old))
+    code, checks = doctor_with(node, real_loading_probes(FakeProbes()))
+    check = checks["library dependencies"]
+    assert code == 1 and check["status"] == "FAIL"
+    assert "libfakenl-3.so.200 is missing (needed to load libcxi.so.1)" in check["detail"]
+    assert "ddp-launch binds --site olivia" in check["fix"]
+
+
+def test_one_removed_dependency_is_named_with_the_libraries_it_breaks(node, olivia_binds):
+    node.cxi(4)
+    bind_into(node.root, olivia_binds)
+    (node.root / "opt/host-libs/libfakeudev.so.1").unlink()
+    _, checks = doctor_with(node, real_loading_probes(FakeProbes()))
+    detail = checks["library dependencies"]["detail"]
+    assert detail.startswith("libfakeudev.so.1 is missing (needed to load ")
+    assert "libnccl-net.so" in detail and "libfakehwloc.so.15" in detail and "libcxi.so.1" not in detail
+
+
+def test_missing_dependency_outside_a_job_only_warns(node, olivia_binds):
+    bind_into(node.root, olivia_binds)
+    (node.root / "opt/host-libs/libfakejson.so.5").unlink()
+    _, checks = doctor_with(node, real_loading_probes(FakeProbes()), env={})
+    assert checks["library dependencies"]["status"] == "WARN"
+
+
+def test_no_bound_libraries_skips_the_dependency_check(node):
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], {})
+    assert checks["library dependencies"]["status"] == "SKIP"
+
+
+def test_fi_info_from_the_bound_libfabric_runs_though_not_on_path(node, olivia_binds):
+    node.cxi(4)
+    bind_into(node.root, olivia_binds)
+    probes = real_loading_probes(FakeProbes(which=False), run_command=real_run_command)
+    _, checks = doctor_with(node, probes)
+    assert checks["fi_info -p cxi"]["status"] == "OK"
+    assert checks["fi_info -p cxi"]["detail"] == "provider: cxi"
+
+
+def test_bound_fi_info_comes_before_path_and_gets_the_library_path(node):
+    olivia_node(node)
+    node.file("/opt/libfabric/bin/fi_info").chmod(0o755)
+    fake = FakeProbes(which=True)
+    doctor(node, ["--site", "olivia", "--offline"], JOB, fake)
+    argv = fake.commands[0]
+    assert argv[-3:] == [f"{node.root}/opt/libfabric/bin/fi_info", "-p", "cxi"]
+    assert argv[0] == "env" and argv[1].startswith("LD_LIBRARY_PATH=") and f"{node.root}/opt/host-libs" in argv[1]
+
+
+def test_fi_info_on_path_is_the_fallback(node):
+    olivia_node(node)
+    fake = FakeProbes(which=True)
+    doctor(node, ["--site", "olivia", "--offline"], JOB, fake)
+    assert fake.commands[0][-3:] == ["/usr/bin/fi_info", "-p", "cxi"]
+
+
+def test_no_fi_info_anywhere_skips_and_says_where_it_looked(node):
+    olivia_node(node)
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], JOB, FakeProbes(which=False))
+    assert checks["fi_info -p cxi"]["status"] == "SKIP"
+    assert "/opt/libfabric/bin" in checks["fi_info -p cxi"]["detail"]
+
+
+def test_host_libraries_are_found_when_the_image_sets_its_own_library_path(node):
+    """NGC images set LD_LIBRARY_PATH; the launcher merges the site's dirs into it, and so must doctor."""
+    olivia_node(node)
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], dict(JOB, LD_LIBRARY_PATH="/usr/local/nvidia/lib64"))
+    assert checks["libcxi"]["status"] == "OK", checks["libcxi"]
+
+
+def test_load_failure_names_the_missing_dependency(node):
+    olivia_node(node)
+    fake = FakeProbes()
+    fake.load = lambda path, kind: (_ for _ in ()).throw(OSError("libfakejson.so.5: cannot open shared object file: No such file or directory"))
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], JOB, fake)
+    assert "libfakejson.so.5 is missing (needed to load libcxi.so.1)" in checks["libcxi"]["detail"]
+
+
+def test_a_library_without_its_version_symbol_loads_with_version_unknown(tmp_path):
+    # A real shared object named like NCCL but without ncclGetVersion: no AttributeError.
+    import shutil as _shutil
+    import subprocess as _subprocess
+
+    from ddp_launch.doctor_checks import real_load_library
+
+    cc = _shutil.which("cc")
+    assert cc, "cc is needed to build the test library (apt-get install gcc)"
+    source = tmp_path / "stub.c"
+    source.write_text("int ddp_stub_marker(void) { return 1; }\n")
+    library = tmp_path / "libnccl.so.2"
+    _subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+
+    assert real_load_library(str(library), "nccl") == "version unknown: no ncclGetVersion in it"
+    assert real_load_library(str(library), "libfabric") == "version unknown: no fi_version in it"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from fake_node import PROC_NET_ROUTE
 
+from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, fabric_env_changes, plan_fabric
 from ddp_launch.fabric.ethernet import parse_routes, route_interface
 
@@ -70,3 +71,45 @@ def test_ib_disable_only_when_the_site_asks(node, tmp_path):
                                                head_address="10.0.0.2", root=str(node.root)))
     reasons = {c.name: c.reason for c in changes}
     assert "lab wiki" in reasons["NCCL_IB_DISABLE"]
+
+
+# Seed 004, "InfiniBand conflicts": Ethernet nodes that also carry an InfiniBand HCA.
+IB_NODE_GIDS = {0: ("fe80:0000:0000:0000:0202:c9ff:fe00:0001", "IB/RoCE v1")}
+
+
+@pytest.mark.parametrize("env, kwargs, reason", [
+    ({"NCCL_IB_DISABLE": "1"}, {}, "NCCL_IB_DISABLE=1"),
+    ({}, {"gloo": True}, "CPU workers (gloo over TCP)"),
+])
+def test_ethernet_asked_for_on_a_node_with_an_hca_picks_the_interface_and_expects_sockets(
+        node, env, kwargs, reason):
+    node.route()
+    node.rdma("mlx5_0", IB_NODE_GIDS, link_layer="InfiniBand")
+
+    plan = plan_fabric(FabricRequest(env=env, multi_node=True, head_address="192.168.10.1",
+                                     root=str(node.root), **kwargs))
+
+    values = {c.name: c.value for c in plan.changes}
+    assert plan.fabric == "ethernet"
+    assert values["NCCL_SOCKET_IFNAME"] == "ens1f1" and values["GLOO_SOCKET_IFNAME"] == "ens1f1"
+    assert "DDP_EXPECT_FABRIC" not in values  # the trainer must not call sockets a fallback
+    assert any(note.startswith(reason) for note in plan.notes)
+
+
+def test_the_hca_is_used_when_nothing_asks_for_ethernet(node):
+    node.route()
+    node.rdma("mlx5_0", IB_NODE_GIDS, link_layer="InfiniBand")
+
+    plan = plan_fabric(FabricRequest(env={}, multi_node=True, head_address="192.168.10.1", root=str(node.root)))
+
+    assert plan.fabric == "infiniband"
+    assert {c.name: c.value for c in plan.changes}["DDP_EXPECT_FABRIC"] == "infiniband"
+
+
+def test_require_fabric_with_ib_disabled_is_a_contradiction(node):
+    node.route()
+    node.rdma("mlx5_0", IB_NODE_GIDS, link_layer="InfiniBand")
+
+    with pytest.raises(LaunchError, match="--require-fabric contradicts NCCL_IB_DISABLE=1"):
+        plan_fabric(FabricRequest(env={"NCCL_IB_DISABLE": "1"}, multi_node=True, head_address="192.168.10.1",
+                                  root=str(node.root), require_fabric=True))

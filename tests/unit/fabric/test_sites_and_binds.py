@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ast
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +18,6 @@ from ddp_launch.sites import (
 
 REPO = Path(__file__).resolve().parents[3]
 SITES = REPO / "containers" / "sites"
-HOST_MODULES = ("sites.py", "binds.py", "errors.py")
 
 
 def olivia_host(node, libfabric_versions=("1.22.0", "2.3.1")):
@@ -47,20 +44,6 @@ def test_shipped_profiles_validate(name):
 
 def test_every_shipped_profile_is_listed():
     assert set(available_sites({})) >= {"olivia", "raven", "rcp", "generic"}
-
-
-@pytest.mark.parametrize("module", HOST_MODULES)
-def test_host_side_modules_parse_as_python_38(module):
-    source = (REPO / "entrypoints" / "ddp_launch" / module).read_text()
-    ast.parse(source, feature_version=(3, 8))
-
-
-@pytest.mark.parametrize("module", HOST_MODULES)
-def test_host_side_modules_import_only_stdlib_and_ddp_launch(module):
-    tree = ast.parse((REPO / "entrypoints" / "ddp_launch" / module).read_text())
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names) | {"ddp_launch", "__future__"}
 
 
 @pytest.mark.parametrize(
@@ -181,9 +164,10 @@ def test_path_with_comma_cannot_be_carried(node):
         apptainer_bind_value(resolve_binds(profile, {}, str(node.root)))
 
 
-def test_binds_cli_one_line_error_and_exit_2(node):
+@pytest.mark.parametrize("entry", [["-m", "ddp_launch", "binds"], ["-m", "ddp_launch.binds"]], ids=["cli", "host-entry"])
+def test_binds_cli_one_line_error_and_exit_2(node, entry):
     result = subprocess.run(
-        [sys.executable, "-m", "ddp_launch", "binds", "--site", "olivia", "--root", str(node.root)],
+        [sys.executable, *entry, "--site", "olivia", "--root", str(node.root)],
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
@@ -201,40 +185,13 @@ def test_binds_cli_prints_the_value(node):
     assert f"{node.root}/opt/cray/libfabric/2.3.1:/opt/libfabric" in result.stdout
 
 
-def oldest_python() -> str | None:
-    """A Python 3.8 interpreter, the oldest a login node may offer, if this machine has one."""
-    import glob
-    import shutil
-
-    # pyenv shims fail unless the version is selected, so prefer the real binaries.
-    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
-    found = shutil.which("python3.8")
-    if found and "/shims/" not in found:
-        candidates.append(found)
-    return candidates[0] if candidates else None
-
-
-PYTHON38 = oldest_python()
-
-
-@pytest.mark.skipif(PYTHON38 is None, reason="no python3.8 interpreter on this machine")
-def test_binds_runs_on_python_38_host_as_job_scripts_call_it(node):
-    olivia_host(node)
-    result = subprocess.run(
-        [PYTHON38, "-m", "ddp_launch", "binds", "--site", "olivia", "--root", str(node.root)],
-        env={"PYTHONPATH": str(REPO / "entrypoints"), "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert f"{node.root}/opt/cray/libfabric/2.3.1:/opt/libfabric" in result.stdout
-    assert "newest match of /opt/cray/libfabric/*" in result.stderr
-
-
 def test_bad_profile_through_the_cli_is_one_line_exit_2(tmp_path):
     (tmp_path / "lab.json").write_text('{"schema": 1, "name": "lab", "fabric": "carrier-pigeon", "binds": []}')
     result = subprocess.run(
         [sys.executable, "-m", "ddp_launch", "binds", "--site", "lab"],
-        env={"DDP_SITES_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60,
+        # PYTHONPATH: the package from this checkout also where it is not installed (a GPU machine's copy).
+        env={"DDP_SITES_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "entrypoints")},
+        capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
     assert result.stderr == f"ddp-launch: error: bad site profile {tmp_path}/lab.json: 'fabric' must be one of slingshot, infiniband, ethernet, auto, got 'carrier-pigeon'\n"

@@ -1,4 +1,5 @@
-"""The torchrun agent wrapper: USR1/USR2 reach the workers, and a signal-stop exits 75."""
+"""The torchrun agent wrapper: exit codes from the workers' own, restarts for crashes only,
+stop signals forwarded (real torchrun runs of these are in test_launch_outcomes.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ddp_launch.agent import EXIT_STOPPED, all_stopped_for_requeue, child_pids, rendezvous_failure
+from ddp_launch.agent import (EXIT_STOPPED, StopRequest, all_stopped_for_requeue, child_pids, crash_summary,
+                              first_crash, first_line, is_retried, launcher_exit_code, rendezvous_failure,
+                              retry_crashes_only)
 
 
 def write_stat(proc: Path, pid: int, comm: str, ppid: int) -> None:
@@ -92,7 +95,11 @@ def test_a_node_that_never_joins_times_the_real_rendezvous_out_in_one_line(tmp_p
     # step variables as srun sets them on the first node of two.
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0",
            "SLURM_STEP_NODELIST": "localhost,absent-node", "SLURM_STEP_NUM_NODES": "2",
-           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+           # The packages from this checkout also where they are not installed (a GPU machine's
+           # copy), and no GPU: this test means the CPU rendezvous.
+           "PYTHONPATH": os.pathsep.join(str(Path(__file__).resolve().parents[3] / d) for d in ("entrypoints", "src")),
+           "CUDA_VISIBLE_DEVICES": ""}
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('workers must not start without the whole world')\n")
     started = time.monotonic()
@@ -106,3 +113,123 @@ def test_a_node_that_never_joins_times_the_real_rendezvous_out_in_one_line(tmp_p
     assert lines[-1].startswith("ddp-launch: error: rendezvous at localhost:")
     assert "timed out before all 2 node(s) joined" in lines[-1]
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("codes", "exit_code"), [
+    ([2], 2), ([2, 2], 2),
+    ([2, -15], 2),        # rank 0's usage error; torchrun then TERMs rank 1 and lists it too
+    ([75, 75], 75), ([75, -15], 75),
+    ([2, 75], 2),         # requeueing cannot fix a usage error
+    ([1], 1), ([3], 1), ([2, 1], 1), ([75, 1], 1),
+    ([-9], 1), ([75, -9], 1),   # KILL is also the OOM killer: a crash
+    ([-15], 1),           # killed by TERM and nothing else failed: a crash
+    ([], 1),
+])
+def test_the_launcher_exits_with_the_workers_own_code_and_any_crash_is_1(codes, exit_code):
+    assert launcher_exit_code(codes) == exit_code
+
+
+@pytest.mark.parametrize(("codes", "stop_requested", "retried"), [
+    ([1], False, True), ([-11], False, True), ([2, 1], False, True),
+    ([2], False, False), ([75], False, False), ([2, -15], False, False),
+    ([1], True, False),   # after a stop request nothing starts again
+])
+def test_only_crashes_are_restarted_and_never_after_a_stop(codes, stop_requested, retried):
+    assert is_retried(codes, stop_requested) is retried
+
+
+class FakeFailure:
+    def __init__(self, exitcode: int, timestamp: int = 0):
+        self.exitcode, self.timestamp = exitcode, timestamp
+
+
+class FakeResult:
+    def __init__(self, *codes: int):
+        self.failures = {rank: FakeFailure(code) for rank, code in enumerate(codes)}
+
+    def is_failed(self) -> bool:
+        return bool(self.failures)
+
+
+def fake_agent_class(result: FakeResult) -> type:
+    class Agent:  # the two members of SimpleElasticAgent the hook relies on
+        def __init__(self):
+            self._remaining_restarts = 3
+
+        def _monitor_workers(self, worker_group):
+            return result
+    return Agent
+
+
+@pytest.mark.parametrize(("codes", "stop_signal", "left"), [
+    ((2, -15), None, 0), ((75,), None, 0), ((1,), None, 3), ((1,), signal.SIGTERM, 0), ((), None, 3),
+])
+def test_the_restart_hook_zeroes_the_restarts_left_unless_the_failure_is_a_crash(codes, stop_signal, left):
+    agent_class = fake_agent_class(FakeResult(*codes))
+    stop = StopRequest(children=lambda: [], stop_now=lambda signum: None)
+    stop.signum = stop_signal
+    assert retry_crashes_only(agent_class, stop) is True
+    agent = agent_class()
+    assert agent._monitor_workers(None).failures.keys() == dict.fromkeys(range(len(codes))).keys()
+    assert agent._remaining_restarts == left
+
+
+def test_the_restart_hook_reports_a_torch_without_the_method_it_wraps():
+    assert retry_crashes_only(type("Renamed", (), {}), StopRequest(lambda: [], lambda signum: None)) is False
+
+
+def test_the_real_elastic_agent_still_has_what_the_restart_hook_relies_on():
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    import inspect
+
+    assert callable(getattr(LocalElasticAgent, "_monitor_workers", None))
+    loop = inspect.getsource(SimpleElasticAgent._invoke_run)
+    assert "self._monitor_workers(" in loop and "self._remaining_restarts > 0" in loop
+
+
+def test_a_stop_signal_goes_to_every_worker_and_the_first_one_is_remembered():
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    try:
+        stop = StopRequest(children=lambda: [p.pid for p in sleepers], stop_now=pytest.fail)
+        stop.handle(signal.SIGUSR2)
+        stop.handle(signal.SIGTERM)
+        assert [p.wait(timeout=30) for p in sleepers] == [-signal.SIGUSR2, -signal.SIGUSR2]
+        assert stop.signum == signal.SIGUSR2
+    finally:
+        for p in sleepers:
+            p.kill()
+
+
+def test_a_stop_signal_with_no_worker_running_stops_the_agent_now():
+    stopped = []
+    StopRequest(children=lambda: [], stop_now=stopped.append).handle(signal.SIGTERM)
+    assert stopped == [signal.SIGTERM]
+
+
+def test_the_crash_reported_is_the_first_worker_that_failed_on_its_own():
+    failures = {0: FakeFailure(-15, timestamp=5), 3: FakeFailure(139, timestamp=5), 1: FakeFailure(1, timestamp=7)}
+    assert first_crash(failures)[0] == 3
+
+
+@pytest.mark.parametrize(("exitcode", "log_dir", "expected"), [
+    (3, None, "ddp-launch: error: worker rank 5 on node2 exited with 3 (crash): see its output above"),
+    (-9, None, "ddp-launch: error: worker rank 5 on node2 was killed by SIGKILL (crash): see its output above"),
+    (1, "/logs", "ddp-launch: error: worker rank 5 on node2 exited with 1 (crash): see its output above "
+                 "(lines starting 'node2:rank5:') or its log under /logs"),
+])
+def test_a_crash_is_summed_up_in_one_line_naming_rank_host_and_code(exitcode, log_dir, expected):
+    assert crash_summary(5, "node2", exitcode, log_dir) == expected
+
+
+def test_a_store_error_is_reported_by_its_innermost_cause_without_stack_frames():
+    try:
+        try:
+            raise RuntimeError("The client socket has timed out after 2000ms while trying to connect to "
+                               "(10.0.0.1, 20420).\nException raised from throwTimeoutError at socket.cpp:1030\n"
+                               "frame #0: c10::Error::Error(...)")
+        except RuntimeError as inner:
+            raise ValueError("The connection to the C10d store has failed. See inner exception.") from inner
+    except ValueError as outer:
+        assert first_line(outer) == ("The client socket has timed out after 2000ms while trying to connect to "
+                                     "(10.0.0.1, 20420).")

@@ -115,6 +115,9 @@ def test_missing_subcommand_module_is_a_one_line_error(monkeypatch, capsys):
 # -- real processes ----------------------------------------------------------------------------
 
 def launcher_env(extra):
+    """A subprocess's environment. GPU grants are dropped: the launcher would ask this
+    machine's CUDA driver (test_gpus.py covers that), and these tests are about the plan."""
+    extra = {k: v for k, v in extra.items() if k not in ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS")}
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(REPO / "entrypoints"), **extra}
 
 

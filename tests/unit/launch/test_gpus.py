@@ -57,3 +57,83 @@ def test_device_files_count_only_numbered_nodes(fake_dev):
 
 def test_device_files_under_a_root_without_dev(tmp_path):
     assert count_device_files(str(tmp_path)) == 0
+
+
+# -- granted GPUs that CUDA cannot reach (apptainer run without --nv) ------------------------
+
+from ddp_launch import cli, gpus  # noqa: E402
+from ddp_launch.gpus import GpuGrant, granted_gpus, probe_cuda_driver, require_usable_gpus  # noqa: E402
+
+REAL_PROBE = probe_cuda_driver  # imported before the autouse fixture replaces it
+NO_DRIVER = "libcuda.so.1 not found: the NVIDIA driver libraries are not in this container"
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_GPUS_ON_NODE": "4"}, GpuGrant(4, "SLURM_GPUS_ON_NODE=4")),
+    ({"SLURM_JOB_GPUS": "0,1"}, GpuGrant(2, "SLURM_JOB_GPUS=0,1")),
+    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, GpuGrant(4, "CUDA_VISIBLE_DEVICES=0,1,2,3")),
+    ({"RUNAI_NUM_OF_GPUS": "8"}, GpuGrant(8, "RUNAI_NUM_OF_GPUS=8")),
+    ({"SLURM_GPUS_ON_NODE": "0", "CUDA_VISIBLE_DEVICES": "NoDevFiles"}, None),
+    ({"CUDA_VISIBLE_DEVICES": ""}, None),
+    ({}, None),
+])
+def test_granted_gpus_reads_each_schedulers_words(env, expected):
+    assert granted_gpus(env) == expected
+
+
+def test_granted_but_unusable_gpus_name_apptainer_nv_and_the_cpu_way():
+    with pytest.raises(LaunchError) as raised:
+        require_usable_gpus(GpuGrant(4, "SLURM_GPUS_ON_NODE=4"), NO_DRIVER, on_kubernetes=False)
+    message = str(raised.value)
+    assert "SLURM_GPUS_ON_NODE=4 granted 4 GPU(s)" in message
+    assert "apptainer run --nv" in message and "--cpu-workers N" in message
+
+
+def test_on_kubernetes_the_fix_is_the_device_plugin():
+    with pytest.raises(LaunchError, match="NVIDIA device plugin"):
+        require_usable_gpus(GpuGrant(4, "RUNAI_NUM_OF_GPUS=4"), NO_DRIVER, on_kubernetes=True)
+
+
+def test_usable_or_ungranted_gpus_pass():
+    require_usable_gpus(GpuGrant(4, "SLURM_GPUS_ON_NODE=4"), None, on_kubernetes=False)
+    require_usable_gpus(None, NO_DRIVER, on_kubernetes=False)
+
+
+def test_the_real_probe_names_a_missing_driver_library():
+    assert "libcuda-missing.so.9 not found" in REAL_PROBE("libcuda-missing.so.9")
+
+
+def test_the_real_probe_refuses_a_library_that_is_not_the_driver():
+    assert "has no cuInit" in REAL_PROBE("libc.so.6")
+
+
+SLURM_NODE = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n1",
+              "SLURM_STEP_NODELIST": "n1", "SLURM_NODEID": "0", "SLURMD_NODENAME": "n1",
+              "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_GPUS_ON_NODE": "4"}
+
+
+def _only(env, monkeypatch):
+    for name in list(__import__("os").environ):
+        if name.startswith(("SLURM", "PET_", "RUNAI", "DDP_", "TORCHELASTIC", "CUDA_VISIBLE")):
+            monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_slurm_launch_without_nv_stops_in_one_line_with_exit_2(monkeypatch, capsys):
+    _only(SLURM_NODE, monkeypatch)
+    monkeypatch.setattr(gpus, "probe_cuda_driver", lambda: NO_DRIVER)
+
+    code = cli.main(["--dry-run"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("ddp-launch: error: SLURM_GPUS_ON_NODE=4 granted 4 GPU(s)")
+
+
+def test_cpu_workers_skip_the_driver_check(monkeypatch, capsys):
+    _only({**SLURM_NODE, "DDP_LAUNCH_CPU_WORKERS": "2"}, monkeypatch)
+    monkeypatch.setattr(gpus, "probe_cuda_driver", lambda: pytest.fail("probed a CPU launch"))
+
+    assert cli.main(["--dry-run"]) == 0
+    assert "--nproc-per-node=2" in capsys.readouterr().out

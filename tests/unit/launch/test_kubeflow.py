@@ -17,7 +17,7 @@ def test_runai_master_pod_hosts_the_rendezvous():
         PYTHON, "-m", "ddp_launch.agent", "--nnodes=2", "--rdzv-backend=c10d",
         "--rdzv-endpoint=10.96.0.10:23456", "--rdzv-id=10.96.0.10",
         "--rdzv-conf=is_host=true,read_timeout=300", "--nproc-per-node=4", "--max-restarts=0",
-        "-m", "ddp_train")
+        "-m", "ddp_launch.worker", "-m", "ddp_train")
     assert topology.nodes == 2
 
 

@@ -13,7 +13,7 @@ def test_local_mode_runs_standalone_torchrun_with_one_worker_per_gpu():
     plan, topology = plan_for({"CUDA_VISIBLE_DEVICES": "0,1"})
     assert plan.mode == "local"
     assert plan.argv == (PYTHON, "-m", "ddp_launch.agent", "--standalone", "--nnodes=1",
-                         "--nproc-per-node=2", "--max-restarts=0", "-m", "ddp_train")
+                         "--nproc-per-node=2", "--max-restarts=0", "-m", "ddp_launch.worker", "-m", "ddp_train")
     assert topology.nodes == 1
 
 
@@ -25,7 +25,7 @@ def test_local_mode_counts_device_files_when_nothing_else_says():
 def test_make_demo_command_plans_two_cpu_workers():
     plan, _ = plan_for({}, "--mode", "local", "--cpu-workers", "2", "--", "--demo", "--data-dir", "data")
     assert plan.argv[3:] == ("--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=0",
-                             "-m", "ddp_train", "--demo", "--data-dir", "data")
+                             "-m", "ddp_launch.worker", "-m", "ddp_train", "--demo", "--data-dir", "data")
     assert env_of(plan) == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "36"}
 
 
@@ -56,7 +56,7 @@ def test_inside_torchrun_the_workload_runs_directly_never_nested():
            "MASTER_ADDR": "10.0.0.1", "SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "a"}
     plan, topology = plan_for(env, "--", "--epochs", "1")
     assert plan.mode == "torchrun"
-    assert plan.argv == (PYTHON, "-m", "ddp_train", "--epochs", "1")
+    assert plan.argv == (PYTHON, "-m", "ddp_launch.worker", "-m", "ddp_train", "--epochs", "1")
     assert plan.env_changes == ()
     assert (topology.nodes, topology.head_address) == (2, "10.0.0.1")
 

@@ -6,6 +6,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
@@ -51,6 +52,28 @@ def test_malformed_nodelist_is_an_error_naming_variable_and_value(hostlist):
 def test_absurd_range_is_refused_instead_of_eating_memory():
     with pytest.raises(LaunchError, match="more than"):
         expand_nodelist("n[1-999999999]")
+
+
+@pytest.mark.parametrize("hostlist, count", [
+    ("n[1-10000]x[1-10000]", 10**8),         # each range is small, their product is not
+    ("a[1-300],b[1-300][1-300]", 300 + 90000),
+    ("n[1-65536],extra", 65537),
+])
+def test_a_hostlist_over_slurms_limit_is_refused_from_its_size_before_any_name_is_built(hostlist, count):
+    tracemalloc.start()
+    try:
+        with pytest.raises(LaunchError) as error:
+            expand_nodelist(hostlist, "SLURM_JOB_NODELIST")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"names {count} hosts, more than SLURM's limit of 65536" in str(error.value)
+    assert peak < 1_000_000, f"{peak} bytes used to refuse it"
+
+
+def test_a_hostlist_at_slurms_limit_still_expands():
+    hosts = expand_nodelist("n[1-65536]")
+    assert (len(hosts), hosts[0], hosts[-1]) == (65536, "n1", "n65536")
 
 
 # -- property test: generate a hostlist from a structure, compare with the structure's own product --

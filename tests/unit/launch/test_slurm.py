@@ -35,7 +35,7 @@ def test_olivia_head_node_runs_torchrun_hosting_the_c10d_store():
         PYTHON, "-m", "ddp_launch.agent", "--nnodes=2", "--rdzv-backend=c10d",
         f"--rdzv-endpoint=10.10.0.1:{OLIVIA_PORT}", "--rdzv-id=771234.0",
         "--rdzv-conf=is_host=true,read_timeout=300", "--nproc-per-node=4", "--max-restarts=0",
-        "-m", "ddp_train")
+        "-m", "ddp_launch.worker", "-m", "ddp_train")
     assert (topology.nodes, topology.head_address) == (2, "10.10.0.1")
 
 
@@ -103,19 +103,27 @@ def test_nproc_and_restarts_flags_reach_torchrun():
 
 
 def test_log_dir_is_per_node_and_every_worker_stream_is_teed_with_host_and_rank():
-    head, other = (plan_for(olivia(i), "--log-dir", "/tmp/l/")[0].argv for i in (0, 1))
+    plan = plan_for(olivia(0), "--log-dir", "/tmp/l/")[0]
+    head, other = plan.argv, plan_for(olivia(1), "--log-dir", "/tmp/l/")[0].argv
     assert "--log-dir=/tmp/l/olivia-gh001" in head and "--log-dir=/tmp/l/olivia-gh002" in other
-    assert {"--tee=3", "--log-line-prefix-template=${hostname}:rank${rank}: "} <= set(head)
+    assert "--tee=3" in head
     assert head.index("--tee=3") < head.index("-m", 3)  # a torchrun flag, not the workload's
+    # The prefix goes by torchrun's variable: its --log-line-prefix-template flag is new in
+    # torch 2.14, and older torch (NGC images) would take it for the script.
+    assert not any(a.startswith("--log-line-prefix") for a in head)
+    # The node's name is filled in here: torchrun before 2.14 knows no ${hostname}.
+    assert {c.name: c.value for c in plan.env_changes}["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == \
+        "olivia-gh001:rank${rank}: "
 
 
 def test_without_log_dir_torchrun_leaves_worker_output_alone():
-    argv = plan_for(olivia(0))[0].argv
-    assert not any(a.startswith(("--log-dir", "--tee", "--log-line-prefix")) for a in argv)
+    plan = plan_for(olivia(0))[0]
+    assert not any(a.startswith(("--log-dir", "--tee", "--log-line-prefix")) for a in plan.argv)
+    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in {c.name for c in plan.env_changes}
 
 
 def test_rendezvous_timeout_reaches_torchruns_join_timeout_from_flag_or_environment():
-    conf = "--rdzv-conf=is_host=true,read_timeout=300,join_timeout=45"
+    conf = "--rdzv-conf=is_host=true,read_timeout=22,join_timeout=45"
     assert conf in plan_for(olivia(0), "--rdzv-timeout", "45")[0].argv
     assert conf in plan_for({**olivia(0), "DDP_LAUNCH_RDZV_TIMEOUT": "45"})[0].argv
 
@@ -226,7 +234,7 @@ def test_nearby_jobs_and_steps_of_one_job_get_different_ports():
 def test_raven_task_execs_the_trainer_with_env_init_variables():
     plan, topology = plan_for(raven(5), "--", "--epochs", "3")
     assert plan.mode == "slurm-task"
-    assert plan.argv == (PYTHON, "-m", "ddp_train", "--epochs", "3")
+    assert plan.argv == (PYTHON, "-m", "ddp_launch.worker", "-m", "ddp_train", "--epochs", "3")
     env = env_of(plan)
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")} == {
         "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
@@ -290,7 +298,7 @@ def test_cpu_workers_conflict_with_slurm_task_mode():
 
 def test_script_workload_in_task_mode():
     plan, _ = plan_for(raven(0), "--script", "train.py", "--", "--lr", "0.1")
-    assert plan.argv == (PYTHON, "train.py", "--lr", "0.1")
+    assert plan.argv == (PYTHON, "-m", "ddp_launch.worker", "train.py", "--lr", "0.1")
 
 
 # -- seed 004: six nodes with one GPU each ----------------------------------------------------------

@@ -15,3 +15,22 @@ def ten_class_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cifar10class")
     write_dataset(root, train=600, test=203, seed=3, classes=10)
     return root
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """64 train / 16 test images: enough for one tiny step, for tests that run cli.main in-process."""
+    root = tmp_path_factory.mktemp("data")
+    write_dataset(root, train=64, test=16, seed=2)
+    return root
+
+
+# What a launcher sets. cli.main leaves a world of several with os._exit (see
+# ddp_train.cli), which would end pytest itself, so in-process runs are a world of one.
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def world_of_one(monkeypatch):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)

@@ -8,7 +8,8 @@ from ddp_train.errors import TrainError
 
 
 def state(value: float) -> dict:
-    return {"model": {"w": torch.full((4,), value)}, "progress": {"epoch": int(value)}}
+    return {"model": {"w": torch.full((4,), value)}, "progress": {"epoch": int(value)}, "optimizer": {},
+            "scaler": {}, "rng": [], "config": {}}
 
 
 def test_save_replaces_and_keeps_the_previous_checkpoint(tmp_path):
@@ -49,4 +50,26 @@ def test_a_foreign_file_is_not_taken_for_a_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     torch.save({"weights": torch.zeros(1)}, path)
     with pytest.raises(TrainError, match="not a ddp-train checkpoint"):
+        checkpoint.load(path)
+
+
+def test_a_zero_byte_checkpoint_is_a_clear_error_not_an_index_error(tmp_path):
+    # What a full disk leaves; the handler itself used to crash on the empty exception message.
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_atomic(state(1), path)
+    checkpoint.save_atomic(state(2), path)
+    path.write_bytes(b"")
+    with pytest.raises(TrainError, match=r"is empty \(0 bytes.*`mv .*checkpoint.prev.pt .*checkpoint.pt`"):
+        checkpoint.load(path)
+
+
+def test_an_exception_without_a_message_still_names_the_problem(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(b"x")
+
+    def fails_silently(*args, **kwargs):
+        raise EOFError()
+
+    monkeypatch.setattr(torch, "load", fails_silently)
+    with pytest.raises(TrainError, match=r"corrupt or unreadable \(EOFError\); --no-resume starts fresh"):
         checkpoint.load(path)

@@ -59,7 +59,7 @@ def test_batch_not_divisible_by_world_size_names_both():
 
 
 def test_lr_scales_linearly_with_world_size_unless_disabled():
-    assert peak_lr(config_from_args(["--base-lr", "0.01"]), 8) == pytest.approx(0.08)
+    assert peak_lr(config_from_args(["--base-lr", "0.01", "--recipe", "guide"]), 8) == pytest.approx(0.08)
     assert peak_lr(config_from_args(["--base-lr", "0.01", "--lr-scaling", "none"]), 8) == 0.01
 
 

@@ -102,6 +102,7 @@ def test_batch_not_divisible_by_world_size_fails_on_every_rank(ten_class_data, t
                           "--batch-size", "33"], torchrun_nproc=2)
     assert result.returncode != 0
     assert "ddp-train: error: --batch-size 33 is not divisible by the world size 2" in result.stderr
+    assert result.stderr.count("ddp-train: error:") == 1  # once for the job, not once per rank
 
 
 def worker_pids(agent_pid: int) -> dict[int, int]:

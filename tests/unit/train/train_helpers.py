@@ -6,15 +6,20 @@ import os
 import subprocess
 import sys
 
-# Tiny and fast: a 1/16-width model on a few hundred images.
-TINY_ARGS = ["--width-scale", "0.0625", "--allow-unverified-data", "--batch-size", "32"]
+# Tiny and fast: a 1/16-width model on a few hundred images. These runs mean CPU (gloo ranks
+# on one machine): on a GPU machine every rank would otherwise pick the one GPU.
+TINY_ARGS = ["--width-scale", "0.0625", "--allow-unverified-data", "--batch-size", "32", "--device", "cpu"]
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+                        "MASTER_PORT",
+                        # torch writes its /tmp default here when a test in this process creates an
+                        # optimizer; inherited, it would outrank <run-dir>/compile-cache.
+                        "TORCHINDUCTOR_CACHE_DIR")}
+    # CUDA_VISIBLE_DEVICES="": the trainer tests mean CPU, also where a GPU is present.
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="", **extra)
     return env
 
 

@@ -1,0 +1,84 @@
+"""`ddp-launch doctor --image`: what an image must pass at build time (%test), on any builder.
+
+Apptainer runs %test with the builder's environment but without --nv, often inside a
+SLURM build job (Apptainer user guide, "Definition Files", %test), so nothing here may
+depend on GPUs, fabric devices, the network or the job: it checks what the image
+itself carries, and fails on an image that could not train anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from typing import Callable, Mapping, Optional, Tuple
+
+from ddp_launch.doctor_checks import FAIL, OK, SKIP, Check, DoctorContext, check_torch
+from ddp_launch.errors import LaunchError
+from ddp_launch.sites import available_sites, load_site, sites_dirs
+
+# Variables of the build job that must not steer the launcher's self-test plan.
+_SCHEDULER_PREFIXES = ("SLURM_", "SLURMD_", "PET_", "RUNAI_", "TORCHELASTIC_", "DDP_LAUNCH_")
+ENTRY_POINTS = ("ddp-launch", "ddp-train")
+
+
+def check_entry_points(search_path: Optional[str], which: Callable[..., Optional[str]] = shutil.which) -> Check:
+    found = {name: which(name, path=search_path) for name in ENTRY_POINTS}
+    missing = [name for name, where in found.items() if where is None]
+    if missing:
+        return Check("entry points", FAIL, f"{', '.join(missing)} not on PATH",
+                     "the image's %environment must put /opt/ddp/bin on PATH")
+    return Check("entry points", OK, ", ".join(f"{name} = {where}" for name, where in found.items()))
+
+
+def check_trainer_imports(import_module: Callable[[str], object] = importlib.import_module) -> Check:
+    try:
+        import_module("ddp_train.train")
+    except Exception as exc:  # any import failure means the image cannot train
+        return Check("trainer", FAIL, f"ddp_train.train does not import: {type(exc).__name__}: {exc}",
+                     "the image's %files must copy src/ddp_train and %environment put it on PYTHONPATH")
+    return Check("trainer", OK, "ddp_train.train imports")
+
+
+def check_site_profiles(env: Mapping[str, str]) -> Check:
+    names = available_sites(env)
+    if not names:
+        return Check("site profiles", FAIL, f"none found in {', '.join(sites_dirs(env))}",
+                     "the image's %files must copy containers/sites and set DDP_SITES_DIR")
+    for name in names:
+        try:
+            load_site(name, env)
+        except LaunchError as error:
+            return Check("site profiles", FAIL, str(error), "fix the profile and rebuild")
+    return Check("site profiles", OK, ", ".join(names))
+
+
+def self_test_env(env: Mapping[str, str]) -> dict:
+    return {k: v for k, v in env.items() if not k.startswith(_SCHEDULER_PREFIXES)}
+
+
+def check_launch_plan(env: Mapping[str, str]) -> Check:
+    """The launcher plans a local CPU run in a fresh interpreter, as the runscript would start it."""
+    argv = [sys.executable, "-m", "ddp_launch", "--dry-run", "--mode", "local", "--cpu-workers", "1"]
+    try:
+        done = subprocess.run(argv, env=self_test_env(env), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Check("launch plan", FAIL, f"cannot run ddp-launch --dry-run: {exc}", "rebuild the image")
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check("launch plan", FAIL, f"ddp-launch --dry-run exited {done.returncode}: {last}",
+                     "rebuild the image; ddp_launch must be on PYTHONPATH")
+    return Check("launch plan", OK, "ddp-launch --dry-run --mode local plans a CPU run")
+
+
+def image_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
+    return (
+        check_entry_points(ctx.env.get("PATH")),
+        check_torch(ctx),
+        check_trainer_imports(),
+        check_site_profiles(ctx.env),
+        check_launch_plan(ctx.env),
+        Check("gpus", SKIP, "not checked at build time (%test runs without --nv); "
+                            "run `ddp-launch doctor` on a GPU node"),
+    )

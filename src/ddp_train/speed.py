@@ -1,0 +1,137 @@
+"""The GPU fast path's setup: torch.compile with a persistent cache, DDP's gradient buckets and
+hook, and a warm-up pass (compile, autotune, CUDA-graph recording) that leaves training unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, MutableMapping, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_train.errors import Seen, TrainError
+
+COMPILE_CACHE_DIRNAME = "compile-cache"
+INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def compile_cache_dir(configured: str, run_dir: str | Path, env: Mapping[str, str]) -> Path:
+    """Where inductor keeps compiled kernels: --compile-cache-dir > $TORCHINDUCTOR_CACHE_DIR >
+    <run-dir>/compile-cache.
+
+    Inductor's default is /tmp/torchinductor_<user>, which a cluster wipes at the end of every
+    job, so each requeued job would compile again (minutes, issue 11). The run directory is on
+    the shared filesystem, visible from every node, and survives the requeues of its own run;
+    point several runs at one directory to share it. (Triton's kernels follow: inductor puts
+    them under this directory unless TRITON_CACHE_DIR is set.)
+    """
+    if configured:
+        return Path(configured)
+    if env.get(INDUCTOR_CACHE_VARIABLE):
+        return Path(env[INDUCTOR_CACHE_VARIABLE])
+    return Path(run_dir) / COMPILE_CACHE_DIRNAME
+
+
+def use_compile_cache(path: Path, environ: MutableMapping[str, str]) -> None:
+    """Inductor reads the variable when it first compiles, so this must run before that."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a --run-dir that is a file, a read-only or full file system
+        raise TrainError(f"the compile cache {path} cannot be created ({exc.strerror}): pass a writable "
+                         f"--run-dir or --compile-cache-dir", Seen.BY_EVERY_RANK_OF_NODE) from None
+    environ[INDUCTOR_CACHE_VARIABLE] = str(path)
+
+
+def uses_cuda_graphs(mode: str) -> bool:
+    return mode in CUDA_GRAPH_MODES
+
+
+def wrap_ddp(model: nn.Module, device: torch.device, bucket_cap_mb: float,
+             grad_compression: str) -> DistributedDataParallel:
+    """DDP with gradients as views of its buckets (no copy into the all-reduce buffers)."""
+    ddp = DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        gradient_as_bucket_view=True, bucket_cap_mb=bucket_cap_mb)
+    if grad_compression == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif grad_compression != "none":
+        raise TrainError(f"--grad-compression {grad_compression!r}: use none or bf16")
+    return ddp
+
+
+def bucket_layout(ddp: DistributedDataParallel) -> dict[str, Any]:
+    """DDP's own record of its gradient buckets (benchmarks/ddp_buckets.py shows their contents)."""
+    data = ddp._get_ddp_logging_data()
+    return {"bucket_sizes": str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""),
+            "bucket_cap_bytes": int(data.get("bucket_cap_bytes", 0)),
+            "comm_hook": data.get("comm_hook") or None}
+
+
+def check_compression_backend(grad_compression: str) -> None:
+    """bf16_compress_hook all-reduces bf16 tensors; refuse a backend that cannot (checked once
+    here rather than as a C++ error inside the first backward)."""
+    if grad_compression == "bf16" and dist.is_initialized() and dist.get_world_size() > 1:
+        probe = torch.ones(1, dtype=torch.bfloat16,
+                           device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        try:
+            dist.all_reduce(probe)
+        except RuntimeError as exc:
+            raise TrainError(f"--grad-compression bf16: the {dist.get_backend()} backend cannot "
+                             f"all-reduce bf16 ({str(exc).splitlines()[0]}); use --grad-compression none") from None
+
+
+def rng_snapshot(device: torch.device) -> dict[str, Any]:
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def rng_restore(state: Mapping[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def warm_up(step: Callable[[], Any], passes: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+            scaler: torch.amp.GradScaler, device: torch.device,
+            ema: Optional[nn.Module] = None) -> float:
+    """Run `step` (a full training step on a real batch) `passes` times, then put the weights,
+    BatchNorm statistics, optimizer, scaler, EMA and RNG back as they were: the run trains exactly
+    as without it, and compile, cuDNN autotuning and CUDA-graph recording happen off the clock.
+    Returns the seconds it took (the run's setup time)."""
+    if passes <= 0:
+        return 0.0
+    started = time.perf_counter()
+    # state_dict() returns live references: clone them, or the restore would be a no-op.
+    saved_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    saved_ema = {k: v.detach().clone() for k, v in ema.state_dict().items()} if ema is not None else None
+    saved_optimizer = copy.deepcopy(optimizer.state_dict())
+    saved_scaler = copy.deepcopy(scaler.state_dict())
+    saved_rng = rng_snapshot(device)
+    for _ in range(passes):
+        step()
+    with torch.no_grad():
+        model.load_state_dict(saved_model)  # copies in place: DDP, compile and graphs keep their pointers
+        if ema is not None and saved_ema is not None:
+            ema.load_state_dict(saved_ema)
+    optimizer.load_state_dict(saved_optimizer)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.load_state_dict(saved_scaler)
+    rng_restore(saved_rng, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+def warmup_passes(device: torch.device, compiled: bool, cuda_graphs: bool) -> int:
+    """One pass compiles and autotunes; CUDA-graph trees record on the call after their first
+    (warm-up) run, so graphs need a second. Eager CPU has nothing to warm."""
+    if cuda_graphs and device.type == "cuda":
+        return 3
+    return 1 if compiled or device.type == "cuda" else 0

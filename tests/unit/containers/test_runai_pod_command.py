@@ -1,0 +1,88 @@
+"""What a RunAI pod really runs: the image's ENTRYPOINT and the arguments runai/submit.sh gives.
+
+The rule is RunAI's (Run:ai CLI reference, `runai submit-dist pytorch`): the words after
+`--` are appended to the image's ENTRYPOINT as its arguments, unless `--command` is
+given, in which case they replace the ENTRYPOINT (Kubernetes' `command` vs `args`,
+"Define a Command and Arguments for a Container"). The ENTRYPOINT is read from the
+generated Dockerfile, and the submit line from the real script with `runai` stubbed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+
+import pytest
+from definitions_paths import REPO
+
+DOCKERFILE = REPO / "containers" / "Dockerfile"
+SUBMIT = REPO / "runai" / "submit.sh"
+
+
+def dockerfile_entrypoint(text: str) -> list[str]:
+    lines = [line for line in text.splitlines() if line.startswith("ENTRYPOINT ")]
+    assert len(lines) == 1, lines
+    return json.loads(lines[0][len("ENTRYPOINT "):])
+
+
+def dockerfile_files(text: str) -> set[str]:
+    """Container paths the image gets from ADD/COPY lines."""
+    return {line.split()[-1] for line in text.splitlines() if re.match(r"^(ADD|COPY) ", line)}
+
+
+def pod_argv(entrypoint: list[str], runai_argv: list[str]) -> list[str]:
+    """RunAI's rule: after `--` is the command with --command, else arguments to the ENTRYPOINT."""
+    cut = runai_argv.index("--")
+    flags, after = runai_argv[:cut], runai_argv[cut + 1:]
+    return after if "--command" in flags else entrypoint + after
+
+
+@pytest.fixture
+def submitted(tmp_path):
+    """Run runai/submit.sh with a `runai` stub that records its argv, one word per line (NUL-safe)."""
+    record = tmp_path / "runai.argv"
+    stub = tmp_path / "bin" / "runai"
+    stub.parent.mkdir()
+    stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "{record}"\n')
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+
+    def submit(*trainer_args: str, **env: str) -> list[str]:
+        run_env = {k: v for k, v in os.environ.items() if not k.startswith("RUNAI_")}
+        run_env.update(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}",
+                       RUNAI_IMAGE="registry.example/ddp-train:0.1", **env)
+        done = subprocess.run(["bash", str(SUBMIT), *trainer_args], env=run_env,
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return record.read_text().split("\0")[:-1]
+
+    return submit
+
+
+def test_each_pod_runs_the_pod_script_not_ddp_launch_with_it_as_an_argument(submitted):
+    text = DOCKERFILE.read_text()
+    argv = pod_argv(dockerfile_entrypoint(text), submitted("--epochs", "5"))
+
+    assert argv == ["/opt/ddp/runai/pod.sh", "--epochs", "5"]
+    assert argv[0] in dockerfile_files(text), "the pod script must be baked into the image"
+
+
+def test_trainer_arguments_reach_the_pod_script_word_for_word(submitted):
+    argv = pod_argv(dockerfile_entrypoint(DOCKERFILE.read_text()),
+                    submitted("--batch-size", "1 024", "--", "--run-dir", "/mnt/runs/a b"))
+
+    assert argv[1:] == ["--batch-size", "1 024", "--", "--run-dir", "/mnt/runs/a b"]
+
+
+def test_pods_get_a_large_shared_memory_unless_turned_off(submitted):
+    assert "--large-shm" in submitted()
+    assert "--large-shm" not in submitted(RUNAI_LARGE_SHM="0")
+
+
+def test_the_rule_itself_appends_to_the_entrypoint_without_command():
+    # The defect this guards against: without --command the pod ran
+    # `ddp-launch /opt/ddp/runai/pod.sh ...`, which ddp-launch rejects with exit 2.
+    assert pod_argv(["ddp-launch"], ["submit-dist", "--", "/opt/ddp/runai/pod.sh"]) == \
+        ["ddp-launch", "/opt/ddp/runai/pod.sh"]

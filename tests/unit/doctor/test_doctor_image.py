@@ -1,0 +1,84 @@
+"""`ddp-launch doctor --image`: the build-time checks pass on any builder and fail a broken image."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+from ddp_launch import doctor
+from ddp_launch.doctor_image import (check_entry_points, check_launch_plan, check_site_profiles,
+                                     check_trainer_imports, self_test_env)
+
+VENV_BIN = str(Path(sys.executable).parent)  # where ddp-launch and ddp-train are installed
+BUILD_JOB = {"SLURM_JOB_ID": "9", "SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_NUM_NODES": "2",
+             "SLURM_JOB_NODELIST": "gh[001-002]", "PET_NNODES": "2", "DDP_LAUNCH_MODE": "slurm-node"}
+
+
+def test_a_build_job_with_gpus_granted_and_none_visible_passes():
+    out = io.StringIO()
+
+    code = doctor.run(["--image", "--json"], {**BUILD_JOB, "PATH": f"{VENV_BIN}:/usr/bin:/bin"}, out)
+
+    report = json.loads(out.getvalue())
+    assert code == 0, report
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses["gpus"] == "SKIP" and statuses["trainer"] == "OK" and statuses["launch plan"] == "OK"
+
+
+def test_missing_entry_points_fail():
+    check = check_entry_points(VENV_BIN, which=lambda name, path: None if name == "ddp-train" else "/x")
+    assert check.status == "FAIL" and "ddp-train not on PATH" in check.detail
+
+
+def test_a_trainer_that_does_not_import_fails():
+    def broken(name):
+        raise ModuleNotFoundError("No module named 'torch'")
+
+    check = check_trainer_imports(broken)
+    assert check.status == "FAIL" and "No module named 'torch'" in check.detail
+
+
+def test_a_broken_site_profile_fails_naming_the_file(tmp_path):
+    (tmp_path / "olivia.json").write_text('{"schema": 1, "name": "olivia"')
+    check = check_site_profiles({"DDP_SITES_DIR": str(tmp_path)})
+    assert check.status == "FAIL" and "olivia.json" in check.detail
+
+
+def test_the_self_test_plan_ignores_the_build_jobs_scheduler():
+    assert self_test_env({**BUILD_JOB, "HOME": "/root"}) == {"HOME": "/root"}
+    assert check_launch_plan({**BUILD_JOB, "PATH": "/usr/bin:/bin"}).status == "OK"
+
+
+def test_a_launcher_that_cannot_plan_fails(tmp_path):
+    check = check_launch_plan({"PYTHONPATH": str(tmp_path), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+                               "PYTHONHOME": str(tmp_path)})
+    assert check.status == "FAIL"
+
+
+# -- the doctor runs where the workers would: with the launch plan's LD_LIBRARY_PATH --------
+
+from ddp_launch.doctor import library_path_for_workers  # noqa: E402
+from ddp_launch.doctor_checks import REAL_PROBES, make_context  # noqa: E402
+from ddp_launch.sites import load_site  # noqa: E402
+
+
+def _olivia_context(tmp_path, env):
+    for directory in ("opt/host-libs", "opt/libfabric/lib64", "opt/nccl/lib"):
+        (tmp_path / directory).mkdir(parents=True)
+    return make_context(env, str(tmp_path), True, load_site("olivia", env), "data", REAL_PROBES)
+
+
+def test_the_bound_directories_come_before_the_images_own_library_path(tmp_path):
+    # ld.so reads LD_LIBRARY_PATH at process start only (ld.so(8)): a libfabric that
+    # needs the bound libcxi cannot load in a doctor started without the planned path.
+    context = _olivia_context(tmp_path, {"LD_LIBRARY_PATH": "/.singularity.d/libs"})
+
+    assert library_path_for_workers(context) == \
+        "/opt/libfabric/lib64:/opt/nccl/lib:/opt/host-libs:/.singularity.d/libs"
+
+
+def test_no_relaunch_once_the_process_has_the_planned_path(tmp_path):
+    planned = "/opt/libfabric/lib64:/opt/nccl/lib:/opt/host-libs:/.singularity.d/libs"
+    assert library_path_for_workers(_olivia_context(tmp_path, {"LD_LIBRARY_PATH": planned})) is None

@@ -1,0 +1,241 @@
+"""Real torchrun under ddp-launch: how a run ends. The worker's exit code comes out of the
+launcher (2, 75, crash 1) in one line, only crashes are restarted, TERM ends in 75, workers
+die with a SIGKILLed launcher, and a node whose head never comes up gives up in time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+WORKLOAD = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    mode, out = sys.argv[1], sys.argv[2]
+    rank = os.environ["RANK"]
+    open(os.path.join(out, f"start-{rank}-{os.getpid()}"), "w").close()
+    if mode == "usage":
+        if rank == "0":  # the rank that talks is the slower one: rank 1 exits 2 first
+            time.sleep(1)
+            print("workload: error: --epoch is not a flag: did you mean --epochs?", file=sys.stderr)
+        sys.exit(2)
+    if mode == "crash":
+        sys.exit(3 if rank == "1" else 0)
+    if mode == "stopped":
+        sys.exit(75)
+    if mode == "killed" and rank == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    def stop(signum, frame):
+        open(os.path.join(out, f"signal-{rank}"), "w").write(str(signum))
+        sys.exit(75)
+    signal.signal(signal.SIGTERM, stop)
+    open(os.path.join(out, f"ready-{rank}"), "w").close()
+    time.sleep(120)
+    sys.exit(3)
+    """
+)
+
+
+def clean_env(tmp_path: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "DDP_"))}
+    return {**env, "HOME": str(tmp_path), **extra}
+
+
+def launch_argv(tmp_path: Path, mode: str, *flags: str) -> list[str]:
+    script = tmp_path / "workload.py"
+    script.write_text(WORKLOAD)
+    return [sys.executable, "-m", "ddp_launch", "--mode", "local", "--cpu-workers", "2", *flags,
+            "--script", str(script), "--", mode, str(tmp_path)]
+
+
+def run_launch(tmp_path: Path, mode: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(launch_argv(tmp_path, mode, *flags), env=clean_env(tmp_path), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+
+
+def starts(tmp_path: Path, rank: int) -> int:
+    return len(list(tmp_path.glob(f"start-{rank}-*")))
+
+
+def lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def wait_for(paths: list[Path], process: subprocess.Popen, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while not all(path.exists() for path in paths):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"not all of {paths} appeared within {seconds} s"
+        time.sleep(0.2)
+
+
+def test_a_usage_error_exits_2_with_the_workers_line_alone_and_is_not_restarted(tmp_path):
+    done = run_launch(tmp_path, "usage", "--max-restarts", "2")
+    assert done.returncode == 2, done.stderr
+    assert lines(done.stderr) == ["workload: error: --epoch is not a flag: did you mean --epochs?"]
+    assert starts(tmp_path, 0) == 1  # --max-restarts 2 would have started it 3 times
+
+
+def test_a_crash_exits_1_in_one_summary_line_after_its_restarts(tmp_path):
+    done = run_launch(tmp_path, "crash", "--max-restarts", "1")
+    assert done.returncode == 1, done.stderr
+    assert lines(done.stderr) == [
+        f"ddp-launch: error: worker rank 1 on {socket.gethostname()} exited with 3 (crash): see its output above"]
+    assert starts(tmp_path, 1) == 2  # a crash is what restarts are for
+
+
+def test_a_worker_that_stops_with_75_is_not_restarted_and_the_launch_exits_75(tmp_path):
+    done = run_launch(tmp_path, "stopped", "--max-restarts", "2")
+    assert done.returncode == 75, done.stderr
+    assert "Traceback" not in done.stderr
+    assert starts(tmp_path, 0) == 1
+
+
+def test_a_worker_killed_by_a_signal_is_a_crash_named_by_its_signal(tmp_path):
+    done = run_launch(tmp_path, "killed")
+    assert done.returncode == 1, done.stderr
+    assert lines(done.stderr)[-1].startswith(
+        f"ddp-launch: error: worker rank 0 on {socket.gethostname()} was killed by SIGKILL (crash)")
+    assert "Traceback" not in done.stderr
+
+
+def test_sigterm_to_the_launcher_reaches_the_workers_and_ends_in_75_without_a_restart(tmp_path):
+    # scancel and preemption: SLURM sends TERM to the step's processes, then KILL after
+    # KillWait (scancel(1), slurm.conf(5)); Kubernetes sends TERM to the container's PID 1
+    # only, then KILL after terminationGracePeriodSeconds (Pod Lifecycle, "Termination of
+    # Pods"). Here the launcher alone gets TERM, as under Kubernetes.
+    launch = subprocess.Popen(launch_argv(tmp_path, "wait", "--max-restarts", "1"), env=clean_env(tmp_path),
+                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for([tmp_path / "ready-0", tmp_path / "ready-1"], launch)
+        launch.send_signal(signal.SIGTERM)
+        _, err = launch.communicate(timeout=60)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 75, err
+    assert "Traceback" not in err and "SignalException" not in err
+    for rank in (0, 1):
+        assert (tmp_path / f"signal-{rank}").read_text() == str(int(signal.SIGTERM))
+        assert starts(tmp_path, rank) == 1
+
+
+def test_workers_get_sigterm_and_end_when_their_launcher_is_sigkilled(tmp_path):
+    launch = subprocess.Popen(launch_argv(tmp_path, "wait"), env=clean_env(tmp_path), cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for([tmp_path / "ready-0", tmp_path / "ready-1"], launch)
+        launch.kill()
+        launch.wait(timeout=30)
+        # PR_SET_PDEATHSIG (ddp_launch.worker): the kernel sends each worker TERM, the
+        # trainer's stop signal, so it checkpoints and exits instead of training on.
+        signals = [tmp_path / "signal-0", tmp_path / "signal-1"]
+        deadline = time.monotonic() + 30
+        while not all(path.exists() for path in signals) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [path.exists() for path in signals] == [True, True], "orphaned workers got no signal"
+        assert {path.read_text() for path in signals} == {str(int(signal.SIGTERM))}
+        pids = [int(path.name.split("-")[2]) for path in tmp_path.glob("start-*")]
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "workers outlived their launcher"
+    finally:
+        for path in tmp_path.glob("start-*"):
+            try:
+                os.kill(int(path.name.split("-")[2]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def slurm_step(tmp_path: Path, node: int, nodes: tuple[str, str] = ("localhost", "absent-node")) -> dict:
+    """srun's variables for node `node` of a 2-node step, one task per node."""
+    return clean_env(tmp_path, SLURM_JOB_ID="42", SLURM_STEP_ID="0", SLURM_STEP_NODELIST=",".join(nodes),
+                     SLURM_STEP_NUM_NODES="2", SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_NODEID=str(node),
+                     SLURM_PROCID=str(node), SLURMD_NODENAME=nodes[node])
+
+
+NEVER = "raise SystemExit('workers must not start without the whole world')\n"
+
+
+def wait_for_listener(port: int, process: subprocess.Popen, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"nothing listens on port {port} after {seconds} s"
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+
+
+def test_sigterm_while_waiting_for_the_other_nodes_ends_the_launch_with_75_at_once(tmp_path):
+    (tmp_path / "never.py").write_text(NEVER)
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "ddp_launch", "--cpu-workers", "1", "--rdzv-timeout", "120", "--script", "never.py"],
+        env=slurm_step(tmp_path, 0), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_listener(20420, launch)  # the head's store: 20000 + (42 mod 1000) * 10 + 0
+        stopped = time.monotonic()
+        launch.send_signal(signal.SIGTERM)
+        _, err = launch.communicate(timeout=60)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+    assert launch.returncode == 75, err
+    assert time.monotonic() - stopped < 30
+    assert lines(err) == ["ddp-launch: stopped by SIGTERM while no worker was running: nothing to save; "
+                          "resubmit or requeue to go on (exit 75)"]
+
+
+def routable_local_ipv4() -> str:
+    """This machine's address on its default route (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1 (RFC 5737): only the route is looked up
+        except OSError:
+            pytest.skip("no IPv4 default route: a non-loopback head address is needed (loopback is refused "
+                        "for a multi-node job)")
+        return probe.getsockname()[0]
+
+
+def closed_port() -> int:
+    with socket.socket() as listener:
+        listener.bind(("", 0))
+        return listener.getsockname()[1]
+
+
+def test_a_node_whose_head_never_comes_up_gives_up_within_the_rendezvous_timeout(tmp_path):
+    # Node 2 of 2 under SLURM, the head's address answers but nothing listens on the port:
+    # torchrun's c10d store client retries the connect until its read_timeout.
+    head, port = routable_local_ipv4(), closed_port()
+    (tmp_path / "never.py").write_text(NEVER)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_launch", "--cpu-workers", "1", "--rdzv-host", head, "--rdzv-port", str(port),
+         "--rdzv-timeout", "4", "--script", "never.py"],
+        env=slurm_step(tmp_path, 1), cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    waited = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    # 4 s of timeout plus start-up; the old store read_timeout of 300 s kept it ~10 minutes.
+    assert waited < 40, f"gave up after {waited:.0f} s"
+    assert len(lines(done.stderr)) == 1, done.stderr
+    assert lines(done.stderr)[0].startswith(f"ddp-launch: error: rendezvous store at {head}:{port} failed")
+
+
+def test_a_bad_trainer_flag_through_the_launcher_is_the_trainers_one_line_and_exit_2(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_launch", "--mode", "local", "--cpu-workers", "2", "--max-restarts", "1",
+         "--", "--no-such-flag", "2"],
+        env=clean_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 2, done.stderr
+    assert len(lines(done.stderr)) == 1, done.stderr
+    assert lines(done.stderr)[0].startswith("ddp-train: error: ")
+    assert "--no-such-flag" in done.stderr

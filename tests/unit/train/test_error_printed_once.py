@@ -1,0 +1,98 @@
+"""A trainer error is printed once for the whole job, by a rank that found it (issue 9, class 1)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ddp_train.cli import one_line, prints_error
+from ddp_train.errors import Seen
+from train_helpers import trainer_env
+
+
+@pytest.mark.parametrize("seen,rank,local_rank,prints", [
+    (Seen.BY_EVERY_RANK, 0, 0, True),
+    (Seen.BY_EVERY_RANK, 2, 0, False),  # the first rank of node 2 stays quiet about a flag
+    (Seen.BY_EVERY_RANK, 3, 1, False),
+    (Seen.BY_EVERY_RANK_OF_NODE, 2, 0, True),
+    (Seen.BY_EVERY_RANK_OF_NODE, 3, 1, False),
+    (Seen.BY_THIS_RANK, 3, 1, True),  # only this rank may know: it must say so
+    (Seen.ELSEWHERE, 0, 0, False),
+])
+def test_who_prints_an_error(seen, rank, local_rank, prints):
+    assert prints_error(seen, rank, local_rank) is prints
+
+
+def test_an_error_message_stays_one_line():
+    assert one_line("--run-dir /tmp/a\nb is a file") == "--run-dir /tmp/a\\nb is a file"
+
+
+def node2_first_rank(rank: str, local_rank: str) -> dict[str, str]:
+    return trainer_env(RANK=rank, LOCAL_RANK=local_rank, WORLD_SIZE="4", LOCAL_WORLD_SIZE="2",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
+
+
+@pytest.mark.parametrize("rank,local_rank,printed", [("0", "0", 1), ("2", "0", 0), ("3", "1", 0)])
+def test_a_flag_error_is_printed_by_global_rank_0_alone(rank, local_rank, printed):
+    # Before issue 9 the first rank of every node printed it too: once per node through ddp-launch.
+    result = subprocess.run([sys.executable, "-m", "ddp_train", "--epochs", "0"],
+                            env=node2_first_rank(rank, local_rank), capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("ddp-train: error: --epochs 0 must be at least 1") == printed
+    assert result.stderr.count("\n") == printed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+AGREE = textwrap.dedent("""
+    import os, sys, torch
+    from ddp_train import distributed
+    from ddp_train.errors import TrainError
+    rank = int(os.environ["RANK"])
+    failing = {int(r) for r in sys.argv[1].split(",") if r}
+    distributed.init_process_group(distributed.DistEnv.from_env(os.environ), torch.device("cpu"), 30)
+    try:
+        distributed.agree_or_raise(TrainError(f"rank {rank} found it") if rank in failing else None,
+                                   torch.device("cpu"))
+        print("no error")
+    except TrainError as exc:
+        print(exc.seen.name, exc)
+    sys.stdout.flush()
+    distributed.destroy_process_group()
+    os._exit(0)
+""")
+
+
+def agree(failing: str) -> list[str]:
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", AGREE, failing], stdout=subprocess.PIPE, text=True,
+                              env=trainer_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="3",
+                                              LOCAL_WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
+                                              MASTER_PORT=port))
+             for rank in range(3)]
+    return [p.communicate(timeout=120)[0].strip() for p in procs]
+
+
+def test_an_error_only_rank_1_found_is_printed_by_rank_1_and_no_other():
+    assert agree("1") == ["ELSEWHERE setup failed on rank 1 (its log says why)",
+                          "BY_THIS_RANK rank 1 found it",
+                          "ELSEWHERE setup failed on rank 1 (its log says why)"]
+
+
+def test_an_error_several_ranks_found_is_printed_by_the_lowest_of_them():
+    assert agree("2,1") == ["ELSEWHERE setup failed on rank 1 (its log says why)",
+                            "BY_THIS_RANK rank 1 found it",
+                            "ELSEWHERE setup failed on rank 1 (its log says why)"]
+
+
+def test_no_error_anywhere_raises_nothing():
+    assert agree("") == ["no error"] * 3
