@@ -9,13 +9,13 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DATA_DIR  ?= data
 RUN_DIR   ?= runs/demo
 
-.PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench e2e-image
+.PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench bench-gpu e2e-image
 
 help:
 	@echo "make demo    run the main job locally (CPU, no cluster, no Apptainer)"
 	@echo "make test    install what the tests need and run them all"
 	@echo "make data    fetch CIFAR-100 into $(DATA_DIR) (login node, once)"
-	@echo "make bench   launcher and trainer benchmarks, printed side by side"
+	@echo "make bench   launcher and trainer benchmarks, printed side by side (bench-gpu on a GPU node)"
 	@echo "make build-olivia | build-x86 | build-cpu | dockerfile   container images"
 
 # The venv is rebuilt only when pyproject.toml changes.
@@ -73,6 +73,11 @@ test: venv sysdeps lint test-bats
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py
 	$(VPY) benchmarks/trainer_throughput.py
+
+# On a GPU node: eager, compiled and CUDA graphs by batch, beside the guide's pipeline.
+bench-gpu: venv
+	$(VPY) benchmarks/gpu_throughput.py --device cuda
+	$(VPY) benchmarks/scaling_model.py
 
 # ---------------------------------------------------------------------------
 # Container images (images engineer). Each target says what it builds and where

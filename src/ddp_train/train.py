@@ -269,7 +269,11 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
 
     def save(path: Path = ckpt_path) -> None:
         rngs = distributed.all_gather_objects(rng_state(device))  # collective: every rank
-        if dist_env.is_main:
+        if not dist_env.is_main:
+            distributed.agree_or_raise(None, device)  # rank 0's write went through, or not
+            return
+        error: Optional[TrainError] = None
+        try:
             checkpoint.save_atomic({
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
@@ -281,7 +285,12 @@ def train(config: TrainConfig, dist_env: DistEnv, device: torch.device, precisio
                 "world_size": world,
                 "torch": str(torch.__version__),
             }, path)
-        distributed.barrier()
+        except OSError as exc:  # a disk that filled up, a quota, a file system gone read-only
+            # save_atomic wrote a temporary file: whatever checkpoint was there is untouched.
+            error = TrainError(f"cannot write the checkpoint {path} ({exc.strerror or exc}); the checkpoint "
+                               f"already there is unchanged: free space or quota in {path.parent}, then run "
+                               f"the same command again to resume")
+        distributed.agree_or_raise(error, device)  # every rank stops together, one line from rank 0
 
     # Run record and header.
     nodes, per_node = distributed.count_nodes()

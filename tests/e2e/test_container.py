@@ -123,6 +123,25 @@ def test_a_dependency_left_unbound_is_named_by_the_doctor_inside_the_container(s
     assert done.returncode != 0
 
 
+# --- granted GPUs without --nv -------------------------------------------------------
+
+def test_a_gpu_job_run_without_nv_stops_in_one_line_naming_nv(sif, tmp_path):
+    # The image's runscript and the real CUDA probe (no driver library in this container).
+    job = dict(SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_JOB_NODELIST="node1", SLURM_STEP_NODELIST="node1",
+               SLURM_STEP_NUM_NODES="1", SLURM_STEP_TASKS_PER_NODE="1", SLURM_NODEID="0",
+               SLURMD_NODENAME="node1", SLURM_GPUS_ON_NODE="4")
+
+    done = apptainer(["run", sif, "--dry-run"], _host_env(**job), tmp_path)
+
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("INFO:")]
+    assert len(errors) == 1 and errors[0].startswith("ddp-launch: error: SLURM_GPUS_ON_NODE=4 granted 4 GPU(s)")
+    assert "apptainer run --nv" in errors[0]
+
+    done = apptainer(["run", sif, "--dry-run", "--cpu-workers", "2"], _host_env(**job), tmp_path)
+    assert done.returncode == 0 and "--nproc-per-node=2" in done.stdout
+
+
 # --- RunAI: the Docker recipe's ENTRYPOINT + what submit.sh passes, one container per pod ---
 
 def dockerfile_entrypoint() -> list:

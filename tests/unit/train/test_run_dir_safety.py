@@ -134,3 +134,29 @@ def test_the_estimate_counts_weights_momentum_and_ema(tmp_path):
     import torch
     model = torch.nn.Linear(10, 10)  # 110 float32 parameters
     assert checkpoint.estimated_bytes(model, copies=2) == 2 * 110 * 4
+
+
+def test_a_disk_that_fills_up_mid_run_is_one_line_and_keeps_the_last_checkpoint(data_dir, tmp_path, capsys,
+                                                                                monkeypatch):
+    run_dir = tmp_path / "run"
+    real_save, saved = checkpoint.save_atomic, []
+
+    def second_save_hits_a_full_disk(state, path):
+        if saved:  # the real writer starts its temporary file, then fails as a full disk does
+            def failing_torch_save(obj, handle):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            monkeypatch.setattr(checkpoint.torch, "save", failing_torch_save)
+        real_save(state, path)
+        saved.append(path.read_bytes())
+
+    monkeypatch.setattr(checkpoint, "save_atomic", second_save_hits_a_full_disk)
+
+    code = cli.main(["--data-dir", str(data_dir), "--run-dir", str(run_dir), *TINY, "--epochs", "2",
+                     "--checkpoint-every", "1"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "No space left on device" in err and "run the same command again to resume" in err
+    assert len(saved) == 1 and (run_dir / "checkpoint.pt").read_bytes() == saved[0]  # epoch 1's, intact
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]  # no half-written file left
