@@ -45,6 +45,43 @@ def _kill_trainers(cluster, node: str) -> list[str]:
     return killed
 
 
+def _node_processes(node: str) -> list[tuple[str, list[bytes]]]:
+    pids = subprocess.run(["ip", "netns", "pids", f"ddpe2e-{node}"], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            found.append((pid, Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")))
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def _workers_on(node: str) -> list[str]:
+    return [pid for pid, cmdline in _node_processes(node)
+            if b"ddp_launch.worker" in cmdline and b"ddp_launch.agent" not in cmdline]
+
+
+def test_workers_die_with_their_launcher_when_it_is_killed(cluster, job_env, tmp_path):
+    # SIGKILL cannot be caught: only PR_SET_PDEATHSIG (prctl(2)) stops the workers of a
+    # launcher the OOM killer or a `kill -9` took, instead of orphans writing the run dir.
+    # DDP_STEP_WAIT: srun would end the step 120 s after the first task; the workers must not
+    # need that (nor SLURM's cleanup of the step) to stop.
+    job_env = {**job_env, "DDP_TRAIN_ARGS": LONG_RUN, "DDP_STEP_WAIT": "120"}
+    run_dir = Path(job_env["DDP_RUN_DIR"])
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+    _wait_for_epochs(cluster, run_dir, 1)
+    assert len(_workers_on("node2")) == 2
+
+    agents = [pid for pid, cmdline in _node_processes("node2") if b"ddp_launch.agent" in cmdline]
+    assert len(agents) == 1, agents
+    subprocess.run(["kill", "-KILL", agents[0]], check=True)
+
+    killed_at = time.monotonic()
+    cluster.wait_for_file(run_dir, 30, predicate=lambda _: not _workers_on("node2"))
+    print(f"node2's workers were gone {time.monotonic() - killed_at:.1f} s after their launcher was killed")
+    cluster.run(["scancel", job_id], timeout=30)
+
+
 def test_killed_workers_on_one_node_fail_the_job_quickly_naming_the_rank(cluster, job_env, tmp_path):
     job_env = {**job_env, "DDP_TRAIN_ARGS": LONG_RUN}
     run_dir = Path(job_env["DDP_RUN_DIR"])
