@@ -90,6 +90,20 @@ def test_a_file_bind_point_is_an_empty_file_and_links_are_not_followed(tmp_path)
     assert not (tmp_path / "outside").exists()
 
 
+def test_bind_points_another_node_makes_at_the_same_moment_are_no_error(tmp_path, monkeypatch):
+    # Every node's srun task starts the stand-in at once on one shared image tree: a
+    # directory or file can appear between our look and our mkdir.
+    root = tmp_path / "image"
+    (root / "data" / "run").mkdir(parents=True)
+    (root / "data" / "lib.so").touch()
+    monkeypatch.setattr(standin.Path, "exists", lambda self: False)  # looked just before the other did
+
+    standin.make_bind_point(root, str(tmp_path), "/data/run")
+    standin.make_bind_point(root, str(tmp_path / "nothing.so"), "/data/lib.so")
+
+    assert (root / "data" / "run").is_dir() and (root / "data" / "lib.so").is_file()
+
+
 @pytest.mark.parametrize("argv", [["shell", "x.sif"], ["run", "--cleanenv", "x.sif"], ["run", "--writable", "x.sif"]])
 def test_what_it_does_not_support_fails_with_one_line(argv):
     done = subprocess.run([sys.executable, str(STANDIN), *argv], capture_output=True, text=True, timeout=30)
