@@ -76,6 +76,20 @@ def wait_for(paths: list[Path], process: subprocess.Popen, seconds: float = 90) 
         time.sleep(0.2)
 
 
+
+def term_when_ready(launch: subprocess.Popen, ready) -> tuple[str, float]:
+    """SIGTERM the launcher once ready() returns; its stderr and when the signal went.
+    The launcher is never left running, whatever fails."""
+    try:
+        ready()
+        sent = time.monotonic()
+        launch.send_signal(signal.SIGTERM)
+        _, err = launch.communicate(timeout=60)
+        return err, sent
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+
 def test_a_usage_error_exits_2_with_the_workers_line_alone_and_is_not_restarted(tmp_path):
     done = run_launch(tmp_path, "usage", "--max-restarts", "2")
     assert done.returncode == 2, done.stderr
@@ -113,13 +127,7 @@ def test_sigterm_to_the_launcher_reaches_the_workers_and_ends_in_75_without_a_re
     # Pods"). Here the launcher alone gets TERM, as under Kubernetes.
     launch = subprocess.Popen(launch_argv(tmp_path, "wait", "--max-restarts", "1"), env=clean_env(tmp_path),
                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for([tmp_path / "ready-0", tmp_path / "ready-1"], launch)
-        launch.send_signal(signal.SIGTERM)
-        _, err = launch.communicate(timeout=60)
-    finally:
-        if launch.poll() is None:
-            launch.kill()
+    err, _ = term_when_ready(launch, lambda: wait_for([tmp_path / "ready-0", tmp_path / "ready-1"], launch))
     assert launch.returncode == 75, err
     assert "Traceback" not in err and "SignalException" not in err
     for rank in (0, 1):
@@ -181,14 +189,8 @@ def test_sigterm_while_waiting_for_the_other_nodes_ends_the_launch_with_75_at_on
     launch = subprocess.Popen(
         [sys.executable, "-m", "ddp_launch", "--cpu-workers", "1", "--rdzv-timeout", "120", "--script", "never.py"],
         env=slurm_step(tmp_path, 0), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for_listener(20420, launch)  # the head's store: 20000 + (42 mod 1000) * 10 + 0
-        stopped = time.monotonic()
-        launch.send_signal(signal.SIGTERM)
-        _, err = launch.communicate(timeout=60)
-    finally:
-        if launch.poll() is None:
-            launch.kill()
+    # the head's store listens on 20000 + (42 mod 1000) * 10 + 0
+    err, stopped = term_when_ready(launch, lambda: wait_for_listener(20420, launch))
     assert launch.returncode == 75, err
     assert time.monotonic() - stopped < 30
     assert lines(err) == ["ddp-launch: stopped by SIGTERM while no worker was running: nothing to save; "
