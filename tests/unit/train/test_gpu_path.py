@@ -113,7 +113,7 @@ def test_warm_up_leaves_weights_statistics_optimizer_and_rng_as_they_were():
 
 
 DELAYED_VOTE = textwrap.dedent("""
-    import os, torch, torch.distributed as dist
+    import json, os, sys, torch, torch.distributed as dist
     from ddp_train.distributed import DelayedMax
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -125,7 +125,9 @@ DELAYED_VOTE = textwrap.dedent("""
     vote.launch(0)
     vote.launch(3 if rank == 0 else 0)  # a newer vote replaces an unread one
     seen.append(vote.read())
-    print(rank, seen, flush=True)
+    # One file per rank: two ranks printing to one pipe can interleave their writes.
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as out:
+        json.dump(seen, out)
     dist.destroy_process_group()
 """)
 
@@ -134,11 +136,11 @@ def test_delayed_stop_vote_gives_every_rank_the_same_answer(tmp_path):
     script = tmp_path / "vote.py"
     script.write_text(DELAYED_VOTE)
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", str(script)],
+                           "--nproc-per-node=2", str(script), str(tmp_path)],
                           env=trainer_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    lines = sorted(line for line in done.stdout.splitlines() if line[:2] in ("0 ", "1 "))
-    assert lines == ["0 [0, 7, 0, 3]", "1 [0, 7, 0, 3]"]
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert seen == [[0, 7, 0, 3], [0, 7, 0, 3]]
 
 
 def summary_and_epochs(run_dir: Path) -> tuple[dict, list[dict]]:
