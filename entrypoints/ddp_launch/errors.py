@@ -1,11 +1,26 @@
-"""The one error type for user mistakes; main() turns it into one line and exit 2.
+"""The one error type for user mistakes, and the one edge that turns it into one line and exit 2.
 
 Deep code raises LaunchError with a message that names the thing, its value
 and the fix. Nothing else is caught, so real bugs still show a traceback.
+Python 3.6 compatible: `ddp-launch binds` imports it on the host (host-modules.txt).
 """
 
-EXIT_USAGE = 2
+import sys
+from typing import Callable, List, Optional
+
+from ddp_contract import EXIT_USAGE
+
+__all__ = ["EXIT_USAGE", "LaunchError", "run_main"]
 
 
 class LaunchError(Exception):
     """A problem the user can fix: bad environment, bad flags, missing path."""
+
+
+def run_main(main: Callable[[List[str]], Optional[int]], argv: List[str]) -> int:
+    """main(argv)'s exit code; a LaunchError becomes one line on stderr and EXIT_USAGE."""
+    try:
+        return int(main(argv) or 0)
+    except LaunchError as error:
+        print("ddp-launch: error: {}".format(error), file=sys.stderr)
+        return EXIT_USAGE

@@ -20,6 +20,19 @@ class EnvChange:
 
 
 @dataclass(frozen=True)
+class Finding:
+    """Something a plan noticed that a person should know, typed so doctor need not parse text.
+
+    topic: what it is about ("kept" for a user value kept over a default, "interface",
+    "route", "roce", "plugin", ...); severity: "info", "warning" or "error".
+    """
+
+    topic: str
+    severity: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Topology:
     """What the fabric settings need to know about the launch: node count and head."""
 

@@ -236,7 +236,7 @@ def check_network_transport(env: Mapping[str, str], device: torch.device) -> Opt
     if device.type != "cuda" or not env.get("DDP_EXPECT_FABRIC"):
         return None
     try:
-        from ddp_launch.transport import check_nccl_transport
+        from ddp_contract import check_nccl_transport
     except ImportError:  # started without ddp-launch's package (plain torchrun): nothing set up to read
         return None
     ok, message = check_nccl_transport(env)

@@ -1,20 +1,45 @@
-"""Which network NCCL actually chose, from its own INFO log lines; loud when it is sockets.
+"""What ddp-launch and the trainer agree on: the DDP_* variables, exit codes, the dataset's files,
+and the check of which network NCCL chose.
 
-On Slingshot a fallback from the OFI plugin to TCP sockets makes all-reduce ~20x
-slower and fails nothing (CSCS: 1.09 ms vs 21.3 ms for 64 MiB on two GH200 nodes).
-The launcher sets DDP_EXPECT_FABRIC and NCCL_DEBUG_FILE; the trainer calls
-check_nccl_transport(os.environ) after its first collective.
+Both packages import this one module, so a name or a code is written once. It runs
+on login nodes too (the job scripts check the dataset with the node's python3, 3.6
+on SLES 15), so it keeps to the standard library and Python 3.6 syntax; `make lint`
+checks it with vermin (entrypoints/host-modules.txt).
+
+The transport check: on Slingshot a fallback from the OFI plugin to TCP sockets makes
+all-reduce ~20x slower and fails nothing (CSCS: 1.09 ms vs 21.3 ms for 64 MiB on two
+GH200 nodes). The launcher sets DDP_EXPECT_FABRIC and NCCL_DEBUG_FILE; the trainer
+calls check_nccl_transport(env) after its first collective.
 """
-
-from __future__ import annotations
 
 import glob
 import os
 import re
 import socket
-from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Tuple
+import sys
+from typing import Iterable, Mapping, NamedTuple, Optional, Tuple
 
+# -- exit codes (sysexits.h names) -------------------------------------------------------
+EXIT_USAGE = 2      # a mistake the user can fix: one line on stderr, never retried
+EXIT_REQUEUE = 75   # EX_TEMPFAIL: stopped on a signal after a checkpoint; requeue resumes it
+
+# -- variables the launcher sets for the workers -----------------------------------------
+EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband: check NCCL's choice
+REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"   # "1": a fallback to sockets is an error
+LOG_DIR_VAR = "DDP_LAUNCH_LOG_DIR"          # where NCCL's log goes beside torchrun's
+
+# -- CIFAR-100 on disk (torchvision's layout) -------------------------------------------
+DATASET_DIRNAME = "cifar-100-python"
+DATASET_FILES = ("train", "test", "meta")
+
+
+def missing_dataset_files(data_dir: str) -> Tuple[str, ...]:
+    """The CIFAR-100 files absent under data_dir/cifar-100-python (empty when it is all there)."""
+    folder = os.path.join(data_dir, DATASET_DIRNAME)
+    return tuple(name for name in DATASET_FILES if not os.path.isfile(os.path.join(folder, name)))
+
+
+# -- which network NCCL chose ------------------------------------------------------------
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$")
 _LOADED_PLUGIN = re.compile(r"NET/Plugin\s*:?\s*Loaded net plugin (?P<name>.+?)\s*(\(v\d+\))?\s*$")
 _NO_PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(No plugin found|Could not find|Plugin load returned|Failed to find|dlerror)", re.I)
@@ -24,8 +49,7 @@ _WARN = re.compile(r"NCCL WARN (?P<text>.*)$")
 SOCKET_NAMES = ("Socket",)
 
 
-@dataclass(frozen=True)
-class Transport:
+class Transport(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login nodes
     network: Optional[str]            # "AWS Libfabric", "IB", "Socket", or None if not logged
     plugin: Optional[str]             # the net plugin NCCL loaded, if any
     plugin_problem: Optional[str]     # NCCL's line saying the plugin was not found
@@ -109,10 +133,10 @@ def check_nccl_transport(
     ok is False only when sockets were chosen and DDP_REQUIRE_FABRIC=1; a
     sockets fallback without it is ok=True with the loud warning as message.
     """
-    expected = env.get("DDP_EXPECT_FABRIC")
+    expected = env.get(EXPECT_FABRIC_VAR)
     if not expected:
         return True, "no high-speed fabric expected; NCCL transport not checked"
-    required = env.get("DDP_REQUIRE_FABRIC") == "1"
+    required = env.get(REQUIRE_FABRIC_VAR) == "1"
     pattern = env.get("NCCL_DEBUG_FILE")
     lines = read_log(nccl_log_paths(pattern, hostname, pid)) if pattern else None
     if lines is None:
@@ -131,3 +155,16 @@ def check_nccl_transport(
         return True, f"NCCL has not logged its network choice yet ({expected} expected)"
     via = f" via plugin {transport.plugin}" if transport.plugin else ""
     return True, f"NCCL network: {transport.network}{via} ({expected} expected)"
+
+
+def main(argv: Optional[Iterable[str]] = None) -> int:
+    """`python3 -m ddp_contract dataset DIR`: exit 0 when CIFAR-100 is there, else name what is missing."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] != "dataset":
+        print("usage: python3 -m ddp_contract dataset DATA_DIR", file=sys.stderr)
+        return EXIT_USAGE
+    missing = missing_dataset_files(args[1])
+    if missing:
+        print("{} lacks {}".format(os.path.join(args[1], DATASET_DIRNAME), ", ".join(missing)))
+        return 1
+    return 0

@@ -1,0 +1,184 @@
+"""The probe: read this node once (CPUs, device files, fabric devices, routes, one DNS answer) into NodeFacts.
+
+Everything after it is pure: the planner, the fabric rules and doctor's checks take a
+NodeFacts value, so tests build one by hand (or probe a fake tree under `root`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import platform
+import re
+import struct
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+IPV4_MAPPED_PREFIX = "0000:0000:0000:0000:0000:ffff:"
+RTF_UP = 0x1
+_GPU_DEVICE_FILE = re.compile(r"nvidia[0-9]+")
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    """One entry of /sys/class/infiniband: its port, link layer and IPv4 RoCE v2 GID, if any."""
+
+    name: str
+    port: str
+    link_layer: str | None          # "InfiniBand", or "Ethernet" for RoCE
+    roce_v2_ipv4_gid: int | None
+
+    @property
+    def is_roce(self) -> bool:
+        return self.link_layer == "Ethernet" or (self.link_layer is None and self.roce_v2_ipv4_gid is not None)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One usable row of the kernel's IPv4 routing table (/proc/net/route)."""
+
+    interface: str
+    destination: int
+    mask: int
+    metric: int
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The one name lookup of a launch: the rendezvous host and its IPv4 address (None: no answer)."""
+
+    name: str
+    address: str | None
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    python: str = "python3"                     # sys.executable: workers run the launcher's interpreter
+    cpu_count: int = 1                          # CPUs this process may run on (sched_getaffinity)
+    machine: str = "x86_64"                     # platform.machine()
+    gpu_device_files: int = 0                   # /dev/nvidia[0-9]*
+    cxi_devices: tuple[str, ...] = ()           # /dev/cxi*
+    cxi_class: bool = False                     # /sys/class/cxi exists
+    rdma_devices: tuple[RdmaDevice, ...] = ()   # /sys/class/infiniband/*
+    net_interfaces: tuple[str, ...] | None = None   # /sys/class/net; None when it cannot be listed
+    routes: tuple[Route, ...] = ()              # /proc/net/route
+    existing_dirs: frozenset[str] = field(default_factory=frozenset)  # of the directories asked about
+    head: Resolved | None = None                # the rendezvous host's lookup, when one was asked
+    cuda_problem: str | None = None             # why CUDA cannot be used, when it was asked
+
+    @property
+    def slingshot_present(self) -> bool:
+        return bool(self.cxi_devices) or self.cxi_class
+
+    @property
+    def hsn_interfaces(self) -> tuple[str, ...] | None:
+        """hsn* interfaces (Slingshot NICs), or None when /sys/class/net cannot be listed."""
+        if self.net_interfaces is None:
+            return None
+        return tuple(name for name in self.net_interfaces if name.startswith("hsn"))
+
+    def address_of(self, host: str) -> str | None:
+        """host's IPv4 address from the one lookup (an address is its own answer)."""
+        try:
+            return str(ipaddress.IPv4Address(host))
+        except ValueError:
+            pass
+        return self.head.address if self.head is not None and self.head.name == host else None
+
+
+# -- readers under a root ("/" on a node, a fake tree in tests) --------------------------
+
+def under(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def list_dir(root: str, path: str) -> tuple[str, ...] | None:
+    """Sorted entries of a directory, or None when it cannot be listed."""
+    try:
+        return tuple(sorted(os.listdir(under(root, path))))
+    except OSError:
+        return None
+
+
+def read_text(root: str, path: str) -> str | None:
+    try:
+        with open(under(root, path), encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _hex_le(value: str) -> int:
+    """/proc/net/route prints addresses as host-order (little-endian) hex."""
+    return struct.unpack("<I", struct.pack(">I", int(value, 16)))[0]
+
+
+def parse_routes(text: str) -> tuple[Route, ...]:
+    routes = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        try:
+            if not int(fields[3], 16) & RTF_UP:
+                continue
+            routes.append(Route(fields[0], _hex_le(fields[1]), _hex_le(fields[7]), int(fields[6])))
+        except ValueError:
+            continue
+    return tuple(routes)
+
+
+def roce_v2_ipv4_gid_index(root: str, device: str, port: str = "1") -> int | None:
+    """Lowest GID index on device/port that is an IPv4-mapped address of type RoCE v2.
+
+    What EPFL RCP's grep one-liner does (seed 002), read from sysfs directly:
+    ports/<p>/gids/<n> holds the GID, ports/<p>/gid_attrs/types/<n> its type.
+    """
+    base = f"/sys/class/infiniband/{device}/ports/{port}"
+    indices = sorted(int(n) for n in (list_dir(root, f"{base}/gids") or ()) if n.isdigit())
+    for index in indices:
+        gid = (read_text(root, f"{base}/gids/{index}") or "").lower()
+        if not gid.startswith(IPV4_MAPPED_PREFIX):
+            continue
+        # Unpopulated entries fail to read (EINVAL): read_text gives None and they are skipped.
+        kind = read_text(root, f"{base}/gid_attrs/types/{index}") or ""
+        if kind.strip().lower() == "roce v2":
+            return index
+    return None
+
+
+def probe_rdma_device(root: str, name: str) -> RdmaDevice:
+    ports = [p for p in (list_dir(root, f"/sys/class/infiniband/{name}/ports") or ()) if p.isdigit()]
+    port = "1" if "1" in ports or not ports else ports[0]
+    link_layer = read_text(root, f"/sys/class/infiniband/{name}/ports/{port}/link_layer")
+    return RdmaDevice(name, port, link_layer, roce_v2_ipv4_gid_index(root, name, port))
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def probe(root: str = "/", directories: Iterable[str] = (), head: str | None = None,
+          resolve: Callable[[str], str | None] | None = None,
+          cuda: Callable[[], str | None] | None = None) -> NodeFacts:
+    """This node, read once. head is looked up with resolve; cuda() runs only when given."""
+    dev = list_dir(root, "/dev") or ()
+    return NodeFacts(
+        python=sys.executable,
+        cpu_count=cpu_count(),
+        machine=platform.machine(),
+        gpu_device_files=sum(1 for name in dev if _GPU_DEVICE_FILE.fullmatch(name)),
+        cxi_devices=tuple(name for name in dev if name.startswith("cxi")),
+        cxi_class=list_dir(root, "/sys/class/cxi") is not None,
+        rdma_devices=tuple(probe_rdma_device(root, name)
+                           for name in list_dir(root, "/sys/class/infiniband") or ()),
+        net_interfaces=list_dir(root, "/sys/class/net"),
+        routes=parse_routes(read_text(root, "/proc/net/route") or ""),
+        existing_dirs=frozenset(d for d in directories if os.path.isdir(under(root, d))),
+        head=Resolved(head, resolve(head)) if head is not None and resolve is not None else None,
+        cuda_problem=cuda() if cuda is not None else None,
+    )
