@@ -98,6 +98,10 @@ X86_SIF          ?= $(SIF_DIR)/train-x86_64.sif
 CPU_SIF          ?= $(SIF_DIR)/train-cpu.sif
 OLIVIA_ACCOUNT   ?= $(SBATCH_ACCOUNT)
 IMAGE_ARGS        = --build-arg VERSION=$(IMAGE_VERSION) --build-arg GIT_COMMIT=$(GIT_COMMIT)
+# One definition for every GPU image; its build arguments pick the target (see its header).
+GPU_DEF          := containers/gpu.def
+OLIVIA_ARGS      := --build-arg ARCH=arm64 --build-arg SITE=olivia
+X86_ARGS         := --build-arg ARCH=amd64
 
 define need_apptainer
 	@command -v $(APPTAINER) >/dev/null 2>&1 || { echo "error: '$(APPTAINER)' not found on PATH; on a cluster run 'module load apptainer', elsewhere install it (https://apptainer.org/docs/admin/main/installation.html)" >&2; exit 127; }
@@ -109,14 +113,14 @@ build-olivia:
 	@if [ -f "$(OLIVIA_BASE_SIF)" ]; then base="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=$(OLIVIA_BASE_SIF)"; \
 	 else base="--arch arm64 --build-arg BOOTSTRAP=docker --build-arg BASE_IMAGE=$(NGC_PYTORCH)"; fi; \
 	 notest=""; [ "$$(uname -m)" = aarch64 ] || notest="--notest"; \
-	 echo "building containers/olivia-arm64.def (arm64, $$base) -> $(OLIVIA_SIF)"; \
-	 $(APPTAINER) build $(BUILD_FLAGS) $$notest $$base $(IMAGE_ARGS) "$(OLIVIA_SIF)" containers/olivia-arm64.def
+	 echo "building $(GPU_DEF) for Olivia ($(OLIVIA_ARGS), $$base) -> $(OLIVIA_SIF)"; \
+	 $(APPTAINER) build $(BUILD_FLAGS) $$notest $$base $(OLIVIA_ARGS) $(IMAGE_ARGS) "$(OLIVIA_SIF)" $(GPU_DEF)
 	@echo "SIF: $(OLIVIA_SIF)"
 
 build-x86:
 	$(need_apptainer)
-	@echo "building containers/x86_64.def (amd64, $(NGC_PYTORCH)) -> $(X86_SIF)"
-	$(APPTAINER) build $(BUILD_FLAGS) --build-arg BASE_IMAGE=$(NGC_PYTORCH) $(IMAGE_ARGS) "$(X86_SIF)" containers/x86_64.def
+	@echo "building $(GPU_DEF) for x86_64 GPU nodes ($(X86_ARGS), $(NGC_PYTORCH)) -> $(X86_SIF)"
+	$(APPTAINER) build $(BUILD_FLAGS) --build-arg BASE_IMAGE=$(NGC_PYTORCH) $(X86_ARGS) $(IMAGE_ARGS) "$(X86_SIF)" $(GPU_DEF)
 	@echo "SIF: $(X86_SIF)"
 
 build-cpu:
@@ -133,6 +137,7 @@ build-olivia-job:
 	  $(if $(OLIVIA_ACCOUNT),--account=$(OLIVIA_ACCOUNT)) --output=build-olivia-%j.out \
 	  --wrap 'module load apptainer 2>/dev/null; make build-olivia OLIVIA_SIF=$(OLIVIA_SIF)'
 
+# The x86_64 image as a Dockerfile for RunAI/Kubernetes; the build arguments stay ARGs.
 dockerfile: venv
-	@echo "generating containers/Dockerfile from containers/x86_64.def (spython)"
-	$(VPY) containers/dockerfile.py --def containers/x86_64.def --build-arg VERSION=$(IMAGE_VERSION) -o containers/Dockerfile
+	@echo "generating containers/Dockerfile from $(GPU_DEF) (spython)"
+	$(VPY) containers/dockerfile.py --def $(GPU_DEF) --build-arg VERSION=$(IMAGE_VERSION) $(X86_ARGS) -o containers/Dockerfile

@@ -12,6 +12,7 @@ from typing import Dict, Mapping
 
 _SECTION = re.compile(r"^%(\w+)\s*$", re.M)
 _TEMPLATE = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+_COMMENT = re.compile(r"#[^!]")
 
 
 def sections(text: str) -> Dict[str, str]:
@@ -31,10 +32,17 @@ def build_arguments(text: str) -> Dict[str, str]:
 
 
 def render(text: str, overrides: Mapping[str, str] = {}) -> str:
-    """Substitute {{ VAR }} as `apptainer build --build-arg` does; unknown names are an error."""
+    """Substitute {{ VAR }} as `apptainer build --build-arg` does; unknown names are an error.
+
+    As Apptainer does, a {{ VAR }} after a `#` on its line is a comment and stays as written
+    (internal/pkg/build/args/reader.go: commentLineRegexp, `#` then any character but `!`).
+    """
     values = {**build_arguments(text), **overrides}
 
     def substitute(match: "re.Match[str]") -> str:
+        line_start = match.string.rfind("\n", 0, match.start()) + 1
+        if _COMMENT.search(match.string, line_start, match.start()):
+            return match.group(0)
         name = match.group(1)
         if name not in values:
             raise KeyError(f"build argument {name} is used but has no default in %arguments and no --build-arg")

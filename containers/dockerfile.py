@@ -3,9 +3,11 @@
 spython's writer turns %runscript into a shell-form CMD, which drops the
 container's arguments; we swap it for an exec-form ENTRYPOINT so
 `docker run IMAGE --nodes 2` reaches ddp-launch, and run %test as a build step.
-The base is a build argument (`ARG BASE_IMAGE` before FROM, default from %arguments),
-so a test can build the same recipe on another base; %files become COPY, which
-Docker and Charliecloud's ch-image both build (ch-image 0.31 ignores ADD).
+Every %arguments name but BOOTSTRAP becomes an ARG whose default is the definition's
+(or this script's --build-arg), so `docker build --build-arg` means what
+`apptainer build --build-arg` does; BASE_IMAGE is declared before FROM as well, so a
+test can build the same recipe on another base. %files become COPY, which Docker and
+Charliecloud's ch-image both build (ch-image 0.31 ignores ADD).
 Usage: python containers/dockerfile.py [--def PATH] [--build-arg K=V ...] [-o FILE]
 """
 
@@ -21,12 +23,18 @@ from typing import Dict, List, Optional, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from deffile import render, sections  # noqa: E402
+from deffile import build_arguments, render, sections  # noqa: E402
 
 _SHELL_ONLY_EXPANSION = re.compile(r"\$\{\w+:[-+]")
+# `export NAME="${NAME:-value}"`: Apptainer's image environment overrides the host's, so a
+# default the user may override is written this way; Docker's ENV already is one (docker
+# run -e and a pod's env win), so it becomes `ENV NAME="value"`.
+_DEFAULT_ONLY = re.compile(r'^ENV (?P<name>\w+)="?\$\{(?P=name):-(?P<value>.*)\}"?$')
+# How Apptainer gets the base (docker | localimage); Docker has only FROM.
+APPTAINER_ONLY_ARGUMENTS = ("BOOTSTRAP",)
 EXPECTED_RUNSCRIPT = 'exec ddp-launch "$@"'
 ENTRYPOINT = '["ddp-launch"]'
-DEFAULT_DEF = os.path.join("containers", "x86_64.def")
+DEFAULT_DEF = os.path.join("containers", "gpu.def")
 
 
 def generate(def_path: str, build_args: Dict[str, str]) -> str:
@@ -39,8 +47,9 @@ def generate(def_path: str, build_args: Dict[str, str]) -> str:
     if not base:
         raise ValueError(f"{def_path}: no `From:` line in the header")
     base_image = base.group(1)
-    # $BASE_IMAGE, not ${BASE_IMAGE}: ch-image 0.31's FROM grammar takes only the plain form.
-    rendered = render(text, {**build_args, "BASE_IMAGE": "$BASE_IMAGE"})
+    defaults = {name: value for name, value in {**build_arguments(text), **build_args}.items()
+                if name not in APPTAINER_ONLY_ARGUMENTS}
+    rendered = render(text, {**build_args, **{name: "${%s}" % name for name in defaults}})
     # Each RUN fails the build on its own, so `set -e` (needed in %test) is dropped.
     test_lines = [
         line for line in sections(rendered).get("test", "").splitlines()
@@ -67,19 +76,30 @@ def generate(def_path: str, build_args: Dict[str, str]) -> str:
         f"# Generated from {def_path} by containers/dockerfile.py (make dockerfile); do not edit.",
         "# Build: docker build -f containers/Dockerfile -t ddp-train . (from the repository root)",
     ]
-    return "\n".join(header) + "\n" + _base_as_argument(DockerWriter(recipe).convert(), base_image) + "\n"
+    return "\n".join(header) + "\n" + _with_arguments(DockerWriter(recipe).convert(), base_image, defaults) + "\n"
 
 
-def _base_as_argument(dockerfile: str, base_image: str) -> str:
-    """FROM the BASE_IMAGE build argument (its default before FROM, declared again inside the
-    stage for the LABEL, as Docker scopes ARGs); ADD of local files as COPY."""
+def _argument(name: str, value: str) -> str:
+    # ch-image 0.31 parses `ARG NAME=` only with a word or a quoted string after the `=`.
+    return f"ARG {name}={value}" if value and not re.search(r'[\s"]', value) else f'ARG {name}="{value}"'
+
+
+def _with_arguments(dockerfile: str, base_image: str, defaults: Dict[str, str]) -> str:
+    """FROM the BASE_IMAGE build argument, declared before FROM for it and again inside the
+    stage with the other arguments, as Docker scopes ARGs ("Understand how ARG and FROM
+    interact"); ADD of local files as COPY; a default-only ENV as a plain one."""
     lines = []
     for line in dockerfile.splitlines():
+        default_only = _DEFAULT_ONLY.match(line)
         if line.startswith("FROM "):
             stage = line.split(" AS ", 1)[1] if " AS " in line else "spython-base"
+            # $BASE_IMAGE, not ${BASE_IMAGE}: ch-image 0.31's FROM grammar takes only the plain form.
             lines += [f"ARG BASE_IMAGE={base_image}", f"FROM $BASE_IMAGE AS {stage}", "ARG BASE_IMAGE"]
+            lines += [_argument(name, value) for name, value in defaults.items() if name != "BASE_IMAGE"]
         elif line.startswith("ADD "):
             lines.append("COPY " + line[len("ADD "):])
+        elif default_only:
+            lines.append(f'ENV {default_only.group("name")}="{default_only.group("value")}"')
         elif line.startswith("ENV ") and _SHELL_ONLY_EXPANSION.search(line):
             raise ValueError(f"%environment line `{line[len('ENV '):]}` uses ${{VAR:+...}} or ${{VAR:-...}}, which "
                              "ch-image cannot build (charliecloud issue #774): assign the value plainly")

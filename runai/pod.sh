@@ -15,8 +15,10 @@ main() {
     local -r run_dir="${DDP_RUN_DIR:-/mnt/runs/${HOSTNAME%-*-[0-9]*}}"
     pod::log "pod ${HOSTNAME:-?}: rank ${RANK:-?} of ${PET_NNODES:-?} pods, ${RUNAI_NUM_OF_GPUS:-?} GPUs each," \
         "rendezvous ${MASTER_ADDR:-?}:${MASTER_PORT:-?}"
-    [ -f "${data_dir}/cifar-100-python/train" ] \
-        || { pod::log "error: ${data_dir}/cifar-100-python is missing: stage it on the PVC (make data DATA_DIR=...) or set DDP_DATA_DIR"; exit 1; }
+    # The trainer's own list of files decides (ddp_contract.DATASET_FILES, on the image's PYTHONPATH).
+    local missing
+    missing="$(python3 -m ddp_contract dataset "${data_dir}")" \
+        || { pod::log "error: ${missing:-the dataset check failed (see above)}: stage it on the PVC (make data DATA_DIR=...) or set DDP_DATA_DIR"; exit 1; }
     mkdir -p "${run_dir}/logs"
     exec ddp-launch --mode kubeflow --site "${DDP_SITE:-rcp}" --log-dir "${run_dir}/logs" \
         -- --data-dir "${data_dir}" --run-dir "${run_dir}" "$@"

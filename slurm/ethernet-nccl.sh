@@ -12,12 +12,10 @@
 # the route to the rendezvous host (the generic site profile), so nodes whose NICs
 # have different names (ens1f1, ens1f0np0, ...) need no per-rank case statement.
 # Submit from the repository root: sbatch [--nodes=N] slurm/ethernet-nccl.sh [trainer flags...]
-set -euo pipefail
-# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
-export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
-[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
+# DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
-source "${DDP_REPO}/slurm/lib/ddp.sh"
+source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 1; }
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-x86_64.sif"
 ddp::default DDP_SITE generic
@@ -26,4 +24,4 @@ ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/ethernet-nccl-${SLURM_JOB_ID:-local}"
 ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 384 --base-lr 0.01"
 ddp::default NCCL_IB_DISABLE 1
 
-ddp::run_job node -- -- "$@"
+ddp::run_job node "$@"

@@ -13,13 +13,11 @@
 #SBATCH --requeue
 # Olivia (Sigma2), one GH200: the single-GPU baseline of the scaling table.
 # Submit from the repository root: sbatch slurm/olivia-1gpu.sh [trainer flags...]
-# Set the account above (or sbatch --account=nnXXXXk); DDP_* variables: slurm/lib/ddp.sh.
-set -euo pipefail
-# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
-export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
-[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
+# DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
+# Set the account above (or sbatch --account=nnXXXXk).
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
-source "${DDP_REPO}/slurm/lib/ddp.sh"
+source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 1; }
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-olivia-arm64.sif"
 ddp::default DDP_SITE olivia
@@ -27,4 +25,4 @@ ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-1gpu-${SLURM_JOB_ID:-local}"
 ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 256 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
 
-ddp::run_job node -- -- "$@"
+ddp::run_job node "$@"

@@ -15,12 +15,10 @@
 # torchrun per node with c10d rendezvous on the first node (found by ddp-launch, no
 # scontrol in the image); host libfabric/NCCL/CXI bound in from the olivia site profile.
 # Submit from the repository root: sbatch [--nodes=4] slurm/olivia-multinode.sh [trainer flags...]
-set -euo pipefail
-# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
-export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
-[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
+# DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
-source "${DDP_REPO}/slurm/lib/ddp.sh"
+source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 1; }
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-olivia-arm64.sif"
 ddp::default DDP_SITE olivia
@@ -28,4 +26,4 @@ ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-multinode-${SLURM_JOB_ID:-local}"
 ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
 
-ddp::run_job node -- -- "$@"
+ddp::run_job node "$@"

@@ -14,12 +14,10 @@
 # each task is one rank (RANK=SLURM_PROCID, LOCAL_RANK=SLURM_LOCALID, env:// init).
 # One log file per rank: $DDP_RUN_DIR/logs/<job>-<node>-rank<N>.out.
 # Submit from the repository root: sbatch slurm/raven-task-per-gpu.sh [trainer flags...]
-set -euo pipefail
-# sbatch runs a copy of this script from its spool: find the checkout from the submit dir.
-export DDP_REPO="${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}"
-[ -f "${DDP_REPO}/slurm/lib/ddp.sh" ] || { echo "error: DDP_REPO=${DDP_REPO} is not this project's checkout: submit from the repository root or set DDP_REPO" >&2; exit 1; }
+# e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
+# DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
-source "${DDP_REPO}/slurm/lib/ddp.sh"
+source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 1; }
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-x86_64.sif"
 ddp::default DDP_APPTAINER_MODULE apptainer  # MPCDF: Apptainer is a module on Raven
@@ -28,4 +26,4 @@ ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/raven-${SLURM_JOB_ID:-local}"
 ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 256 --base-lr 0.01"
 
-ddp::run_job task -- --mode slurm-task -- "$@"
+ddp::run_job task "$@"

@@ -14,6 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
+from ddp_contract import EXIT_REQUEUE, EXIT_USAGE
 from ddp_launch.worker import PARENT_PID_VARIABLE
 
 # The stop requests the trainer turns into "checkpoint, then exit 75". torchrun
@@ -33,11 +34,9 @@ FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 TORCHRUN_HANDLED_SIGNALS = ("SIGINT", "SIGHUP", "SIGQUIT")
 
 EXIT_CRASH = 1
-EXIT_USAGE = 2      # the trainer's exit code for a mistake the user must fix
-EXIT_STOPPED = 75   # EX_TEMPFAIL, the trainer's exit code after a signal-stop
 EXIT_RENDEZVOUS = 1  # what torchrun itself returns for a failed rendezvous
 # A restart cannot fix a usage error, and a stop request must stay stopped.
-NOT_RETRIED = frozenset({EXIT_USAGE, EXIT_STOPPED})
+NOT_RETRIED = frozenset({EXIT_USAGE, EXIT_REQUEUE})
 
 
 
@@ -80,11 +79,11 @@ def launcher_exit_code(codes: Sequence[int]) -> int:
     codes = own_exit_codes(codes)
     if not codes or any(code not in NOT_RETRIED for code in codes):
         return EXIT_CRASH
-    return EXIT_USAGE if EXIT_USAGE in codes else EXIT_STOPPED
+    return EXIT_USAGE if EXIT_USAGE in codes else EXIT_REQUEUE
 
 
 def all_stopped_for_requeue(exit_codes: Sequence[int]) -> bool:
-    return bool(exit_codes) and launcher_exit_code(exit_codes) == EXIT_STOPPED
+    return bool(exit_codes) and launcher_exit_code(exit_codes) == EXIT_REQUEUE
 
 
 def is_retried(codes: Sequence[int], stop_requested: bool) -> bool:
@@ -246,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as failure:
         codes = [f.exitcode for f in failure.failures.values()]
         code = launcher_exit_code(codes)
-        if code == EXIT_STOPPED:
+        if code == EXIT_REQUEUE:
             print("ddp-launch: workers stopped on a signal after saving a checkpoint "
-                  f"(exit {EXIT_STOPPED}): resubmit or requeue to resume", file=sys.stderr)
+                  f"(exit {EXIT_REQUEUE}): resubmit or requeue to resume", file=sys.stderr)
         elif code == EXIT_CRASH:
             rank, first = first_crash(failure.failures)
             print(crash_summary(rank, socket.gethostname(), first.exitcode, args.log_dir), file=sys.stderr)
@@ -262,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         name = error.sigval.name
         if error.sigval in FORWARDED_SIGNALS:
             print(f"ddp-launch: stopped by {name} while no worker was running: nothing to save; "
-                  f"resubmit or requeue to go on (exit {EXIT_STOPPED})", file=sys.stderr)
-            return EXIT_STOPPED
+                  f"resubmit or requeue to go on (exit {EXIT_REQUEUE})", file=sys.stderr)
+            return EXIT_REQUEUE
         print(f"ddp-launch: stopped by {name}: the workers were sent {name}", file=sys.stderr)
         return 128 + int(error.sigval)
     return 0

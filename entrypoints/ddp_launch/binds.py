@@ -12,7 +12,7 @@ import os
 import sys
 from typing import List, Mapping, Optional, Sequence, TextIO
 
-from ddp_launch.errors import EXIT_USAGE, LaunchError
+from ddp_launch.errors import LaunchError, run_main
 from ddp_launch.flags import FlagParser
 from ddp_launch.libclosure import Closure, closure_binds
 from ddp_launch.sites import apptainer_bind_value, load_site, resolve_binds
@@ -74,11 +74,8 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        return run(sys.argv[1:] if argv is None else argv, os.environ, sys.stdout, sys.stderr)
-    except LaunchError as exc:
-        print(f"ddp-launch: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    return run_main(lambda args: run(args, os.environ, sys.stdout, sys.stderr),
+                    sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import sys
 from typing import List, Mapping, Optional, Sequence, TextIO
 
 from ddp_launch.doctor_checks import FAIL, REAL_PROBES, Check, Probes, make_context, run_checks
-from ddp_launch.errors import EXIT_USAGE, LaunchError
+from ddp_launch.errors import run_main
 from ddp_launch.flags import FlagParser
 from ddp_launch.sites import load_site
 
@@ -78,7 +78,13 @@ def relaunch(argv: Sequence[str], env: Mapping[str, str], library_path: str) -> 
 def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, probes: Probes = REAL_PROBES) -> int:
     args = parse_args(argv, env)
     profile = load_site(args.site, env) if args.site else None
-    context = make_context(env, args.root, args.offline, profile, args.data_dir, probes)
+    plan_env = env
+    if args.image:
+        from ddp_launch.doctor_image import self_test_env
+        # At build time (%test, often in a SLURM build job) the scheduler's variables describe
+        # the build, not a launch: plan as the runscript would start a local run.
+        plan_env = self_test_env(env)
+    context = make_context(plan_env, args.root, args.offline, profile, args.data_dir, probes)
     library_path = library_path_for_workers(context)
     if library_path is not None and probes is REAL_PROBES and env.get(RELAUNCHED) != "1":
         relaunch(argv, env, library_path)
@@ -92,11 +98,7 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, probes: Probes
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        return run(sys.argv[1:] if argv is None else argv, os.environ, sys.stdout)
-    except LaunchError as exc:
-        print(f"ddp-launch: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    return run_main(lambda args: run(args, os.environ, sys.stdout), sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -13,21 +13,27 @@ import re
 import shutil
 import socket
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from ddp_launch.fabric import FabricPlan, FabricRequest, plan_fabric
-from ddp_launch.fabric.common import list_dir, read_text, under
+from ddp_contract import DATASET_DIRNAME, missing_dataset_files
+from ddp_launch import planner
+from ddp_launch.envvars import integer
+from ddp_launch.errors import LaunchError
+from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, plan_fabric
+from ddp_launch.fabric.defaults import HostLibrary, load_fabric_defaults
 from ddp_launch.fabric.slingshot import check_socket_ifname
-from ddp_launch.gpus import count_device_files, parse_count
+from ddp_launch.facts import NodeFacts, list_dir, read_text, under
 from ddp_launch.libload import load_in_child, missing_library
-from ddp_launch.nodelist import expand_nodelist
-from ddp_launch.rendezvous import host_name_problem, rendezvous_port
+from ddp_launch.plan import LaunchPlan
+from ddp_launch.rendezvous import host_name_problem
 from ddp_launch.sites import SiteProfile, container_search_paths
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
 # Oldest Linux driver for each CUDA major (CUDA toolkit release notes, table 3).
 MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
+# NCCL dlopens libnccl-net.so unless NCCL_NET_PLUGIN=ofi names the -ofi variant.
+OFI_PLUGIN_LABEL = "OFI plugin"
 
 
 @dataclass(frozen=True)
@@ -57,36 +63,43 @@ class DoctorContext:
     profile: Optional[SiteProfile]
     data_dir: str
     probes: Probes
-    fabric: FabricPlan  # what the launcher would set on this node, from the same code
+    facts: NodeFacts                    # this node, read once by the launcher's own probe
+    fabric: FabricPlan                  # what the launcher would set on this node, from the same code
+    launch: Optional[LaunchPlan] = None     # the launcher's plan; None when planning refused
+    plan_problem: Optional[str] = None      # the launcher's one-line refusal, when it refused
+
+    @property
+    def multi_node(self) -> bool:
+        return self.launch is not None and self.launch.nodes > 1
 
 
-def multi_node_job(env: Mapping[str, str]) -> bool:
-    for name in ("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES", "PET_NNODES"):
-        value = env.get(name, "")
-        if value.isdigit():
-            return int(value) > 1
-    return False
+def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
+    """What the doctor asks the planner: a dry run (no waiting for a pod's DNS) with the site."""
+    return ("--dry-run",) + (("--site", profile.name) if profile else ())
 
 
-def head_node(env: Mapping[str, str]) -> Tuple[Optional[str], Optional[int]]:
-    host = env.get("DDP_LAUNCH_RDZV_HOST") or env.get("MASTER_ADDR")
-    if not host and env.get("SLURM_JOB_NODELIST"):
-        host = expand_nodelist(env["SLURM_JOB_NODELIST"], "SLURM_JOB_NODELIST")[0]
-    port_text = env.get("DDP_LAUNCH_RDZV_PORT") or env.get("MASTER_PORT")
-    if port_text and port_text.isdigit():
-        return host, int(port_text)
-    if env.get("SLURM_JOB_ID", "").isdigit():
-        step = env.get("SLURM_STEP_ID", "0")
-        return host, rendezvous_port(int(env["SLURM_JOB_ID"]), int(step) if step.isdigit() else 0)
-    return host, 29500 if host else None
-
-
-def make_context(env, root, offline, profile, data_dir, probes, machine=None) -> DoctorContext:
-    request = FabricRequest(
-        env=env, multi_node=multi_node_job(env), site=profile.name if profile else None,
-        head_address=head_node(env)[0], root=root, machine=machine,
-    )
-    return DoctorContext(env, root, offline, profile, data_dir, probes, plan_fabric(request))
+def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext:
+    """Probe and plan as `ddp-launch` would here; a refusal becomes ctx.plan_problem, not a crash."""
+    argv = launcher_argv(profile)
+    launch, problem = None, None
+    try:
+        # Without the CUDA question: check_gpus asks torch itself and says more than a refusal.
+        questions = replace(planner.questions(argv, env), cuda=False)
+    except LaunchError as error:
+        questions, problem = planner.ProbeQuestions(directories=directories_to_probe(
+            profile.name if profile else None, env)), str(error)
+    facts = planner.probe(questions, root)
+    if problem is None:
+        try:
+            launch = planner.plan(argv, env, facts)
+        except LaunchError as error:
+            problem = str(error)
+    if launch is not None and launch.fabric is not None:
+        fabric = launch.fabric
+    else:
+        # The planner refused before the fabric: the node's own fabric settings still get checked.
+        fabric = plan_fabric(FabricRequest(env=env, multi_node=False, site=profile.name if profile else None), facts)
+    return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, launch, problem)
 
 
 def fabric_expected(ctx: DoctorContext) -> Optional[str]:
@@ -112,9 +125,9 @@ def check_gpus(ctx: DoctorContext) -> Check:
     visible = info.get("cuda_device_count")
     source = "torch.cuda.device_count()"
     if not isinstance(visible, int):
-        visible, source = count_device_files(ctx.root), "/dev/nvidia[0-9]*"
+        visible, source = ctx.facts.gpu_device_files, "/dev/nvidia[0-9]*"
     granted_text = ctx.env.get("SLURM_GPUS_ON_NODE") or ctx.env.get("RUNAI_NUM_OF_GPUS")
-    granted = parse_count("SLURM_GPUS_ON_NODE", granted_text) if granted_text else None
+    granted = integer("SLURM_GPUS_ON_NODE", granted_text) if granted_text else None
     if granted and visible == 0:
         return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted",
                      "run with `apptainer exec --nv` (or `apptainer run --nv`) so the GPUs enter the container")
@@ -140,17 +153,29 @@ def check_torch(ctx: DoctorContext) -> Check:
     return Check("torch", OK, ", ".join(parts))
 
 
+def check_launch_plan(ctx: DoctorContext) -> Check:
+    """What `ddp-launch` would do here, from the same planner; its refusal is the finding."""
+    if ctx.launch is None:
+        return Check("launch plan", FAIL, ctx.plan_problem or "no plan",
+                     "fix what the message names; `ddp-launch --dry-run` shows the same")
+    where = ""
+    if ctx.launch.rendezvous is not None:
+        port = ctx.launch.rendezvous.port
+        where = f", rendezvous {ctx.launch.rendezvous.host}" + (f":{port}" if port is not None else "")
+    return Check("launch plan", OK, f"{ctx.launch.mode} on {ctx.launch.nodes} node(s){where}")
+
+
 def check_fabric_devices(ctx: DoctorContext) -> Check:
     expected = fabric_expected(ctx)
-    cxi = [d for d in (list_dir(ctx.root, "/dev") or ()) if d.startswith("cxi")]
-    rdma = list(list_dir(ctx.root, "/sys/class/infiniband") or ())
+    cxi = list(ctx.facts.cxi_devices)
+    rdma = [device.name for device in ctx.facts.rdma_devices]
     found = ", ".join(cxi + rdma) or "none"
-    if expected == "slingshot" and not cxi and list_dir(ctx.root, "/sys/class/cxi") is None:
-        status = FAIL if multi_node_job(ctx.env) else WARN
+    if expected == "slingshot" and not ctx.facts.slingshot_present:
+        status = FAIL if ctx.multi_node else WARN
         return Check("fabric devices", status, f"Slingshot expected but no /dev/cxi* (found: {found})",
                      "run on a compute node; inside Apptainer /dev is shared, so check the node itself")
     if expected == "infiniband" and not rdma:
-        status = FAIL if multi_node_job(ctx.env) else WARN
+        status = FAIL if ctx.multi_node else WARN
         return Check("fabric devices", status, "InfiniBand/RoCE expected but /sys/class/infiniband is empty",
                      "on RunAI add --extended-resource rdma/rdma=1 and the roce network annotation")
     return Check("fabric devices", OK, f"fabric {ctx.fabric.fabric}; devices: {found}")
@@ -161,7 +186,7 @@ def check_fabric_settings(ctx: DoctorContext) -> Check:
     if "NCCL_NET" in env and "NCCL_NET_PLUGIN" in env:
         return Check("fabric settings", FAIL, f"NCCL_NET={env['NCCL_NET']} and NCCL_NET_PLUGIN={env['NCCL_NET_PLUGIN']} are both set",
                      "unset NCCL_NET_PLUGIN: with both, NCCL cannot find the network (CSCS docs PR #75)")
-    kept = [note for note in ctx.fabric.notes if note.startswith("kept your")]
+    kept = [finding for finding in ctx.fabric.findings if finding.topic == "kept"]
     detail = f"{len(ctx.fabric.changes)} variables from the {ctx.fabric.fabric} defaults"
     if kept:
         detail += f"; {len(kept)} of yours kept (see ddp-launch --dry-run)"
@@ -191,13 +216,9 @@ def _find(ctx: DoctorContext, dirs: Sequence[str], pattern: str) -> Tuple[str, .
     return tuple(hits)
 
 
-HOST_LIBRARIES = (
-    # (label, filename regex, kind, required on Slingshot, fix)
-    ("libcxi", r"libcxi\.so\.1", "plain", True, "bind /usr/lib64/libcxi.so.1 (ddp-launch binds --site SITE)"),
-    ("libfabric", r"libfabric\.so\.1", "libfabric", True, "bind the host libfabric (module load libfabric; ddp-launch binds)"),
-    ("NCCL", r"libnccl\.so\.2", "nccl", False, "load the NCCL module so the host NCCL (built for the plugin) is bound"),
-    ("OFI plugin", r"libnccl-net\.so", "plain", True, "bind the host aws-ofi-nccl lib dir (module load NCCL; ddp-launch binds)"),
-)
+def host_libraries(env: Mapping[str, str]) -> Tuple[HostLibrary, ...]:
+    """The Slingshot host libraries, in load order (containers/sites/fabrics/slingshot.json)."""
+    return load_fabric_defaults("slingshot", env).host_libraries
 
 
 def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
@@ -205,23 +226,24 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
         return (Check("host libraries", SKIP, "no Slingshot fabric expected; the image's own NCCL is used"),)
     dirs = _library_dirs(ctx)
     checks = []
-    for label, pattern, kind, required, fix in HOST_LIBRARIES:
-        hits = _find(ctx, dirs, pattern)
-        if not hits and label == "OFI plugin" and _find(ctx, dirs, r"libnccl-net-ofi\.so"):
+    for library in host_libraries(ctx.env):
+        label = library.label
+        hits = _find(ctx, dirs, library.file)
+        if not hits and label == OFI_PLUGIN_LABEL and _find(ctx, dirs, r"libnccl-net-ofi\.so"):
             checks.append(Check(label, WARN, "only libnccl-net-ofi.so found; NCCL dlopens libnccl-net.so unless NCCL_NET_PLUGIN=ofi",
                                 "bind a plugin directory that has libnccl-net.so (the aws-ofi-nccl module provides the link)"))
             continue
         if not hits:
             # Outside a multi-node job (login node, image %test) a missing host library is not fatal yet.
-            status = FAIL if required and multi_node_job(ctx.env) else WARN
-            checks.append(Check(label, status, f"not found in LD_LIBRARY_PATH ({':'.join(dirs) or 'empty'})", fix))
+            status = FAIL if library.required and ctx.multi_node else WARN
+            checks.append(Check(label, status, f"not found in LD_LIBRARY_PATH ({':'.join(dirs) or 'empty'})", library.fix))
             continue
         chosen = hits[0]
         shadowed = f"; also {', '.join(hits[1:])} (later on the path, not used)" if len(hits) > 1 else ""
         try:
-            version = ctx.probes.load_library(under(ctx.root, chosen), kind)
+            version = ctx.probes.load_library(under(ctx.root, chosen), library.kind)
         except OSError as exc:
-            checks.append(Check(label, FAIL, f"{chosen} does not load: {_load_failure(chosen, str(exc))}", fix))
+            checks.append(Check(label, FAIL, f"{chosen} does not load: {_load_failure(chosen, str(exc))}", library.fix))
             continue
         checks.append(Check(label, OK, f"{chosen} loads{(' (' + version + ')') if version else ''}{shadowed}"))
     cudart_dirs = dirs + ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/sbsa-linux/lib", "/usr/local/cuda/targets/x86_64-linux/lib")
@@ -273,7 +295,7 @@ def check_library_dependencies(ctx: DoctorContext) -> Check:
               if not missing_library(under(ctx.root, path), error)]
     # The NCCL network path (first/prepend) must load; extras appended for convenience only warn.
     critical = any(group != "append" for _, group, _ in failures)
-    status = FAIL if critical and multi_node_job(ctx.env) else WARN
+    status = FAIL if critical and ctx.multi_node else WARN
     return Check(name, status, "; ".join(parts),
                  f"run `ddp-launch binds --site {ctx.profile.name}` on the host again: it binds the host libraries "
                  f"these need (its stderr names each, and warns about those the host lacks too)")
@@ -333,11 +355,11 @@ def check_cuda_driver(ctx: DoctorContext) -> Check:
 
 def check_interface(ctx: DoctorContext) -> Check:
     value = planned(ctx, "NCCL_SOCKET_IFNAME")
-    interfaces = list_dir(ctx.root, "/sys/class/net")
-    for note in ctx.fabric.notes:
-        if note.startswith("warning:") and ("interface" in note or "NCCL_SOCKET_IFNAME" in note):
-            status = FAIL if "matches no interface" in note else WARN
-            return Check("interface", status, note[len("warning: "):], "unset NCCL_SOCKET_IFNAME or name an interface from `ip -br link`")
+    interfaces = ctx.facts.net_interfaces
+    for finding in ctx.fabric.findings:
+        if finding.topic in ("interface", "route") and finding.severity in ("warning", "error"):
+            status = FAIL if finding.severity == "error" else WARN
+            return Check("interface", status, finding.text, "unset NCCL_SOCKET_IFNAME or name an interface from `ip -br link`")
     if not value:
         return Check("interface", OK, "NCCL_SOCKET_IFNAME unset; NCCL picks the interface")
     if interfaces is None:
@@ -349,19 +371,24 @@ def check_interface(ctx: DoctorContext) -> Check:
 
 
 def check_head_node(ctx: DoctorContext) -> Check:
+    """The launch plan's rendezvous endpoint, at the address the launcher's probe found for it."""
     if ctx.offline:
         return Check("head node", SKIP, "--offline")
-    host, port = head_node(ctx.env)
-    if not host:
-        return Check("head node", SKIP, "no head node known (run inside the job, or set DDP_LAUNCH_RDZV_HOST)")
+    endpoint = ctx.launch.rendezvous if ctx.launch is not None else None
+    if endpoint is None or endpoint.port is None:
+        why = "the launch plan has none" if ctx.launch is not None else "no launch plan (see the launch plan check)"
+        return Check("head node", SKIP, f"no rendezvous endpoint to try: {why}")
+    host, port = endpoint.host, endpoint.port
     problem = host_name_problem(host)
-    if problem is not None:  # the resolver would raise UnicodeError (IDNA) on some of these
+    if problem is not None:
         return Check("head node", FAIL, f"{host!r} is not a valid host name ({problem})",
                      "set --rdzv-host / DDP_LAUNCH_RDZV_HOST to the head node's name or IPv4 address")
-    try:
-        address = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
-    except (OSError, UnicodeError) as exc:
-        return Check("head node", FAIL, f"{host} does not resolve: {exc}", "use the head node's IP (--rdzv-host) or fix DNS")
+    address = ctx.facts.address_of(host)
+    if address is None:
+        return Check("head node", FAIL, f"{host} does not resolve to an IPv4 address here",
+                     "use the head node's IP (--rdzv-host) or fix DNS")
+    if ctx.facts.head is not None and ctx.facts.head.address == address and ctx.facts.head.name != address:
+        host = ctx.facts.head.name  # the plan carries the address; say which node it is
     outcome = ctx.probes.connect(address, port, 3.0)
     if outcome == "open":
         return Check("head node", OK, f"{host} ({address}) port {port} accepts connections")
@@ -372,8 +399,8 @@ def check_head_node(ctx: DoctorContext) -> Check:
 
 
 def check_dataset(ctx: DoctorContext) -> Check:
-    folder = os.path.join(ctx.data_dir, "cifar-100-python")
-    missing = [n for n in ("train", "test", "meta") if not os.path.isfile(os.path.join(folder, n))]
+    folder = os.path.join(ctx.data_dir, DATASET_DIRNAME)
+    missing = missing_dataset_files(ctx.data_dir)
     if missing:
         return Check("dataset", WARN, f"{folder} lacks {', '.join(missing)}",
                      "fetch it once on the login node: make data (compute nodes may be offline)")
@@ -381,7 +408,8 @@ def check_dataset(ctx: DoctorContext) -> Check:
 
 
 def run_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
-    checks = [check_gpus(ctx), check_torch(ctx), check_cuda_driver(ctx), check_fabric_devices(ctx), check_fabric_settings(ctx)]
+    checks = [check_launch_plan(ctx), check_gpus(ctx), check_torch(ctx), check_cuda_driver(ctx),
+              check_fabric_devices(ctx), check_fabric_settings(ctx)]
     checks.extend(check_host_libraries(ctx))
     checks.append(check_library_dependencies(ctx))
     checks.extend([check_fi_info(ctx), check_interface(ctx), check_head_node(ctx), check_dataset(ctx)])

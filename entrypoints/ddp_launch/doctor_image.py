@@ -16,6 +16,7 @@ from typing import Callable, Mapping, Optional, Tuple
 
 from ddp_launch.doctor_checks import FAIL, OK, SKIP, Check, DoctorContext, check_torch
 from ddp_launch.errors import LaunchError
+from ddp_launch.fabric.defaults import load_fabric_defaults
 from ddp_launch.sites import available_sites, load_site, sites_dirs
 
 # Variables of the build job that must not steer the launcher's self-test plan.
@@ -54,6 +55,21 @@ def check_site_profiles(env: Mapping[str, str]) -> Check:
     return Check("site profiles", OK, ", ".join(names))
 
 
+SHIPPED_FABRICS = ("slingshot", "infiniband", "common")
+
+
+def check_fabric_defaults(env: Mapping[str, str]) -> Check:
+    """The fabric defaults the launcher reads on every multi-node run reached the image and parse."""
+    found = []
+    for name in SHIPPED_FABRICS:
+        try:
+            found.append(load_fabric_defaults(name, env).path)
+        except LaunchError as error:
+            return Check("fabric defaults", FAIL, str(error),
+                         "the image's %files must copy containers/sites (with fabrics/) to /opt/ddp/sites")
+    return Check("fabric defaults", OK, ", ".join(found))
+
+
 def self_test_env(env: Mapping[str, str]) -> dict:
     return {k: v for k, v in env.items() if not k.startswith(_SCHEDULER_PREFIXES)}
 
@@ -78,6 +94,7 @@ def image_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
         check_torch(ctx),
         check_trainer_imports(),
         check_site_profiles(ctx.env),
+        check_fabric_defaults(ctx.env),
         check_launch_plan(ctx.env),
         Check("gpus", SKIP, "not checked at build time (%test runs without --nv); "
                             "run `ddp-launch doctor` on a GPU node"),

@@ -1,35 +1,26 @@
 """How many GPUs this node (or this task) may use, from the scheduler's words first.
 
 Order: SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, CUDA_VISIBLE_DEVICES, then the
-/dev/nvidia[0-9]* device files (counted at the edge by count_device_files).
+/dev/nvidia[0-9]* device files (counted by the probe: NodeFacts.gpu_device_files).
 """
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Mapping
-from typing import NamedTuple
+from dataclasses import dataclass
 
+from ddp_launch.envvars import integer, is_digits
 from ddp_launch.errors import LaunchError
 
 # CUDA_VISIBLE_DEVICES values that mean "no GPU" (SLURM writes NoDevFiles when
 # the step has no GPU gres; -1 is the common manual way to hide all devices).
 _NO_DEVICES = {"", "nodevfiles", "-1", "none", "void"}
-_DEVICE_FILE = re.compile(r"nvidia[0-9]+")
 
 
-class GpuCount(NamedTuple):
+@dataclass(frozen=True)
+class GpuCount:
     count: int
     source: str  # the variable or probe the count came from, for --dry-run notes
-
-
-def parse_count(name: str, value: str) -> int:
-    """A non-negative integer from an environment variable, or a LaunchError naming it."""
-    text = value.strip()
-    if not (text.isascii() and text.isdigit()):
-        raise LaunchError(f"{name}={value!r} is not a non-negative integer: unset it or fix its value")
-    return int(text)
 
 
 def parse_gpus_per_node(value: str, name: str = "SLURM_GPUS_PER_NODE") -> int:
@@ -37,7 +28,7 @@ def parse_gpus_per_node(value: str, name: str = "SLURM_GPUS_PER_NODE") -> int:
     total = 0
     for entry in value.split(","):
         count = entry.split("(")[0].rsplit(":", 1)[-1].strip()
-        if not (count.isascii() and count.isdigit()):
+        if not is_digits(count):
             raise LaunchError(
                 f"{name}={value!r} is not a GPU count: expected '4', 'gpu:4' or 'gpu:a100:4'"
             )
@@ -55,8 +46,7 @@ def visible_devices(value: str) -> int:
 def count_gpus(env: Mapping[str, str], device_files: int) -> GpuCount | None:
     """GPUs on this node, or None when nothing says there are any."""
     if env.get("SLURM_GPUS_ON_NODE", "").strip():
-        return GpuCount(parse_count("SLURM_GPUS_ON_NODE", env["SLURM_GPUS_ON_NODE"]),
-                        "SLURM_GPUS_ON_NODE")
+        return GpuCount(integer("SLURM_GPUS_ON_NODE", env["SLURM_GPUS_ON_NODE"]), "SLURM_GPUS_ON_NODE")
     if env.get("SLURM_GPUS_PER_NODE", "").strip():
         return GpuCount(parse_gpus_per_node(env["SLURM_GPUS_PER_NODE"]), "SLURM_GPUS_PER_NODE")
     if "CUDA_VISIBLE_DEVICES" in env:
@@ -66,15 +56,6 @@ def count_gpus(env: Mapping[str, str], device_files: int) -> GpuCount | None:
     return None
 
 
-def count_device_files(root: str = "/") -> int:
-    """Count /dev/nvidia0, /dev/nvidia1, ... under root (not nvidiactl, nvidia-uvm)."""
-    try:
-        names = os.listdir(os.path.join(root, "dev"))
-    except OSError:
-        return 0
-    return sum(1 for name in names if _DEVICE_FILE.fullmatch(name))
-
-
 # -- GPUs the scheduler granted, and whether the driver can reach them -----------------------
 
 # What says "this job was given GPUs", in the order a message names them. Apptainer keeps
@@ -82,7 +63,8 @@ def count_device_files(root: str = "/") -> int:
 GRANT_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "RUNAI_NUM_OF_GPUS")
 
 
-class GpuGrant(NamedTuple):
+@dataclass(frozen=True)
+class GpuGrant:
     count: int
     source: str  # "SLURM_GPUS_ON_NODE=4"
 
@@ -94,7 +76,7 @@ def granted_gpus(env: Mapping[str, str]) -> GpuGrant | None:
         if not value:
             continue
         if name in ("SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS"):
-            count = parse_count(name, value) if value.isascii() and value.isdigit() else 0
+            count = int(value) if is_digits(value) else 0
         else:  # SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES list devices: "0,1,2,3"
             count = visible_devices(value)
         if count > 0:

@@ -10,6 +10,7 @@ import itertools
 import math
 from collections.abc import Iterator
 
+from ddp_launch.envvars import is_digits
 from ddp_launch.errors import LaunchError
 
 # SLURM's own hostlist code takes a larger range for an error (MAX_RANGE, 64K
@@ -102,7 +103,7 @@ def _parse_group(group: str, text: str, variable: str) -> Group:
     terms: Group = []
     for term in group.split(","):
         low, dash, high = term.partition("-")
-        if not _is_number(low) or (dash and not _is_number(high)):
+        if not is_digits(low) or (dash and not is_digits(high)):
             raise _bad(text, variable, f"bad range {term!r} in '[{group}]'")
         first, last = int(low), int(high if dash else low)
         if last < first:
@@ -110,7 +111,3 @@ def _parse_group(group: str, text: str, variable: str) -> Group:
         # The range's first number sets the width, as SLURM does ([8-10], [008-010]).
         terms.append((first, last, len(low)))
     return terms
-
-
-def _is_number(text: str) -> bool:
-    return text.isascii() and text.isdigit()

@@ -1,4 +1,4 @@
-"""The user's launcher choices: command-line flags merged with DDP_LAUNCH_* variables.
+"""The user's launcher choices: ddp-launch's flags merged with DDP_LAUNCH_* variables.
 
 Precedence, stated once for every setting: command line > DDP_LAUNCH_* env >
 the scheduler's environment (read by each scheduler module) > default.
@@ -6,12 +6,14 @@ the scheduler's environment (read by each scheduler module) > default.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
+from ddp_launch import __version__
+from ddp_launch.envvars import Setting, first_set, integer, port
 from ddp_launch.errors import LaunchError
-from ddp_launch.rendezvous import parse_port
+from ddp_launch.flags import FlagParser
 
 MODES = ("auto", "slurm-node", "slurm-task", "kubeflow", "torchrun", "local")
 DEFAULT_MODULE = "ddp_train"
@@ -30,6 +32,27 @@ ENV_OVERRIDES = {
     "rdzv_timeout": "DDP_LAUNCH_RDZV_TIMEOUT",
 }
 
+
+USAGE = "ddp-launch [options] [-- workload arguments]\n       ddp-launch doctor|binds [...]"
+EPILOG = """\
+modes (auto detection, in this order):
+  torchrun    TORCHELASTIC_RUN_ID set: already a torchrun worker, run the workload
+  slurm-task  SLURM_JOB_ID set and more than one task on a node: exec the workload
+              per task with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* (env://)
+  slurm-node  SLURM_JOB_ID set, one task per node: torchrun per node, c10d rendezvous
+  kubeflow    PET_NNODES or PET_MASTER_ADDR set (RunAI, Kubeflow): torchrun per pod
+  local       otherwise: torchrun --standalone on this machine
+
+precedence: command line > DDP_LAUNCH_* environment > scheduler environment > default
+  DDP_LAUNCH_MODE, DDP_LAUNCH_RDZV_HOST, DDP_LAUNCH_RDZV_PORT, DDP_LAUNCH_SITE,
+  DDP_LAUNCH_CPU_WORKERS, DDP_LAUNCH_MAX_RESTARTS, DDP_LAUNCH_RDZV_TIMEOUT (s, default 600),
+  DDP_LAUNCH_DNS_TIMEOUT (s, default 120)
+
+rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
+  as an IPv4 address when it resolves; port 20000 + (job id mod 1000) * 10 + (step id mod 10)
+
+everything after -- goes to the workload unchanged (default workload: python -m ddp_train)
+"""
 
 # Every worker runs through this module: it dies with its launcher (worker.py).
 WORKER_MODULE = "ddp_launch.worker"
@@ -58,17 +81,6 @@ class Workload:
         return ("-m", *self._wrapped())
 
 
-class Setting(NamedTuple):
-    """A value and where it came from ('--rdzv-port' or 'DDP_LAUNCH_RDZV_PORT'), for messages.
-
-    Small records are NamedTuples: as immutable as a frozen dataclass and ten
-    times cheaper to define, and the launcher's start-up time is measured.
-    """
-
-    value: object
-    source: str
-
-
 @dataclass(frozen=True)
 class LaunchOptions:
     workload: Workload = Workload()
@@ -85,23 +97,20 @@ class LaunchOptions:
     nccl_debug: str | None = None
     require_fabric: bool = False
     dns_timeout_s: float = DEFAULT_DNS_TIMEOUT_S
+    dry_run: bool = False           # print the plan instead of running it
+    json: bool = False              # with dry_run: print it as JSON
 
 
 def positive_int(name: str, value: object, minimum: int = 1) -> int:
-    text = str(value).strip()
-    if text.isascii() and text.isdigit() and int(text) >= minimum:
-        return int(text)
-    floor = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-    raise LaunchError(f"{name}={value!r} is not {floor}: fix the value")
+    return integer(name, value, minimum, expected="an integer >= 0" if minimum == 0 else None,
+                   fix="fix the value")
 
 
 def _pick(cli_value: object, flag: str, env: Mapping[str, str], key: str) -> Setting | None:
+    """The flag's value, else the DDP_LAUNCH_* variable's: the first two steps of the precedence."""
     if cli_value is not None:
         return Setting(cli_value, flag)
-    variable = ENV_OVERRIDES[key]
-    if env.get(variable, "").strip():
-        return Setting(env[variable].strip(), variable)
-    return None
+    return first_set(env, (ENV_OVERRIDES[key],))
 
 
 def merge_options(args: object, workload_args: tuple[str, ...], env: Mapping[str, str]) -> LaunchOptions:
@@ -125,9 +134,9 @@ def merge_options(args: object, workload_args: tuple[str, ...], env: Mapping[str
             raise LaunchError("--nproc-per-node and --cpu-workers both set the workers per node: give one")
         cpu = None  # a flag beats DDP_LAUNCH_CPU_WORKERS
 
-    port = _pick(get("rdzv_port"), "--rdzv-port", env, "rdzv_port")
-    if port:
-        port = Setting(parse_port(port.source, str(port.value)), port.source)
+    rdzv_port = _pick(get("rdzv_port"), "--rdzv-port", env, "rdzv_port")
+    if rdzv_port:
+        rdzv_port = Setting(port(rdzv_port.source, rdzv_port.value), rdzv_port.source)
     restarts = _pick(get("max_restarts"), "--max-restarts", env, "max_restarts")
     if restarts:
         restarts = Setting(positive_int(restarts.source, restarts.value, minimum=0), restarts.source)
@@ -151,7 +160,7 @@ def merge_options(args: object, workload_args: tuple[str, ...], env: Mapping[str
         nproc_per_node=nproc,
         cpu_workers=cpu,
         rdzv_host=_pick(get("rdzv_host"), "--rdzv-host", env, "rdzv_host"),
-        rdzv_port=port,
+        rdzv_port=rdzv_port,
         max_restarts=restarts,
         rdzv_timeout=rdzv_timeout,
         log_dir=get("log_dir"),
@@ -159,4 +168,53 @@ def merge_options(args: object, workload_args: tuple[str, ...], env: Mapping[str
         nccl_debug=get("nccl_debug"),
         require_fabric=bool(get("require_fabric")),
         dns_timeout_s=dns_timeout,
+        dry_run=bool(get("dry_run")),
+        json=bool(get("json")),
     )
+
+
+def _help_formatter(prog: str) -> argparse.HelpFormatter:
+    # A fixed width: argparse otherwise measures the terminal with shutil, which imports
+    # bz2, lzma and zlib, on every add_argument and not only for --help: 4.3 ms of every
+    # launch (benchmarks/launch_overhead.py, 80 interleaved runs, 2-core VM).
+    return argparse.RawDescriptionHelpFormatter(prog, width=100)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = FlagParser(prog="ddp-launch", usage=USAGE, epilog=EPILOG, hint="put workload arguments after --",
+                        formatter_class=_help_formatter,
+                        description="Turn a scheduler's environment into a correct torchrun launch.")
+    add = parser.add_argument
+    add("--mode", help="auto (default), slurm-node, slurm-task, kubeflow, torchrun or local")
+    add("--nodes", metavar="N", help="expected node count; an error if the scheduler disagrees")
+    add("--nproc-per-node", metavar="N", help="workers per node (default: GPUs on the node)")
+    add("--cpu-workers", metavar="N", help="N CPU workers per node with gloo (GPUs hidden)")
+    add("--rdzv-host", metavar="H", help="rendezvous host (default: the head node / master)")
+    add("--rdzv-port", metavar="P", help="rendezvous port (default: derived from the job id)")
+    add("--max-restarts", metavar="N", help="torchrun worker-group restarts (default 0)")
+    add("--rdzv-timeout", metavar="S", help="seconds to wait for every node to join (torchrun: 600)")
+    add("--log-dir", metavar="DIR", help="torchrun's per-worker log directory")
+    workload = parser.add_mutually_exclusive_group()
+    workload.add_argument("--module", metavar="MOD", help="run python -m MOD (default ddp_train)")
+    workload.add_argument("--script", metavar="PATH", help="run the Python file PATH instead")
+    add("--site", metavar="NAME", help="site profile for fabric settings (default: detect)")
+    add("--nccl-debug", metavar="LEVEL", help="set NCCL_DEBUG (e.g. INFO) for this run")
+    add("--require-fabric", action="store_true", help="fail if the fast interconnect is not usable")
+    add("--dry-run", action="store_true", help="print the plan and exit")
+    add("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    add("--version", action="version", version=f"ddp-launch {__version__}")
+    return parser
+
+
+def split_workload(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+    """Launcher flags before the first '--', workload arguments (untouched) after it."""
+    if "--" in argv:
+        cut = list(argv).index("--")
+        return list(argv[:cut]), tuple(argv[cut + 1:])
+    return list(argv), ()
+
+
+def read_options(argv: Sequence[str], env: Mapping[str, str]) -> LaunchOptions:
+    """ddp-launch's argv (without the program name) and environment as LaunchOptions."""
+    launcher_argv, workload_args = split_workload(argv)
+    return merge_options(build_parser().parse_args(launcher_argv), workload_args, env)

@@ -269,10 +269,6 @@ def version_key(path: str) -> Tuple[Tuple[int, object], ...]:
     return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts)
 
 
-def newest(paths: Sequence[str]) -> Optional[str]:
-    return max(paths, key=version_key) if paths else None
-
-
 def host_path(root: str, path: str) -> str:
     """path as seen under a probe root ("/" on a real host, a fake tree in tests)."""
     return os.path.join(root, path.lstrip("/")) if root not in ("", "/") else path

@@ -12,13 +12,14 @@ import signal
 import sys
 import time
 
+from ddp_contract import EXIT_USAGE
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # SIGTERM, not SIGKILL: the trainer writes a checkpoint and exits 75 on it.
 DEATH_SIGNAL = signal.SIGTERM
 # Set by ddp_launch.agent to its own PID: the parent this worker must still have
 # once the death signal is armed (see parent_already_gone).
 PARENT_PID_VARIABLE = "DDP_LAUNCH_AGENT_PID"
-EXIT_USAGE = 2
 EXIT_ORPHAN = 1
 # Rank 0 alone prints a usage error, but torchrun TERMs every other worker as
 # soon as one fails: a silent rank that exits 2 first kills rank 0 before it has

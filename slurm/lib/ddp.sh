@@ -2,21 +2,32 @@
 # Shared shell for the job scripts in slurm/: settings, checks, the training step,
 # the per-node GPU sampler and requeue. Sourced, never run; messages go to stderr.
 #
+# A job script's header is one line that sources this file from the checkout:
+#   source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh"
+# (sbatch runs a spooled copy of the script, so the checkout is found from the submit
+# directory, or DDP_REPO). Its arguments are TRAINER flags, passed as "$@":
+#   sbatch slurm/olivia-multinode.sh --epochs 5 --batch-size 1024
+# ddp-launch flags go in DDP_LAUNCH_ARGS:
+#   DDP_LAUNCH_ARGS="--max-restarts 2" sbatch slurm/olivia-multinode.sh
+#
 # Settings (environment or sbatch --export win over each script's defaults):
-#   DDP_REPO        this checkout, set and checked by each job script (default:
-#                   $SLURM_SUBMIT_DIR; sbatch runs a spooled copy of the script)
+#   DDP_REPO        the checkout holding this file (set from where it was sourced)
 #   DDP_IMAGE       the SIF to run              DDP_SITE      site profile (binds, fabric)
 #   DDP_DATA_DIR    holds cifar-100-python/     DDP_RUN_DIR   metrics, checkpoint, logs
 #                   (both made absolute; ',' and ':' are refused: APPTAINER_BIND cannot carry them)
 #   DDP_APPTAINER_MODULE  module that provides apptainer, loaded when it is not on PATH
-#   DDP_TRAIN_ARGS  trainer flags, split on spaces (arguments to the job script follow them)
-#   DDP_LAUNCH_ARGS ddp-launch flags, split on spaces
+#   DDP_TRAIN_ARGS  trainer flags before the job script's arguments (which win)
+#   DDP_LAUNCH_ARGS ddp-launch flags
+#                   (both are words with the shell's quoting: DDP_TRAIN_ARGS='--compile-cache-dir "/scratch/my cache"')
+#   DDP_CPU_WORKERS ddp-launch --cpu-workers (CPU workers per node; unset: one per GPU)
+#   DDP_GPU         1 runs apptainer with --nv (default), 0 without
 #   DDP_MONITOR_INTERVAL  GPU sampling period in seconds (0 disables the sampler)
 #   DDP_MAX_REQUEUES      requeues after a stop signal, counted by SLURM_RESTART_COUNT
 #   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
 set -euo pipefail
 
-readonly DDP_EXIT_REQUEUE=75  # the trainer's "checkpointed on a stop signal" status
+# ddp_contract.EXIT_REQUEUE (entrypoints/ddp_contract): every worker checkpointed on a stop signal.
+readonly DDP_EXIT_REQUEUE=75
 
 ddp::log() {
     printf '%s: %s\n' "${DDP_LOG_TAG:-ddp}" "$*" >&2
@@ -33,23 +44,25 @@ ddp::default() {
     export "${name}=${!name:-${value}}"
 }
 
-# The job script found and checked the checkout before it could source this file.
-: "${DDP_REPO:?the job script sets DDP_REPO before sourcing slurm/lib/ddp.sh}"
+# The checkout is where this file was sourced from: the job script found it there.
+DDP_REPO="$(CDPATH="" cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)"
+export DDP_REPO
 
-# The launcher's host half (site profiles, binds) straight from the checkout, run by the
-# node's own python3 (3.6 on SLES 15): `python3 -m ddp_launch.MODULE`, not the full CLI,
-# so only the modules in entrypoints/host-modules.txt load (make lint checks them for 3.6).
-ddp::launcher_on_host() {
+# The launcher's host half (site profiles, binds, the dataset check) straight from the
+# checkout, run by the node's own python3 (3.6 on SLES 15): `python3 -m MODULE`, not the
+# full CLI, so only the modules in entrypoints/host-modules.txt load (make lint checks
+# them for 3.6).
+ddp::on_host() {
     local -r module="$1"
     shift
-    PYTHONPATH="${DDP_REPO}/entrypoints${PYTHONPATH:+:${PYTHONPATH}}" python3 -m "ddp_launch.${module}" "$@"
+    PYTHONPATH="${DDP_REPO}/entrypoints${PYTHONPATH:+:${PYTHONPATH}}" python3 -m "${module}" "$@"
 }
 
 ddp::export_binds() {
     local -r site="$1"
     shift
     local binds path
-    binds="$(ddp::launcher_on_host binds --site "${site}")" \
+    binds="$(ddp::on_host ddp_launch.binds --site "${site}")" \
         || ddp::err "ddp-launch binds --site ${site} failed (see above)"
     for path in "$@"; do
         binds="${binds:+${binds},}${path}:${path}"
@@ -92,23 +105,41 @@ ddp::require_image() {
 }
 
 # Compute nodes are often offline: the data must be staged before the job starts.
+# The trainer's own list of files decides (ddp_contract.DATASET_FILES).
 ddp::require_data() {
     local -r data_dir="$1"
-    local part
-    for part in train test meta; do
-        [ -f "${data_dir}/cifar-100-python/${part}" ] \
-            || ddp::err "${data_dir}/cifar-100-python/${part} is missing: run 'make data DATA_DIR=${data_dir}' on the login node, or set DDP_DATA_DIR"
-    done
+    local missing
+    missing="$(ddp::on_host ddp_contract dataset "${data_dir}")" \
+        || ddp::err "${missing:-the dataset check failed (see above)}: run 'make data DATA_DIR=${data_dir}' on the login node, or set DDP_DATA_DIR"
 }
 
-# Words of a settings variable as an array (no globbing): DDP_TRAIN_ARGS="--epochs 3".
+# A settings variable's words, by the shell's quoting rules but with no expansion or
+# command run (as eval would): shlex.split in POSIX mode, in the node's python3 (3.6+).
+# DDP_TRAIN_ARGS='--compile-cache-dir "/a b"' is two words. Each word comes back NUL-terminated,
+# then one empty word that says the split succeeded: a process substitution's exit
+# status cannot be read in bash 4.4 (SLES 15).
+readonly DDP_SHELL_WORDS='
+import shlex, sys
+try:
+    words = shlex.split(sys.argv[2])
+except ValueError as error:
+    sys.exit("ddp: error: {}={!r} is not words of the shell ({}): close each quote as in the shell, e.g. \"a b\"".format(sys.argv[1], sys.argv[2], error))
+sys.stdout.write("".join(word + "\0" for word in words) + "\0")
+'
+
+# DDP_LAUNCH_ARGS and DDP_TRAIN_ARGS as words, split once before the job does anything.
+DDP_LAUNCH_WORDS=()
+DDP_TRAIN_WORDS=()
+
+#   ddp::split_words ARRAY_NAME VARIABLE_NAME
 ddp::split_words() {
     local -n into="$1"
-    local -r text="$2"
-    local -
-    set -f
-    # shellcheck disable=SC2034,SC2206  # a nameref; splitting on spaces is the point, globbing is off
-    into=(${text})
+    local -r name="$2"
+    into=()
+    [ -n "${!name:-}" ] || return 0
+    mapfile -t -d '' into < <(python3 -c "${DDP_SHELL_WORDS}" "${name}" "${!name}")
+    [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit 1  # python3 said why on stderr
+    unset 'into[-1]'
 }
 
 ddp::print_job() {
@@ -159,26 +190,25 @@ ddp::maybe_requeue() {
 }
 
 # The training step: one srun, the image's runscript (ddp-launch), trainer flags last.
-#   ddp::train MODE SRUN_ARGS... -- LAUNCH_ARGS... -- TRAIN_ARGS...
+#   ddp::train MODE TRAIN_ARGS...
 # MODE node: torchrun per node; per-rank logs from torchrun in $DDP_RUN_DIR/logs/<job>/<node>.
-# MODE task: one srun task per GPU, one log file per rank from srun.
+# MODE task: one srun task per GPU (ddp-launch --mode slurm-task), one log file per rank from srun.
 ddp::train() {
     local -r mode="$1"
     shift
-    local -a srun_args=() launch_args=() extra_launch=() train_args=() extra_train=()
-    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do srun_args+=("$1"); shift; done
-    shift || ddp::err "ddp::train: missing -- before the launcher arguments"
-    while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do launch_args+=("$1"); shift; done
-    shift || ddp::err "ddp::train: missing -- before the trainer arguments"
-    train_args=("$@")
-    ddp::split_words extra_launch "${DDP_LAUNCH_ARGS:-}"
-    ddp::split_words extra_train "${DDP_TRAIN_ARGS:-}"
+    local -a srun_args=() launch_args=(--site "${DDP_SITE}")
+    if [ -n "${DDP_CPU_WORKERS:-}" ]; then
+        launch_args+=(--cpu-workers "${DDP_CPU_WORKERS}")
+    fi
 
     local -r log_dir="${DDP_RUN_DIR}/logs"
     mkdir -p "${log_dir}"
     case "${mode}" in
         node) launch_args+=(--log-dir "${log_dir}/${SLURM_JOB_ID:-local}") ;;
-        task) srun_args+=(--output="${log_dir}/%j-%N-rank%t.out") ;;
+        task)
+            srun_args+=(--output="${log_dir}/%j-%N-rank%t.out")
+            launch_args+=(--mode slurm-task)
+            ;;
         *) ddp::err "ddp::train: mode '${mode}' is not node or task" ;;
     esac
     local -a apptainer_args=(run)
@@ -194,9 +224,9 @@ ddp::train() {
     local status=0
     srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${srun_args[@]}" \
         apptainer "${apptainer_args[@]}" "${DDP_IMAGE}" \
-        --site "${DDP_SITE}" "${launch_args[@]}" "${extra_launch[@]}" \
+        "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" \
         -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
-        "${extra_train[@]}" "${train_args[@]}" || status=$?
+        "${DDP_TRAIN_WORDS[@]}" "$@" || status=$?
 
     if [ "${mode}" = task ]; then
         ddp::log "per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0 says:"
@@ -216,8 +246,10 @@ ddp::first_node() {
 }
 
 # The whole job: checks, sampler, training step, sampler stopped, requeue or exit.
-#   ddp::run_job MODE SRUN_ARGS... -- LAUNCH_ARGS... -- TRAIN_ARGS...
+#   ddp::run_job MODE TRAIN_ARGS...     (MODE: node | task, see ddp::train)
 ddp::run_job() {
+    ddp::split_words DDP_LAUNCH_WORDS DDP_LAUNCH_ARGS
+    ddp::split_words DDP_TRAIN_WORDS DDP_TRAIN_ARGS
     ddp::absolute_dir_setting DDP_DATA_DIR
     ddp::absolute_dir_setting DDP_RUN_DIR
     ddp::require_apptainer

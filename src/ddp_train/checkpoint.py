@@ -1,7 +1,9 @@
-"""Atomic checkpoints: rank 0 writes a temporary file, fsyncs it and renames it into place.
+"""Checkpoints: where the run is (Progress), resuming from one and saving one, atomically.
 
-<run-dir>/checkpoint.pt is always a complete file; the one it replaces is kept as
-checkpoint.prev.pt. A crash mid-write leaves both untouched (only a stray .tmp file).
+Rank 0 writes a temporary file, fsyncs it and renames it into place, so <run-dir>/checkpoint.pt
+is always a complete file; the one it replaces is kept as checkpoint.prev.pt. A crash mid-write
+leaves both untouched (only a stray .tmp file). Every rank takes part in a resume and a save,
+so an unusable checkpoint or a full disk stops every rank with one line from one of them.
 """
 
 from __future__ import annotations
@@ -9,16 +11,66 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import torch
 
+from ddp_train.config import TrainConfig
+from ddp_train.distributed import DistEnv, agree_or_raise, all_gather_objects
 from ddp_train.errors import TrainError
+
+if TYPE_CHECKING:
+    from ddp_train.learner import Learner
 
 CHECKPOINT_NAME = "checkpoint.pt"
 PREVIOUS_NAME = "checkpoint.prev.pt"
 REQUIRED_KEYS = ("model", "optimizer", "scaler", "progress", "rng", "config")
+# A checkpoint resumes only the run that wrote it: these flags change what "the same run" is.
+SAME_RUN_FLAGS = ("width_scale", "batch_size", "epochs", "seed", "recipe")
+
+
+@dataclass
+class Progress:
+    """Where the run is; saved in every checkpoint next to the weights."""
+    epoch: int = 0  # epochs completed
+    step: int = 0  # steps already done inside epoch `epoch` (after a mid-epoch stop)
+    accuracies: list = field(default_factory=list)
+    best_accuracy: float = 0.0
+    train_time_s: float = 0.0
+    images: int = 0
+    # Epochs after the first of each process start: that one pays lazy loading and allocator
+    # growth even after the warm-up pass, so it is left out of the steady images/s.
+    steady_time_s: float = 0.0
+    steady_images: int = 0
+    setup_time_s: float = 0.0  # warm-up passes (compile, autotune, graph recording), off the clock
+    early_stopped: bool = False
+    finished: bool = False
+
+    def add_training_time(self, images: int, seconds: float, warm_up_epoch: bool) -> None:
+        self.train_time_s += seconds
+        self.images += images
+        if not warm_up_epoch:
+            self.steady_time_s += seconds
+            self.steady_images += images
+
+    def add_accuracy(self, accuracy: float) -> None:
+        self.accuracies.append(accuracy)
+        self.best_accuracy = max(self.best_accuracy, accuracy)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.train_time_s if self.train_time_s else 0.0
+
+    @property
+    def steady_images_per_s(self) -> float:
+        # With a single epoch per process start there is no steady epoch: the overall figure stands in.
+        return self.steady_images / self.steady_time_s if self.steady_time_s else self.images_per_s
+
+    @property
+    def final_accuracy(self) -> float:
+        return self.accuracies[-1] if self.accuracies else 0.0
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
@@ -100,3 +152,112 @@ def estimated_bytes(model: torch.nn.Module, copies: int) -> int:
     """A checkpoint's size before one exists: the model's state `copies` times (weights,
     momentum buffers, an EMA copy)."""
     return copies * sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+def wants_resume(requested: Optional[bool], checkpoint_exists: bool) -> bool:
+    """--resume (True) and --no-resume (False) decide; with neither, a checkpoint there is resumed."""
+    return requested if requested is not None else checkpoint_exists
+
+
+def mismatch(saved_config: Mapping[str, Any], config: TrainConfig, path: Path) -> Optional[str]:
+    """Why the checkpoint at `path` belongs to another run (its first differing flag), or None."""
+    for key in SAME_RUN_FLAGS:
+        if saved_config.get(key) != getattr(config, key):
+            return (f"{path} was written with --{key.replace('_', '-')} {saved_config.get(key)}, "
+                    f"this run has {getattr(config, key)}: use the same value, another --run-dir, "
+                    f"or --no-resume (which keeps this run, moved aside into "
+                    f"{path.parent}/checkpoint-<UTC time>/)")
+    return None
+
+
+def rng_for_rank(saved: Sequence[Any], rank: int, world_size: int) -> Optional[Any]:
+    """This rank's saved RNG state; None when the world size changed (the ranks no longer match)."""
+    return saved[rank] if len(saved) == world_size else None
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_rng_state(state: Mapping[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Checkpointer:
+    """One run's <run-dir>/checkpoint.pt: resume() and save() are called on every rank."""
+
+    def __init__(self, config: TrainConfig, learner: Learner, dist_env: DistEnv, device: torch.device):
+        self.path = checkpoint_path(config.run_dir)
+        self.config, self.learner, self.dist_env, self.device = config, learner, dist_env, device
+
+    def resume(self) -> Optional[Progress]:
+        """The saved progress, with weights, optimizer, scaler, EMA and this rank's RNG restored;
+        None for a fresh start. A checkpoint that does not fit is one TrainError on every rank."""
+        if not wants_resume(self.config.resume, self.path.exists()):
+            return None
+        error: Optional[TrainError] = None
+        progress = None
+        try:
+            progress = self._restore()
+        except TrainError as exc:
+            error = exc
+        agree_or_raise(error, self.device)
+        return progress
+
+    def _restore(self) -> Progress:
+        if not self.path.exists():
+            raise TrainError(f"--resume but there is no checkpoint at {self.path}")
+        saved = load(self.path)
+        problem = mismatch(saved["config"], self.config, self.path)
+        if problem:
+            raise TrainError(problem)
+        learner = self.learner
+        try:
+            learner.model.load_state_dict(saved["model"])
+            learner.optimizer.load_state_dict(saved["optimizer"])
+            learner.scaler.load_state_dict(saved["scaler"])
+            if learner.ema is not None and saved.get("ema") is not None:
+                learner.ema.load_state_dict(saved["ema"])
+            progress = Progress(**saved["progress"])
+            rng = rng_for_rank(saved["rng"], self.dist_env.rank, self.dist_env.world_size)
+            if rng is not None:
+                set_rng_state(rng, self.device)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # edited or foreign state
+            detail = (str(exc).strip().splitlines() or [""])[0][:120]
+            raise TrainError(f"checkpoint {self.path} does not fit this run ({type(exc).__name__}: "
+                             f"{detail}); {recovery_hint(self.path)}") from None
+        return progress
+
+    def save(self, progress: Progress) -> None:
+        """Every rank's RNG to rank 0, which writes the file; every rank stops if the write failed."""
+        rngs = all_gather_objects(rng_state(self.device))  # collective: every rank
+        if not self.dist_env.is_main:
+            agree_or_raise(None, self.device)  # rank 0's write went through, or not
+            return
+        error: Optional[TrainError] = None
+        learner = self.learner
+        try:
+            save_atomic({
+                "model": learner.model.state_dict(),
+                "optimizer": learner.optimizer.state_dict(),
+                "scaler": learner.scaler.state_dict(),
+                "ema": learner.ema.state_dict() if learner.ema is not None else None,
+                "progress": asdict(progress),
+                "rng": rngs,
+                "config": self.config.to_dict(),
+                "world_size": self.dist_env.world_size,
+                "torch": str(torch.__version__),
+            }, self.path)
+        except OSError as exc:  # a disk that filled up, a quota, a file system gone read-only
+            # save_atomic wrote a temporary file: whatever checkpoint was there is untouched.
+            error = TrainError(f"cannot write the checkpoint {self.path} ({exc.strerror or exc}); the "
+                               f"checkpoint already there is unchanged: free space or quota in "
+                               f"{self.path.parent}, then run the same command again to resume")
+        agree_or_raise(error, self.device)  # every rank stops together, one line from rank 0
+
+    def estimated_bytes(self) -> int:
+        copies = 1 + (self.config.momentum > 0) + (self.learner.ema is not None)  # weights, momentum, EMA
+        return estimated_bytes(self.learner.model, copies)

@@ -61,7 +61,7 @@ class TrainConfig:
     download: bool = False
     compile: Optional[bool] = None  # None: compile on CUDA, not on CPU (compile_by_default)
     compile_mode: str = "auto"
-    compile_cache_dir: str = ""  # "" : <run-dir>/compile-cache (see train.compile_cache_dir)
+    compile_cache_dir: str = ""  # "" : <run-dir>/compile-cache (see speed.compile_cache_dir)
     grad_compression: str = "none"  # "bf16": DDP's bf16_compress_hook for slow fabrics
     bucket_cap_mb: float = 25.0  # DDP's default; checked in benchmarks/ddp_buckets.py
     seed: int = 0

@@ -1,4 +1,5 @@
-"""Read CIFAR-100 (torchvision's on-disk format) straight into uint8 tensors, checked.
+"""Read CIFAR-100 (torchvision's on-disk format) straight into uint8 tensors, checked, and put
+them on the training device.
 
 The pickles already store images channel-planar (N x 3072 = N,3,32,32), so no per-image
 decode or transpose is needed. Training never downloads: see download.py.
@@ -12,13 +13,18 @@ import io
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 
+from ddp_train.config import TrainConfig
+from ddp_train.distributed import agree_or_raise, barrier
 from ddp_train.errors import TrainError
-from ddp_train.layout import NUM_CLASSES, OFFICIAL_MD5, split_path
+from ddp_train.layout import NUM_CLASSES, OFFICIAL_MD5, has_dataset, split_path
+from ddp_train.synthetic import write_dataset
 
+SYNTHETIC_DIRNAME = "synthetic-data"
 IMAGE_SHAPE = (3, 32, 32)
 # Per-channel mean and std of the CIFAR-100 training set (0..1 scale).
 MEAN = (0.5071, 0.4865, 0.4409)
@@ -93,6 +99,36 @@ def load_split(data_dir: str | Path, name: str, verify: bool) -> Split:
 
 def load_cifar100(data_dir: str | Path, verify: bool) -> tuple[Split, Split]:
     return load_split(data_dir, "train", verify), load_split(data_dir, "test", verify)
+
+
+def prepare(config: TrainConfig, is_main: bool, device: torch.device) -> tuple[Split, Split, str]:
+    """Load (or, for --demo without real data, generate) the dataset onto `device`, with a note
+    to print about it; every rank agrees on errors."""
+    data_dir, verify, note = Path(config.data_dir), not config.allow_unverified_data, ""
+    if config.demo and not has_dataset(data_dir):
+        data_dir, verify = Path(config.run_dir) / SYNTHETIC_DIRNAME, False
+        n_train, n_test = config.limit_train or 4000, config.limit_test or 1000
+        if is_main and not has_dataset(data_dir):
+            write_dataset(data_dir, train=n_train, test=n_test, seed=config.seed)
+        barrier()
+        note = (f"No CIFAR-100 in {config.data_dir}: using a generated CIFAR-format dataset "
+                f"({n_train} train, {n_test} test images) in {data_dir}; run `make data` for the real one")
+    error: Optional[Exception] = None
+    train_set = test_set = None
+    try:
+        train_set, test_set = load_cifar100(data_dir, verify)
+        train_set, test_set = train_set.head(config.limit_train), test_set.head(config.limit_test)
+        if len(train_set) < config.batch_size:
+            raise TrainError(f"--batch-size {config.batch_size} is larger than the training set "
+                             f"({len(train_set)} images): pass a smaller batch")
+    except TrainError as exc:
+        error = exc
+    agree_or_raise(error, device)
+    assert train_set is not None and test_set is not None
+    if config.limit_train or config.limit_test:
+        note = note or (f"Using the first {len(train_set)} training and {len(test_set)} "
+                        f"test images of {data_dir}")
+    return train_set.to(device), test_set.to(device), note
 
 
 def memory_format_for(device: torch.device) -> torch.memory_format:

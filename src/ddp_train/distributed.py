@@ -7,12 +7,16 @@ is created; the helpers below then do nothing, so the loop reads the same either
 from __future__ import annotations
 
 import datetime
+import hashlib
+import platform
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
+from ddp_contract import EXPECT_FABRIC_VAR, check_nccl_transport
 
 from ddp_train.errors import Seen, TrainError
 
@@ -233,12 +237,66 @@ def check_network_transport(env: Mapping[str, str], device: torch.device) -> Opt
     --require-fabric (DDP_REQUIRE_FABRIC=1) raises on every rank when any rank
     fell back. The launcher sets DDP_EXPECT_FABRIC and the NCCL log file.
     """
-    if device.type != "cuda" or not env.get("DDP_EXPECT_FABRIC"):
-        return None
-    try:
-        from ddp_contract import check_nccl_transport
-    except ImportError:  # started without ddp-launch's package (plain torchrun): nothing set up to read
+    if device.type != "cuda" or not env.get(EXPECT_FABRIC_VAR):
         return None
     ok, message = check_nccl_transport(env)
     agree_or_raise(None if ok else TrainError(message), device)  # the first failing rank prints
     return message
+
+
+def announce_network_transport(env: Mapping[str, str], device: torch.device, local_rank: int) -> None:
+    """check_network_transport, its message on stderr once per node (local rank 0), not per GPU."""
+    message = check_network_transport(env, device)
+    if message and local_rank == 0:
+        print(f"[{socket.gethostname()}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class World:
+    """What the run spans, as its "run" record and its summary describe it."""
+    size: int
+    nodes: int
+    processes_per_node: int  # on the busiest node
+    device: str  # "cuda" or "cpu"
+    gpu_model: Optional[str]
+    cpu_model: str
+    threads_per_process: int
+    versions: dict[str, Optional[str]]
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.processes_per_node if self.device == "cuda" else 0
+
+
+def versions(device: torch.device) -> dict[str, Optional[str]]:
+    cuda = device.type == "cuda"
+    return {
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda if cuda else None,
+        "cudnn": str(torch.backends.cudnn.version()) if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+    }
+
+
+def describe_world(dist_env: DistEnv, device: torch.device) -> World:
+    """The world from every rank's hostname (a collective) and this rank's device and software."""
+    nodes, per_node = count_nodes()
+    return World(
+        size=dist_env.world_size, nodes=nodes, processes_per_node=per_node,
+        device=device.type, gpu_model=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        cpu_model=platform.processor() or platform.machine(), threads_per_process=torch.get_num_threads(),
+        versions=versions(device))
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """A hash of the exact parameter bits: equal on every rank when DDP kept them in sync."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def parameter_digests(model: torch.nn.Module) -> list[str]:
+    """Every rank's parameter_digest, on every rank (a collective)."""
+    return all_gather_objects(parameter_digest(model))

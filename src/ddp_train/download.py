@@ -16,7 +16,9 @@ import urllib.request
 from pathlib import Path
 from typing import Mapping
 
-from ddp_train.layout import DATASET_DIRNAME, OFFICIAL_MD5, file_md5, has_dataset
+from ddp_contract import DATASET_DIRNAME, missing_dataset_files
+
+from ddp_train.layout import OFFICIAL_MD5, file_md5, has_dataset
 from ddp_train.errors import TrainError
 
 ARCHIVE_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
@@ -65,8 +67,9 @@ def download_cifar100(data_dir: str | Path, url: str = ARCHIVE_URL, archive_md5:
         with tarfile.open(archive, "r:gz") as tar:
             # The "data" filter refuses absolute paths, links out of the tree and devices.
             tar.extractall(extracted, filter="data")
-        if not has_dataset(extracted):
-            raise TrainError(f"{url} did not contain {DATASET_DIRNAME}/train and test")
+        missing = missing_dataset_files(str(extracted))
+        if missing:
+            raise TrainError(f"{url} did not contain {DATASET_DIRNAME}/{', '.join(missing)}")
         if target.exists():  # move the old copy aside; the temporary directory removes it
             os.replace(target, Path(tmp) / "previous")
         os.replace(extracted / DATASET_DIRNAME, target)  # same filesystem: atomic

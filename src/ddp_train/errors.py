@@ -8,14 +8,18 @@ import contextlib
 import enum
 from typing import Iterator
 
+# EXIT_USAGE (2): a TrainError: bad flag, missing or corrupt dataset or checkpoint.
+# EXIT_REQUEUE (75): stopped on request (SIGUSR2/SIGUSR1/SIGTERM) after writing a checkpoint: the
+# run is unfinished and resumes from <run-dir>/checkpoint.pt. 75 is EX_TEMPFAIL in sysexits.h
+# ("temporary failure; the user is invited to retry"), distinct from success, from usage errors
+# and from 128+N deaths by signal, so a job script can requeue on it. Both codes are shared with
+# ddp-launch and the job scripts, so they are written once, in ddp_contract.
+from ddp_contract import EXIT_REQUEUE, EXIT_USAGE
+
+__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REQUEUE", "Seen", "TrainError", "seen_by"]
+
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected exception (a traceback) or a peer rank failing
-EXIT_USAGE = 2  # a TrainError: bad flag, missing or corrupt dataset or checkpoint
-# Stopped on request (SIGUSR2/SIGUSR1/SIGTERM) after writing a checkpoint: the run is
-# unfinished and resumes from <run-dir>/checkpoint.pt. 75 is EX_TEMPFAIL in sysexits.h
-# ("temporary failure; the user is invited to retry"), distinct from success, from
-# usage errors and from 128+N deaths by signal, so a job script can requeue on it.
-EXIT_REQUEUE = 75
 
 
 class Seen(enum.Enum):

@@ -1,13 +1,15 @@
-"""Evaluation on the test set, split across ranks with every sample counted exactly once.
+"""Evaluation on the test set, split across ranks with every sample counted exactly once, and
+when its accuracy is good enough to stop early.
 
 Each rank takes a contiguous shard (sizes differ by at most one); correct, count and loss
-sums are all-reduced, so the accuracy is exactly the full test set's on every rank.
+sums are all-reduced, so the accuracy is exactly the full test set's on every rank, and every
+rank decides alike whether to stop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -60,3 +62,9 @@ def evaluate(model: torch.nn.Module, test_set: Split, rank: int, world_size: int
     model.train(was_training)
     correct, total, loss_sum = sums.tolist()
     return EvalResult(int(correct), int(total), loss_sum)
+
+
+def target_reached(accuracies: Sequence[float], target: float, patience: int) -> bool:
+    """The last `patience` evaluations were all at or above the target accuracy."""
+    recent = accuracies[-patience:]
+    return len(recent) == patience and all(a >= target for a in recent)

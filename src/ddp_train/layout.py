@@ -1,6 +1,7 @@
 """CIFAR-100's on-disk layout (torchvision's `cifar-100-python/`): paths and checksums.
 
-No torch and no numpy here: the downloader and the data generator share it.
+No torch and no numpy here: the downloader and the data generator share it. The folder's
+name and files come from ddp_contract, which the job scripts' dataset check also uses.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-DATASET_DIRNAME = "cifar-100-python"
+from ddp_contract import DATASET_DIRNAME, missing_dataset_files
 # The official files' checksums, as torchvision's CIFAR100 lists them.
 OFFICIAL_MD5 = {
     "train": "16019d7e3df5f24257cddd939b257f8d",
@@ -23,7 +24,7 @@ def split_path(data_dir: str | Path, name: str) -> Path:
 
 
 def has_dataset(data_dir: str | Path) -> bool:
-    return all(split_path(data_dir, n).is_file() for n in ("train", "test"))
+    return not missing_dataset_files(str(data_dir))
 
 
 def file_md5(path: Path) -> str:

@@ -2,14 +2,24 @@
 
 Record types: "run" at every start (metadata), "epoch" after each epoch, "stopped" when a
 signal ended the run early, "summary" at the end. Plotting and benchmark tools read it.
+No torch here: ddp-bench reads these files where torch is not installed.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from ddp_train.config import TrainConfig
+from ddp_train.schedule import Steps
+
+if TYPE_CHECKING:  # they import torch
+    from ddp_train.checkpoint import Progress
+    from ddp_train.distributed import World
+    from ddp_train.evaluate import EvalResult
 
 METRICS_NAME = "metrics.jsonl"
 
@@ -31,3 +41,111 @@ class MetricsWriter:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """What this process start trains with: its "run" record and its header line."""
+    world: World
+    config: TrainConfig
+    precision: str
+    lr: float
+    compile_mode: str
+    steps: Steps
+    train_images: int
+    test_images: int
+    resumed: Optional[Progress]  # the checkpoint's progress, None for a fresh start
+
+    def record(self) -> dict[str, Any]:
+        world, resumed = self.world, self.resumed
+        return dict(
+            world_size=world.size, nodes=world.nodes, gpus_per_node=world.gpus_per_node,
+            processes_per_node=world.processes_per_node, device=world.device, gpu_model=world.gpu_model,
+            cpu_model=world.cpu_model, precision=self.precision, batch_size=self.config.batch_size,
+            batch_size_per_rank=self.steps.batch_per_rank, lr=self.lr, compile_mode=self.compile_mode,
+            train_images=self.train_images, test_images=self.test_images,
+            steps_per_epoch=self.steps.per_epoch, versions=world.versions,
+            resumed_from_epoch=resumed.epoch if resumed is not None else None,
+            resumed_from_step=resumed.step if resumed is not None else None, config=self.config.to_dict())
+
+    def header(self) -> str:
+        world = self.world
+        what = world.gpu_model or f"CPU ({world.threads_per_process} threads per process)"
+        return (f"ddp-train: {world.size} process(es) on {world.nodes} node(s), {what}, {self.precision}, "
+                f"global batch {self.config.batch_size} ({self.steps.batch_per_rank} per rank), "
+                f"lr {self.lr:g}, recipe {self.config.recipe}, {self.compile_mode}, "
+                f"{self.steps.per_epoch} steps per epoch")
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """An epoch's "epoch" record and its printed line."""
+    epoch: int  # counted from 1
+    epochs: int
+    seconds: float
+    images: int
+    train_loss: float
+    result: EvalResult
+    lr: float  # the last step's
+    warm_up_epoch: bool  # the first epoch of this process start: left out of the steady figure
+
+    def record(self) -> dict[str, Any]:
+        result = self.result
+        return dict(epoch=self.epoch, epoch_time_s=self.seconds, images=self.images,
+                    images_per_s=self.images / self.seconds, train_loss=self.train_loss, val_loss=result.loss,
+                    val_accuracy=result.accuracy, val_correct=result.correct, val_total=result.total,
+                    lr=self.lr, warm_up_epoch=self.warm_up_epoch)
+
+    def line(self) -> str:
+        return (f"Epoch {self.epoch}/{self.epochs}: {self.seconds:.3f} s, {self.images / self.seconds:,.1f} "
+                f"images/s, train loss {self.train_loss:.4f}, val loss {self.result.loss:.4f}, "
+                f"val accuracy {self.result.accuracy:.4f}")
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A stop on a signal: the "stopped" record and the line that says how to resume."""
+    signal: str
+    epochs_completed: int
+    step: int
+    checkpoint: Path
+    exit_code: int
+
+    def record(self) -> dict[str, Any]:
+        return dict(signal=self.signal, epochs_completed=self.epochs_completed, step=self.step,
+                    checkpoint=str(self.checkpoint), exit_code=self.exit_code)
+
+    def line(self) -> str:
+        return (f"Stop requested ({self.signal}): checkpoint saved to {self.checkpoint} at epoch "
+                f"{self.epochs_completed + 1}, step {self.step}. Run the same command again to resume "
+                f"(exit code {self.exit_code}).")
+
+
+def summary_record(progress: Progress, world: World, digests: Sequence[str],
+                   ddp_layout: Optional[dict[str, Any]], wall_time_s: float) -> dict[str, Any]:
+    """The "summary" record; steady_images_per_s leaves out each start's first epoch (Progress)."""
+    return dict(
+        total_time_s=progress.train_time_s, images_per_s=progress.images_per_s,
+        steady_images_per_s=progress.steady_images_per_s, steady_time_s=progress.steady_time_s,
+        setup_time_s=progress.setup_time_s, ddp=ddp_layout, wall_time_s=wall_time_s, nodes=world.nodes,
+        gpus_per_node=world.gpus_per_node, world_size=world.size, final_accuracy=progress.final_accuracy,
+        best_accuracy=progress.best_accuracy, epochs_run=progress.epoch, early_stopped=progress.early_stopped,
+        parameter_digests=list(digests), ranks_in_sync=len(set(digests)) == 1)
+
+
+def summary_lines(progress: Progress, world: World, metrics_path: Path) -> tuple[str, ...]:
+    return (
+        "",
+        "Training Summary:",
+        f"Total training time: {progress.train_time_s:.3f} seconds",
+        f"Throughput: {progress.steady_images_per_s:.3f} images/second (steady state, each start's first "
+        f"epoch excluded; {progress.images_per_s:.3f} over all epochs)",
+        f"Setup time (warm-up: compile, autotune, outside the training time): {progress.setup_time_s:.3f} seconds",
+        f"Number of nodes: {world.nodes}",
+        f"Number of GPUs per node: {world.gpus_per_node}",
+        f"Total GPUs used: {world.gpus_per_node * world.nodes}",
+        f"World size: {world.size}",
+        f"Final accuracy: {progress.final_accuracy:.4f}",
+        f"Best accuracy: {progress.best_accuracy:.4f}",
+        f"Metrics: {metrics_path}",
+        "Training completed successfully.")

@@ -9,10 +9,14 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from ddp_train.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME
+from ddp_train.distributed import agree_or_raise
 from ddp_train.errors import TrainError
 from ddp_train.metrics import METRICS_NAME
 
@@ -69,6 +73,12 @@ def low_space_warning(run_dir: Path, free: int, checkpoint_bytes: int) -> Option
             f"or pass another --run-dir")
 
 
+def warn_if_low_space(run_dir: Path, checkpoint_bytes: int) -> None:
+    warning = low_space_warning(run_dir, free_bytes(run_dir), checkpoint_bytes)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+
+
 def aside_name(now: datetime.datetime) -> str:
     return f"checkpoint-{now.astimezone(datetime.timezone.utc):%Y%m%dT%H%M%SZ}"
 
@@ -112,3 +122,16 @@ def prepare(run_dir: Path, fresh: bool, now: datetime.datetime) -> Optional[Path
         raise TrainError(f"--no-resume could not move the earlier run in {run_dir} aside "
                          f"({exc.strerror or exc}): move {', '.join(PREVIOUS_RUN_FILES)} away yourself, "
                          f"or pass another --run-dir") from None
+
+
+def prepare_on_rank0(run_dir: Path, fresh: bool, is_main: bool, device: torch.device) -> Optional[Path]:
+    """prepare() on rank 0, before anything else; the other ranks wait for its moves (a collective)
+    and fail with it."""
+    error, moved_to = None, None
+    if is_main:
+        try:
+            moved_to = prepare(run_dir, fresh, now=datetime.datetime.now(datetime.timezone.utc))
+        except TrainError as exc:
+            error = exc
+    agree_or_raise(error, device)
+    return moved_to

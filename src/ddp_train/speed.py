@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Optional
 
@@ -14,6 +15,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_train import distributed
+from ddp_train.checkpoint import rng_state, set_rng_state
+from ddp_train.config import TrainConfig, compile_by_default, resolve_compile_mode
 from ddp_train.errors import Seen, TrainError
 
 COMPILE_CACHE_DIRNAME = "compile-cache"
@@ -48,6 +52,14 @@ def use_compile_cache(path: Path, environ: MutableMapping[str, str]) -> None:
     environ[INDUCTOR_CACHE_VARIABLE] = str(path)
 
 
+def tune_backends(device: torch.device) -> None:
+    """cuDNN picks the fastest convolution per shape (every step has the same shapes), and fp32
+    matmuls may use TF32 tensor cores."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.set_float32_matmul_precision("high")
+
+
 def uses_cuda_graphs(mode: str) -> bool:
     return mode in CUDA_GRAPH_MODES
 
@@ -66,8 +78,33 @@ def wrap_ddp(model: nn.Module, device: torch.device, bucket_cap_mb: float,
     return ddp
 
 
-def bucket_layout(ddp: DistributedDataParallel) -> dict[str, Any]:
-    """DDP's own record of its gradient buckets (benchmarks/ddp_buckets.py shows their contents)."""
+@dataclass(frozen=True)
+class FastModel:
+    """The model as the training step calls it: DDP-wrapped in a world of several, maybe compiled."""
+    ddp: nn.Module  # the DistributedDataParallel wrapper, or the model itself in a world of one
+    forward: Callable[[torch.Tensor], torch.Tensor]
+    compiled: bool
+    compile_mode: str  # "eager" when not compiled
+    cuda_graphs: bool
+
+
+def accelerate(model: nn.Module, config: TrainConfig, device: torch.device) -> FastModel:
+    ddp: nn.Module = model
+    if distributed.active():
+        check_compression_backend(config.grad_compression)
+        ddp = wrap_ddp(model, device, config.bucket_cap_mb, config.grad_compression)
+    compiled = compile_by_default(config, device.type)
+    compile_mode = resolve_compile_mode(config, device.type) if compiled else "eager"
+    cuda_graphs = compiled and device.type == "cuda" and uses_cuda_graphs(compile_mode)
+    forward = torch.compile(ddp, mode=compile_mode) if compiled else ddp
+    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs)
+
+
+def bucket_layout(ddp: nn.Module) -> Optional[dict[str, Any]]:
+    """DDP's own record of its gradient buckets (benchmarks/ddp_buckets.py shows their contents);
+    None for a model DDP does not wrap."""
+    if not isinstance(ddp, DistributedDataParallel):
+        return None
     data = ddp._get_ddp_logging_data()
     return {"bucket_sizes": str(data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""),
             "bucket_cap_bytes": int(data.get("bucket_cap_bytes", 0)),
@@ -87,17 +124,6 @@ def check_compression_backend(grad_compression: str) -> None:
                              f"all-reduce bf16 ({str(exc).splitlines()[0]}); use --grad-compression none") from None
 
 
-def rng_snapshot(device: torch.device) -> dict[str, Any]:
-    return {"cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
-
-
-def rng_restore(state: Mapping[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def warm_up(step: Callable[[], Any], passes: int, model: nn.Module, optimizer: torch.optim.Optimizer,
             scaler: torch.amp.GradScaler, device: torch.device,
             ema: Optional[nn.Module] = None) -> float:
@@ -113,7 +139,7 @@ def warm_up(step: Callable[[], Any], passes: int, model: nn.Module, optimizer: t
     saved_ema = {k: v.detach().clone() for k, v in ema.state_dict().items()} if ema is not None else None
     saved_optimizer = copy.deepcopy(optimizer.state_dict())
     saved_scaler = copy.deepcopy(scaler.state_dict())
-    saved_rng = rng_snapshot(device)
+    saved_rng = rng_state(device)
     for _ in range(passes):
         step()
     with torch.no_grad():
@@ -123,7 +149,7 @@ def warm_up(step: Callable[[], Any], passes: int, model: nn.Module, optimizer: t
     optimizer.load_state_dict(saved_optimizer)
     optimizer.zero_grad(set_to_none=True)
     scaler.load_state_dict(saved_scaler)
-    rng_restore(saved_rng, device)
+    set_rng_state(saved_rng, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - started

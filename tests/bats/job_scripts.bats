@@ -19,7 +19,7 @@ setup() {
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_success
-    run grep '^python3 ' "${CALLS}"
+    run grep '^python3 -m ddp_launch' "${CALLS}"
     assert_output "python3 -m ddp_launch.binds --site olivia"
     run grep '^srun-env' "${CALLS}"
     assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=/host/olivia:/opt/olivia,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
@@ -86,8 +86,33 @@ setup() {
     run bash "${REPO}/slurm/olivia-multinode.sh" --note 'two words' '$HOME' '*'
 
     assert_success
+    run tail -n 5 "${STEP_ARGV}"
+    assert_output "$(printf '%s\n' --patience 2 --note 'two words' '$HOME' '*' | tail -n 5)"
     run _train_call
     assert_output --partial " --patience 2 --note two words \$HOME *"
+}
+
+@test "DDP_TRAIN_ARGS is split with the shell's quoting: a quoted argument with spaces stays one word" {
+    export DDP_TRAIN_ARGS="--note 'two words' --tag \"\$HOME\" --glob '*'" DDP_LAUNCH_ARGS="--nccl-debug 'INFO'"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh" --seed 7
+
+    assert_success
+    run tail -n 8 "${STEP_ARGV}"
+    assert_output "$(printf '%s\n' --note 'two words' --tag '$HOME' --glob '*' --seed 7)"
+    run grep -x -A 1 -- --nccl-debug "${STEP_ARGV}"
+    assert_output "$(printf '%s\n' --nccl-debug INFO)"
+}
+
+@test "DDP_TRAIN_ARGS with an unclosed quote stops the job in one line before any srun" {
+    export DDP_TRAIN_ARGS="--note 'unclosed"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output "ddp: error: DDP_TRAIN_ARGS=\"--note 'unclosed\" is not words of the shell (No closing quotation): close each quote as in the shell, e.g. \"a b\""
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
 }
 
 @test "missing data stops the job before any step, naming the directory and make data" {
@@ -96,7 +121,7 @@ setup() {
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_failure 1
-    assert_output --partial "${DDP_DATA_DIR}/cifar-100-python/test is missing: run 'make data DATA_DIR=${DDP_DATA_DIR}' on the login node"
+    assert_output "ddp: error: ${DDP_DATA_DIR}/cifar-100-python lacks test: run 'make data DATA_DIR=${DDP_DATA_DIR}' on the login node, or set DDP_DATA_DIR"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
 }
@@ -115,8 +140,11 @@ setup() {
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure
-    assert_output --partial "DDP_REPO=${BATS_TEST_TMPDIR} is not this project's checkout"
+    assert_failure 1
+    assert_line --partial "${BATS_TEST_TMPDIR}/slurm/lib/ddp.sh: No such file or directory"
+    assert_line "error: submit from this project's checkout or set DDP_REPO"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
 }
 
 @test "a step that stopped on a signal with a checkpoint (exit 75) requeues the job" {

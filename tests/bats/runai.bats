@@ -9,6 +9,7 @@ setup() {
     _stub ddp-launch 'exit 0'
     unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM
     export RUNAI_IMAGE=registry.example/ddp-train:0.1
+    export PYTHONPATH="${REPO}/entrypoints"  # as the image's: pod.sh checks the data with ddp_contract
 }
 
 @test "runai submit: one master plus workers, GPUs per pod, the pod script as the command, large shm, RoCE" {
@@ -40,30 +41,32 @@ setup() {
     assert_output ""
 }
 
-@test "the pod script the submit line names is baked into the x86_64 image" {
-    run grep -E '^    runai/pod.sh /opt/ddp/runai/pod.sh$' "${REPO}/containers/x86_64.def"
+@test "the pod script the submit line names is baked into the GPU image" {
+    run grep -E '^    runai/pod.sh /opt/ddp/runai/pod.sh$' "${REPO}/containers/gpu.def"
     assert_success
 }
 
 @test "pod: ddp-launch in kubeflow mode with the rcp site, torchrun logs on the run volume" {
     mkdir -p "${BATS_TEST_TMPDIR}/data/cifar-100-python"
-    touch "${BATS_TEST_TMPDIR}/data/cifar-100-python/train"
+    touch "${BATS_TEST_TMPDIR}/data/cifar-100-python/"{train,test,meta}
     DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RANK=1 PET_NNODES=2 \
         HOSTNAME=ddp-train-worker-0 run bash "${REPO}/runai/pod.sh" --epochs 5
 
     assert_success
     assert_output --partial "pod: pod ddp-train-worker-0: rank 1 of 2 pods"
-    run cat "${CALLS}"
+    run grep '^ddp-launch' "${CALLS}"
     assert_output "ddp-launch --mode kubeflow --site rcp --log-dir ${BATS_TEST_TMPDIR}/run/logs -- --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/run --epochs 5"
     [ -d "${BATS_TEST_TMPDIR}/run/logs" ]
 }
 
 @test "pod: missing data on the volume stops the pod before ddp-launch" {
-    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/empty" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" \
+    mkdir -p "${BATS_TEST_TMPDIR}/partial/cifar-100-python"
+    touch "${BATS_TEST_TMPDIR}/partial/cifar-100-python/train"
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/partial" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" \
         run bash "${REPO}/runai/pod.sh"
 
-    assert_failure
-    assert_output --partial "${BATS_TEST_TMPDIR}/empty/cifar-100-python is missing"
-    run cat "${CALLS}"
-    assert_output ""
+    assert_failure 1
+    assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the PVC"
+    run grep -c '^ddp-launch' "${CALLS}"
+    assert_output "0"
 }

@@ -1,7 +1,7 @@
 """Build the e2e test image with Charliecloud from the real recipe, caching the slow layers.
 
 The project image is `ch-image build` of containers/Dockerfile (generated from
-containers/x86_64.def) with only BASE_IMAGE swapped for an offline test base:
+containers/gpu.def, x86_64) with only BASE_IMAGE swapped for an offline test base:
 debootstrap's Debian + python3 + torch/numpy from the pip sources this machine is
 configured with. The base is built once per recipe hash and kept in ch-image's storage
 as ddp-e2e-base:<hash>; the project layer is rebuilt on every call (seconds).
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DDP_E2E_IMAGE_CACHE", "/var/tmp/ddp-e2e-images"))
 STORAGE = CACHE / "storage"
 IMAGE_NAME = "ddp-e2e-train"
-DEFINITION = "containers/x86_64.def"
+DEFINITION = "containers/gpu.def"
 DOCKERFILE = "containers/Dockerfile"
 # ch-image is a Python program needing python3-lark, which only Debian's interpreter has.
 CH_PYTHON = "/usr/bin/python3"
@@ -184,6 +184,12 @@ def build_base(recipe: BaseRecipe) -> None:
     shutil.rmtree(tree)
 
 
+def empty_default_arguments(dockerfile: str) -> list[str]:
+    """`--build-arg NAME=` for each `ARG NAME=""`: Docker reads that default as the empty
+    string, ch-image 0.31's grammar as a two-character word `""`, so it is passed explicitly."""
+    return [word for name in re.findall(r'^ARG (\w+)=""$', dockerfile, re.M) for word in ("--build-arg", f"{name}=")]
+
+
 def build(rebuild_base: bool = False) -> str:
     """The project image's name in STORAGE, built on the cached base; one build at a time."""
     reason = missing_tools()
@@ -199,7 +205,8 @@ def build(rebuild_base: bool = False) -> str:
             build_base(recipe)
         else:
             _log(f"reusing base {recipe.tag}")
-        ch_image("build", "--no-cache", "--build-arg", f"BASE_IMAGE={recipe.tag}", "-t", IMAGE_NAME,
+        ch_image("build", "--no-cache", "--build-arg", f"BASE_IMAGE={recipe.tag}",
+                 *empty_default_arguments((REPO / DOCKERFILE).read_text()), "-t", IMAGE_NAME,
                  "-f", str(REPO / DOCKERFILE), str(REPO), step=f"ch-image build {DOCKERFILE}",
                  log=CACHE / "logs" / "build.log")
     return IMAGE_NAME

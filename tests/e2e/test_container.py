@@ -23,7 +23,7 @@ from elf_tree import build_fake_olivia_host  # noqa: E402  (helper-1's fake Cray
 pytestmark = pytest.mark.e2e
 
 APPTAINER = SHIM_BIN / "apptainer"
-DEFINITION = REPO / "containers" / "x86_64.def"
+DEFINITION = REPO / "containers" / "gpu.def"
 DOCKERFILE = REPO / "containers" / "Dockerfile"
 SUBMIT = REPO / "runai" / "submit.sh"
 
@@ -115,7 +115,10 @@ def test_a_dependency_left_unbound_is_named_by_the_doctor_inside_the_container(s
 
     done = apptainer(["exec", sif, "ddp-launch", "doctor", "--site", "olivia", "--offline"],
                      _host_env(APPTAINER_BIND=kept, SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2",
-                               SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]"), tmp_path)
+                               SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]", SLURM_STEP_ID="0",
+                               SLURM_STEP_NODELIST="node[1-2]", SLURM_STEP_NUM_NODES="2",
+                               SLURM_STEP_NUM_TASKS="2", SLURM_STEP_TASKS_PER_NODE="1(x2)",
+                               SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0"), tmp_path)
 
     line = _doctor_line(done.stdout, "library dependencies")
     assert line.startswith("FAIL"), done.stdout

@@ -73,4 +73,4 @@ def test_job_script_refuses_to_start_without_staged_data(cluster, job_env, tmp_p
     job = cluster.wait(job_id, timeout=60)
 
     assert job.state == "FAILED"
-    assert "cifar-100-python/train is missing: run 'make data" in job.output()
+    assert f"{tmp_path / 'nowhere'}/cifar-100-python lacks train, test, meta: run 'make data" in job.output()

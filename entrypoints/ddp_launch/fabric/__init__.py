@@ -1,63 +1,85 @@
 """Fabric environment for NCCL/libfabric: Slingshot (CXI), InfiniBand/RoCE, Ethernet.
 
-Contract with the launcher: cli builds a FabricRequest from plain data and
-adds fabric_env_changes(request) to the launch plan. Values are set only where
-the user has not set them; each change carries its reason (source) for --dry-run.
+plan_fabric(request, facts) is pure: the node was read once into NodeFacts (facts.py),
+and the values come from data with their sources. Each variable is layered as:
+
+    fabric default  <  site profile  <  the user's environment
+
+each overriding the one before. Fabric defaults are containers/sites/fabrics/<fabric>.json
+(then common.json, for every fabric); site profiles are containers/sites/<site>.json; a
+variable already in the environment is never changed (a "kept" finding says so), except
+by an explicit flag (--nccl-debug). Every change carries its reason for --dry-run.
 """
 
 from __future__ import annotations
 
 import os
-import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
 
+from ddp_contract import EXPECT_FABRIC_VAR, LOG_DIR_VAR, REQUIRE_FABRIC_VAR
 from ddp_launch.errors import LaunchError
+from ddp_launch.facts import NodeFacts
 from ddp_launch.fabric.common import EnvBuilder
+from ddp_launch.fabric.defaults import load_fabric_defaults
 from ddp_launch.fabric.ethernet import ethernet_defaults
-from ddp_launch.fabric.infiniband import infiniband_defaults, rdma_device_names
-from ddp_launch.fabric.libpaths import library_path_changes
-from ddp_launch.fabric.slingshot import slingshot_defaults, slingshot_present
-from ddp_launch.plan import EnvChange
+from ddp_launch.fabric.infiniband import choose_roce_device, infiniband_defaults
+from ddp_launch.fabric.libpaths import library_path_changes, search_directories
+from ddp_launch.fabric.slingshot import slingshot_defaults
+from ddp_launch.plan import EnvChange, Finding
 from ddp_launch.sites import SiteProfile, load_site
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
-EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"
-REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"
-LOG_DIR_VAR = "DDP_LAUNCH_LOG_DIR"
 HIGH_SPEED_FABRICS = ("slingshot", "infiniband")
+# --dry-run prints warnings and errors alike as "warning:": the launcher still runs with
+# the user's value; doctor reads the severity and FAILs an error.
+_NOTE_PREFIX = {"info": "", "warning": "warning: ", "error": "warning: "}
 
 
 @dataclass(frozen=True)
 class FabricRequest:
-    env: Mapping[str, str]          # the environment the launcher was started with
-    multi_node: bool                # more than one node in this job step
-    site: Optional[str] = None      # --site / DDP_LAUNCH_SITE, e.g. "olivia"; None = detect
-    head_address: Optional[str] = None  # rendezvous host, for route-based interface choice
-    root: str = "/"                 # filesystem root for /sys and /dev probes (tests use fake trees)
-    nccl_debug: Optional[str] = None    # --nccl-debug LEVEL
-    require_fabric: bool = False    # --require-fabric
-    machine: Optional[str] = None   # CPU architecture; None = platform.machine()
-    gloo: bool = False              # CPU workers: gloo over TCP, whatever the node's HCAs
+    env: Mapping[str, str]              # the environment the launcher was started with
+    multi_node: bool                    # more than one node in this job step
+    site: str | None = None             # --site / DDP_LAUNCH_SITE, e.g. "olivia"; None = detect
+    head_address: str | None = None     # rendezvous host, for route-based interface choice
+    nccl_debug: str | None = None       # --nccl-debug LEVEL
+    require_fabric: bool = False        # --require-fabric
+    gloo: bool = False                  # CPU workers: gloo over TCP, whatever the node's HCAs
+    log_dir: str | None = None          # --log-dir: NCCL's log goes beside torchrun's
 
 
 @dataclass(frozen=True)
 class FabricPlan:
-    fabric: str                     # slingshot | infiniband | ethernet
-    changes: Tuple[EnvChange, ...]
-    notes: Tuple[str, ...]          # kept user values and warnings, for --dry-run and doctor
+    fabric: str                         # slingshot | infiniband | ethernet
+    changes: tuple[EnvChange, ...]
+    findings: tuple[Finding, ...]       # kept user values, warnings: for --dry-run and doctor
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The findings as --dry-run prints them."""
+        return tuple(_NOTE_PREFIX[f.severity] + f.text for f in self.findings)
 
 
-def detect_fabric(root: str) -> str:
+def directories_to_probe(site: str | None, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The container directories whose existence plan_fabric needs (the site's library paths)."""
+    if not site:
+        return ()
+    try:
+        return search_directories(load_site(site, env))
+    except LaunchError:
+        return ()  # plan_fabric raises it again, in its turn after the scheduler's errors
+
+
+def detect_fabric(facts: NodeFacts) -> str:
     """Slingshot if CXI devices exist, else InfiniBand/RoCE if RDMA devices exist, else Ethernet."""
-    if slingshot_present(root):
+    if facts.slingshot_present:
         return "slingshot"
-    if rdma_device_names(root):
+    if facts.rdma_devices:
         return "infiniband"
     return "ethernet"
 
 
-def ethernet_requested(request: FabricRequest, profile: Optional[SiteProfile]) -> Optional[str]:
+def ethernet_requested(request: FabricRequest, profile: SiteProfile | None) -> str | None:
     """Why this job must use Ethernet sockets though the node has a faster fabric, if it must.
 
     Nodes often carry an InfiniBand HCA that the job may not use (seed 004, "InfiniBand
@@ -73,9 +95,12 @@ def ethernet_requested(request: FabricRequest, profile: Optional[SiteProfile]) -
     return None
 
 
-def nccl_debug_file(env: Mapping[str, str]) -> str:
-    """One NCCL log per process (%h host, %p pid), where transport.check_nccl_transport looks."""
-    directory = env.get(LOG_DIR_VAR) or env.get("TMPDIR") or "/tmp"
+def nccl_debug_file(request: FabricRequest) -> str:
+    """One NCCL log per process (%h host, %p pid), where the transport check looks."""
+    env = request.env
+    # DDP_LAUNCH_LOG_DIR, when exported, has always named this place, even beside --log-dir.
+    directory = env[LOG_DIR_VAR] if LOG_DIR_VAR in env else request.log_dir
+    directory = directory or env.get("TMPDIR") or "/tmp"
     job = env.get("SLURM_JOB_ID") or env.get("RUNAI_JOB_NAME") or "local"
     return os.path.join(directory, f"nccl-{job}.%h.%p.log")
 
@@ -88,17 +113,16 @@ def _observe_transport(builder: EnvBuilder, request: FabricRequest, fabric: str)
     if "NCCL_DEBUG" not in request.env and request.nccl_debug is None:
         builder.default("NCCL_DEBUG", "INFO", "to see which network NCCL chose (written to NCCL_DEBUG_FILE, not the console)")
         builder.default("NCCL_DEBUG_SUBSYS", "INIT,NET", "only the init and network lines")
-        builder.default("NCCL_DEBUG_FILE", nccl_debug_file(request.env), "one NCCL log per process; NCCL warnings land here too")
+        builder.default("NCCL_DEBUG_FILE", nccl_debug_file(request), "one NCCL log per process; NCCL warnings land here too")
 
 
-def plan_fabric(request: FabricRequest) -> FabricPlan:
-    profile: Optional[SiteProfile] = load_site(request.site, request.env) if request.site else None
-    fabric = profile.fabric if profile and profile.fabric != "auto" else detect_fabric(request.root)
-    machine = request.machine or platform.machine()
+def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
+    profile = load_site(request.site, request.env) if request.site else None
+    fabric = profile.fabric if profile and profile.fabric != "auto" else detect_fabric(facts)
     builder = EnvBuilder(request.env)
     sockets_reason = ethernet_requested(request, profile)
     if (sockets_reason and fabric == "infiniband") or (request.gloo and fabric != "ethernet"):
-        builder.notes.append(f"{sockets_reason}: Ethernet sockets, although {fabric} devices are present")
+        builder.note("fabric", "info", f"{sockets_reason}: Ethernet sockets, although {fabric} devices are present")
         fabric = "ethernet"
 
     if request.nccl_debug is not None:
@@ -107,24 +131,31 @@ def plan_fabric(request: FabricRequest) -> FabricPlan:
             raise LaunchError(f"--nccl-debug {request.nccl_debug!r} is not a level; use one of {', '.join(NCCL_DEBUG_LEVELS)}")
         builder.force("NCCL_DEBUG", level, "--nccl-debug")
 
-    # Site documentation first: it decides where the public sources disagree.
+    # The site profile before the fabric defaults: the first to set a variable wins, and the
+    # site's documentation decides where the public sources disagree.
     if profile:
         for item in profile.env:
             if item.name == "NCCL_SOCKET_IFNAME":
                 continue  # used only as a fallback when the interfaces cannot be listed
             builder.default(item.name, item.value, f"site {profile.name}: {item.source}")
-        builder.changes.extend(library_path_changes(profile, request.env, request.root))
+        builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs))
 
+    conditions = {
+        "multi_node": request.multi_node,
+        "gh200": bool(profile and profile.gpu == "gh200" and facts.machine == "aarch64"),
+        "roce": choose_roce_device(facts.rdma_devices) is not None,
+    }
     if fabric == "slingshot":
         profile_ifname = profile.env_value("NCCL_SOCKET_IFNAME") if profile else None
-        gh200 = bool(profile and profile.gpu == "gh200" and machine == "aarch64")
-        slingshot_defaults(builder, request.root, request.multi_node, gh200, profile_ifname.value if profile_ifname else None)
+        slingshot_defaults(builder, load_fabric_defaults("slingshot", request.env), facts, conditions,
+                           profile_ifname.value if profile_ifname else None)
     elif fabric == "infiniband":
-        infiniband_defaults(builder, request.root, request.env)
+        infiniband_defaults(builder, load_fabric_defaults("infiniband", request.env), facts, conditions, request.env)
     elif request.multi_node:
-        ethernet_defaults(builder, request.root, request.head_address)
+        ethernet_defaults(builder, facts, request.head_address)
 
-    builder.default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", "CSCS: tear down on NCCL errors instead of hanging")
+    for item in load_fabric_defaults("common", request.env).applicable(conditions):
+        builder.default(item.name, item.value, item.source)
 
     if request.multi_node:
         if fabric in HIGH_SPEED_FABRICS:
@@ -136,9 +167,4 @@ def plan_fabric(request: FabricRequest) -> FabricPlan:
                 "--require-fabric given but no high-speed fabric was found (no /dev/cxi*, /sys/class/cxi "
                 "or /sys/class/infiniband); run on GPU nodes, pass --site, or drop --require-fabric"
             )
-    return FabricPlan(fabric, tuple(builder.changes), tuple(builder.notes))
-
-
-def fabric_env_changes(request: FabricRequest) -> Tuple[EnvChange, ...]:
-    """The environment changes for this node's fabric (see plan_fabric for notes too)."""
-    return plan_fabric(request).changes
+    return FabricPlan(fabric, tuple(builder.changes), tuple(builder.findings))

@@ -1,58 +1,36 @@
-"""Helpers shared by the fabric modules: defaults only where unset, and /sys probes under a root."""
+"""EnvBuilder, shared by the fabric modules: a default only where nothing set the variable yet,
+and a typed finding for each value of the user's that was kept over a default."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import List, Mapping, Optional, Tuple
 
-from ddp_launch.plan import EnvChange
-
-
-def under(root: str, path: str) -> str:
-    """path inside the probe root ("/" on a real node, a fake tree in tests)."""
-    return os.path.join(root, path.lstrip("/"))
-
-
-def list_dir(root: str, path: str) -> Optional[Tuple[str, ...]]:
-    """Sorted entries of a directory, or None when it cannot be listed."""
-    try:
-        return tuple(sorted(os.listdir(under(root, path))))
-    except OSError:
-        return None
-
-
-def read_text(root: str, path: str) -> Optional[str]:
-    try:
-        with open(under(root, path), encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
+from ddp_launch.plan import EnvChange, Finding
 
 
 @dataclass
 class EnvBuilder:
-    """Collects changes for variables the user has not set; notes what was kept or skipped."""
+    """Collects changes for variables the user has not set, and findings for --dry-run and doctor."""
 
     env: Mapping[str, str]
-    changes: List[EnvChange] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
+    changes: list[EnvChange] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
 
-    def planned(self, name: str) -> Optional[str]:
+    def planned(self, name: str) -> str | None:
         for change in reversed(self.changes):
             if change.name == name:
                 return change.value
         return None
 
-    def effective(self, name: str) -> Optional[str]:
-        """The value the workload will see: the user's, else what we plan."""
-        return self.env[name] if name in self.env else self.planned(name)
+    def note(self, topic: str, severity: str, text: str) -> None:
+        self.findings.append(Finding(topic, severity, text))
 
     def default(self, name: str, value: str, reason: str) -> bool:
         """Set name unless the user (or an earlier, more specific rule) already did."""
         if name in self.env:
             if self.env[name] != value:
-                self.notes.append(f"kept your {name}={self.env[name]} (default would be {value}: {reason})")
+                self.note("kept", "info", f"kept your {name}={self.env[name]} (default would be {value}: {reason})")
             return False
         if self.planned(name) is not None:
             return False

@@ -1,21 +1,22 @@
 """The in-container half of host binds: LD_LIBRARY_PATH and CPATH from a site profile.
 
-Only directories that exist inside the container are added; the user's own
-entries are kept (never replaced), and nothing is listed twice.
+Only directories that exist inside the container (facts.existing_dirs, probed for
+the paths search_directories names) are added; the user's own entries are kept
+(never replaced), and nothing is listed twice.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Mapping, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import AbstractSet
 
-from ddp_launch.fabric.common import under
 from ddp_launch.plan import EnvChange
 from ddp_launch.sites import SiteProfile, container_search_paths
 
 
-def _existing(root: str, paths: Sequence[str]) -> Tuple[str, ...]:
-    return tuple(p for p in paths if os.path.isdir(under(root, p)))
+def search_directories(profile: SiteProfile) -> tuple[str, ...]:
+    """Every container directory the profile may add, for the probe to check."""
+    return tuple(path for paths in container_search_paths(profile).values() for path in paths)
 
 
 def _merge(front: Sequence[str], current: str, back: Sequence[str]) -> str:
@@ -26,24 +27,22 @@ def _merge(front: Sequence[str], current: str, back: Sequence[str]) -> str:
     return ":".join(ordered)
 
 
-def library_path_changes(profile: SiteProfile, env: Mapping[str, str], root: str = "/") -> Tuple[EnvChange, ...]:
+def library_path_changes(profile: SiteProfile, env: Mapping[str, str],
+                         existing_dirs: AbstractSet[str]) -> tuple[EnvChange, ...]:
     """Host plugin dir first (so NCCL dlopens the host libnccl-net.so, not the image's),
     then libfabric/CXI/NCCL, then the user's entries, then appended extras."""
-    paths = container_search_paths(profile)
-    first = _existing(root, paths["first"])
-    prepend = _existing(root, paths["prepend"])
-    append = _existing(root, paths["append"])
+    paths = {group: tuple(p for p in listed if p in existing_dirs)
+             for group, listed in container_search_paths(profile).items()}
     changes = []
     current = env.get("LD_LIBRARY_PATH", "")
-    merged = _merge(first + prepend, current, append)
+    merged = _merge(paths["first"] + paths["prepend"], current, paths["append"])
     if merged != current:
         changes.append(EnvChange(
             "LD_LIBRARY_PATH", merged,
             f"site {profile.name}: host libraries bound by `ddp-launch binds` (OFI plugin first, your entries kept)",
         ))
-    includes = _existing(root, paths["include"])
     current_cpath = env.get("CPATH", "")
-    merged_cpath = _merge(includes, current_cpath, ())
+    merged_cpath = _merge(paths["include"], current_cpath, ())
     if merged_cpath != current_cpath:
         changes.append(EnvChange("CPATH", merged_cpath, f"site {profile.name}: host libfabric headers"))
     return tuple(changes)

@@ -8,7 +8,8 @@ _common_setup() {
     REPO="$(cd "${BATS_TEST_DIRNAME}/../.." && pwd)"
     STUBS="${BATS_TEST_TMPDIR}/bin"
     CALLS="${BATS_TEST_TMPDIR}/calls.log"
-    export REPO STUBS CALLS
+    STEP_ARGV="${BATS_TEST_TMPDIR}/step.argv"
+    export REPO STUBS CALLS STEP_ARGV
     mkdir -p "${STUBS}"
     : > "${CALLS}"
     _write_stubs
@@ -34,7 +35,8 @@ for arg in "$@"; do
     esac
 done
 # A training step takes a while; the sampler step beside it must get to record itself.
-case " $* " in *" apptainer "*) sleep 0.5 ;; esac
+# Its argv is also kept one word per line, where word boundaries show.
+case " $* " in *" apptainer "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
 printf "srun-env NCCL_IB_DISABLE=%s APPTAINER_BIND=%s\n" "${NCCL_IB_DISABLE-unset}" "${APPTAINER_BIND-unset}" >> "'"${CALLS}"'"
 exit "${SRUN_STATUS:-0}"'
     _stub scontrol '
@@ -45,13 +47,15 @@ case "${1-} ${2-}" in
 esac'
     _stub apptainer 'echo "apptainer stub: must only be reached through srun" >&2; exit 2'
     _stub sbatch 'echo "sbatch stub: job scripts must not submit jobs" >&2; exit 2'
-    # The launcher's host helper: record the binds request, answer with one bind.
+    # The host python3: the binds request is answered with one bind; the dataset check
+    # (python3 -m ddp_contract) and the settings word splitter (python3 -c) run for real.
+    local -r real_python3="$(command -v python3)"
     _stub python3 '
-if [ "${1-} ${2-} ${3-}" = "-m ddp_launch.binds --site" ] && [ "$#" -eq 4 ]; then
-    echo "/host/${4}:/opt/${4}"
-else
-    echo "python3 stub: unexpected arguments $*" >&2; exit 2
-fi'
+case "${1-} ${2-} ${3-} $#" in
+    "-m ddp_launch.binds --site 4") echo "/host/${4}:/opt/${4}" ;;
+    "-m ddp_contract dataset 4" | "-c "*) exec "'"${real_python3}"'" "$@" ;;
+    *) echo "python3 stub: unexpected arguments $*" >&2; exit 2 ;;
+esac'
 }
 
 # A minimal environment of a 2-node batch job, with an image and staged data.

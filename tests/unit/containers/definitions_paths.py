@@ -7,7 +7,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 CONTAINERS = REPO / "containers"
-DEFINITIONS = ("olivia-arm64.def", "x86_64.def", "cpu.def")
+DEFINITIONS = ("gpu.def", "cpu.def")
+# The images the Makefile builds: definition file and --build-arg values (build-olivia, build-x86, build-cpu).
+BUILDS = {
+    "olivia": ("gpu.def", {"ARCH": "arm64", "SITE": "olivia"}),
+    "x86": ("gpu.def", {"ARCH": "amd64"}),
+    "cpu": ("cpu.def", {}),
+}
 
 if str(CONTAINERS) not in sys.path:
     sys.path.insert(0, str(CONTAINERS))  # containers/deffile.py and dockerfile.py are scripts, not a package

@@ -128,3 +128,11 @@ def test_the_debian_mirror_is_read_from_deb822_or_one_line_sources(tmp_path):
     (tmp_path / "sources.list.d" / "debian.sources").unlink()
     (tmp_path / "sources.list").write_text("deb [arch=amd64] http://other.example/debian bookworm main\n")
     assert e2e_image.debian_mirror(tmp_path) == "http://other.example/debian"
+
+
+def test_empty_argument_defaults_are_passed_to_ch_image_as_empty_values():
+    sys.path.insert(0, str(E2E))
+    import e2e_image
+
+    dockerfile = 'ARG BASE_IMAGE=x\nFROM $BASE_IMAGE\nARG SITE=""\nARG VERSION=0.1.0\nARG NOTE=""\n'
+    assert e2e_image.empty_default_arguments(dockerfile) == ["--build-arg", "SITE=", "--build-arg", "NOTE="]

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from definitions_paths import CONTAINERS, DEFINITIONS, REPO
+from definitions_paths import BUILDS, CONTAINERS, DEFINITIONS, REPO
 from deffile import build_arguments, render, sections
 from spython.main.parse.parsers import SingularityParser
 
@@ -48,7 +48,8 @@ def test_files_sources_exist_in_the_repo(name, tmp_path):
 @pytest.mark.parametrize("name", DEFINITIONS)
 def test_both_packages_and_site_profiles_are_baked_in(name, tmp_path):
     targets = [(e[1] if isinstance(e, list) else e.split()[1]) for e in spython_recipe(name, tmp_path).files]
-    assert {"/opt/ddp/python/ddp_launch", "/opt/ddp/python/ddp_train", "/opt/ddp/sites", "/opt/ddp/bin/ddp-launch"} <= set(targets)
+    assert {"/opt/ddp/python/ddp_launch", "/opt/ddp/python/ddp_contract", "/opt/ddp/python/ddp_train",
+            "/opt/ddp/python/ddp_bench", "/opt/ddp/sites", "/opt/ddp/bin/ddp-launch"} <= set(targets)
 
 
 @pytest.mark.parametrize("name", DEFINITIONS)
@@ -61,18 +62,64 @@ def test_labels_carry_version_commit_base_and_arch(name, tmp_path):
     assert "org.ddp.architecture " in labels
 
 
-@pytest.mark.parametrize("name", ["olivia-arm64.def", "x86_64.def"])
-def test_gpu_images_run_nothing_inside_at_build_time(name):
-    assert "post" not in sections(text(name)), "a %post would need arm64 emulation on the x86_64 login node"
+def test_gpu_image_runs_nothing_inside_at_build_time():
+    assert "post" not in sections(text("gpu.def")), "a %post would need arm64 emulation on the x86_64 login node"
 
 
-def test_olivia_base_is_ngc_pytorch_25_06():
-    assert build_arguments(text("olivia-arm64.def"))["BASE_IMAGE"] == "nvcr.io/nvidia/pytorch:25.06-py3"
+def test_gpu_base_is_ngc_pytorch_25_06():
+    assert build_arguments(text("gpu.def"))["BASE_IMAGE"] == "nvcr.io/nvidia/pytorch:25.06-py3"
 
 
 def test_olivia_base_can_be_a_local_sif():
-    rendered = render(text("olivia-arm64.def"), {"BOOTSTRAP": "localimage", "BASE_IMAGE": "/cluster/base.sif"})
+    _, olivia = BUILDS["olivia"]
+    rendered = render(text("gpu.def"), {**olivia, "BOOTSTRAP": "localimage", "BASE_IMAGE": "/cluster/base.sif"})
     assert rendered.startswith("Bootstrap: localimage\nFrom: /cluster/base.sif\n")
+
+
+def labels(build: str) -> dict:
+    name, arguments = BUILDS[build]
+    # Apptainer's rule: key, then the rest of the line as the value, "" when there is none
+    # (pkg/build/types/parser/deffile.go, GetLabels).
+    pairs = (line.strip().split(" ", 1) for line in sections(render(text(name), arguments))["labels"].splitlines())
+    return {pair[0]: (pair[1].strip() if len(pair) == 2 else "") for pair in pairs if pair[0]}
+
+
+@pytest.mark.parametrize("build, architecture, site", [("olivia", "arm64", "olivia"), ("x86", "amd64", "")])
+def test_build_arguments_name_the_architecture_and_site(build, architecture, site):
+    assert labels(build)["org.ddp.architecture"] == architecture
+    assert labels(build)["org.ddp.site"] == site
+
+
+def run_environment(build: str, env: dict) -> dict:
+    """The image's %environment as Apptainer sources it (/bin/sh), and the variables it leaves."""
+    name, arguments = BUILDS[build]
+    body = sections(render(text(name), arguments))["environment"]
+    done = subprocess.run(["sh", "-c", body + "\nenv -0"], env=env, capture_output=True, text=True, check=True)
+    return dict(item.split("=", 1) for item in done.stdout.split("\0") if item)
+
+
+@pytest.mark.parametrize("build, site", [("olivia", "olivia"), ("x86", ""), ("cpu", None)])
+def test_site_build_argument_is_the_default_site_profile(build, site):
+    assert run_environment(build, {"PATH": "/usr/bin:/bin"}).get("DDP_LAUNCH_SITE") == site
+
+
+@pytest.mark.parametrize("build", ["olivia", "x86"])
+def test_a_site_the_user_set_wins_over_the_images_default(build):
+    # Apptainer sources %environment after passing the host's variables in, so a plain
+    # export would override the user ("Environment and Metadata", Environment variable precedence).
+    assert run_environment(build, {"PATH": "/usr/bin:/bin", "DDP_LAUNCH_SITE": "raven"})["DDP_LAUNCH_SITE"] == "raven"
+
+
+def test_help_names_the_architecture_and_the_default_site():
+    _, olivia = BUILDS["olivia"]
+    help_text = sections(render(text("gpu.def"), olivia))["help"]
+    assert "for arm64 GPU nodes" in help_text and 'Default site profile: "olivia"' in help_text
+
+
+def test_templates_in_comments_stay_as_written():
+    # Apptainer leaves a {{ NAME }} after a `#` alone (internal/pkg/build/args/reader.go),
+    # so a comment may name an argument that has no default.
+    assert render("%arguments\n    A=1\n\n%post\n    echo {{ A }}  # not {{ B }}\n") == "%post\n    echo 1  # not {{ B }}\n"
 
 
 def test_unknown_build_argument_is_an_error():
@@ -172,7 +219,7 @@ def _run_test_section(name, tmp_path, venv_bin, extra_env):
     return subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
 
 
-@pytest.mark.parametrize("name", ["x86_64.def"])
+@pytest.mark.parametrize("name", ["gpu.def"])
 @pytest.mark.parametrize("extra_env", [{}, BUILD_JOB_ENV], ids=["plain", "slurm-build-job-without-gpus"])
 def test_test_section_passes_on_the_host_against_the_installed_packages(name, tmp_path, venv_bin, extra_env):
     result = _run_test_section(name, tmp_path, venv_bin, extra_env)
@@ -182,7 +229,7 @@ def test_test_section_passes_on_the_host_against_the_installed_packages(name, tm
     assert "OK    trainer: ddp_train.train imports" in result.stdout
 
 
-@pytest.mark.parametrize("name", ["x86_64.def"])
+@pytest.mark.parametrize("name", ["gpu.def"])
 def test_test_section_still_fails_a_broken_image(name, tmp_path, venv_bin):
     # An image whose %files lost the site profiles (DDP_SITES_DIR points at nothing).
     build_job = {k: v for k, v in BUILD_JOB_ENV.items() if k != "DDP_LAUNCH_SITE"}

@@ -7,7 +7,8 @@ import platform
 import subprocess
 
 import pytest
-from definitions_paths import REPO
+from deffile import build_arguments
+from definitions_paths import BUILDS, REPO
 from dockerfile import generate
 
 # The committed Dockerfile is the golden file: RunAI users build from it directly.
@@ -18,7 +19,7 @@ ACCEPT = "make dockerfile"
 @pytest.fixture
 def dockerfile(monkeypatch) -> str:
     monkeypatch.chdir(REPO)
-    return generate("containers/x86_64.def", {})
+    return generate("containers/gpu.def", BUILDS["x86"][1])
 
 
 def test_dockerfile_matches_golden(dockerfile):
@@ -70,8 +71,8 @@ def test_build_without_apptainer_says_how_to_get_it(target, tmp_path):
 
 
 @pytest.mark.parametrize("target, definition, sif", [
-    ("build-olivia", "containers/olivia-arm64.def", "train-olivia-arm64.sif"),
-    ("build-x86", "containers/x86_64.def", "train-x86_64.sif"),
+    ("build-olivia", "containers/gpu.def", "train-olivia-arm64.sif"),
+    ("build-x86", "containers/gpu.def", "train-x86_64.sif"),
     ("build-cpu", "containers/cpu.def", "train-cpu.sif"),
 ])
 def test_build_prints_what_and_where(target, definition, sif, tmp_path):
@@ -82,6 +83,21 @@ def test_build_prints_what_and_where(target, definition, sif, tmp_path):
     argv = log.read_text().splitlines()
     assert argv[-2:] == [f"{tmp_path}/{sif}", definition]
     assert "GIT_COMMIT=" in " ".join(argv)
+
+
+def build_args(argv: list) -> dict:
+    return dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "--build-arg")
+
+
+@pytest.mark.parametrize("target, build", [("build-olivia", "olivia"), ("build-x86", "x86"), ("build-cpu", "cpu")])
+def test_each_target_passes_its_images_build_arguments(target, build, tmp_path):
+    fake, log = fake_apptainer(tmp_path)
+    result = make(target, tmp_path, f"{fake}:/usr/bin:/bin", f"OLIVIA_BASE_SIF={tmp_path}/absent.sif")
+    assert result.returncode == 0, result.stderr
+    passed = build_args(log.read_text().splitlines())
+    definition, arguments = BUILDS[build]
+    assert {name: passed.get(name) for name in ("ARCH", "SITE")} == {name: arguments.get(name) for name in ("ARCH", "SITE")}
+    assert set(passed) <= set(build_arguments((REPO / "containers" / definition).read_text()))
 
 
 def fake_apptainer(tmp_path):
@@ -123,12 +139,34 @@ def test_base_is_a_build_argument_defaulting_to_the_definitions_base(dockerfile)
     assert sum(line.startswith("FROM ") for line in lines) == 1
 
 
-def test_a_build_arg_changes_only_the_default_base(monkeypatch):
+@pytest.mark.parametrize("name, value, line", [
+    ("BASE_IMAGE", "example/base:1", "ARG BASE_IMAGE=example/base:1"),
+    ("VERSION", "2.0.0", "ARG VERSION=2.0.0"),
+    ("SITE", "olivia", "ARG SITE=olivia"),
+])
+def test_a_build_arg_changes_only_its_argument_default(monkeypatch, name, value, line):
     monkeypatch.chdir(REPO)
-    default = generate("containers/x86_64.def", {})
-    other = generate("containers/x86_64.def", {"BASE_IMAGE": "example/base:1"})
-    changed = [(a, b) for a, b in zip(default.splitlines(), other.splitlines()) if a != b]
-    assert changed == [("ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.06-py3", "ARG BASE_IMAGE=example/base:1")]
+    default = generate("containers/gpu.def", {})
+    other = generate("containers/gpu.def", {name: value})
+    changed = [b for a, b in zip(default.splitlines(), other.splitlines()) if a != b]
+    assert changed == [line]
+
+
+def test_every_definition_argument_but_bootstrap_is_a_docker_arg_with_its_default(dockerfile):
+    # Docker scopes an ARG before FROM to the FROM line; the stage declares it again to use it.
+    stage = dockerfile.split("\nFROM ", 1)[1].splitlines()
+    declared = dict(line[len("ARG "):].partition("=")[::2] for line in stage if line.startswith("ARG "))
+    defaults = build_arguments((REPO / "containers" / "gpu.def").read_text())
+    assert set(declared) == set(defaults) - {"BOOTSTRAP"}
+    assert {k: v.strip('"') for k, v in declared.items() if k != "BASE_IMAGE"} == \
+        {k: v for k, v in defaults.items() if k not in ("BOOTSTRAP", "BASE_IMAGE")}
+    assert "LABEL org.ddp.architecture ${ARCH}" in stage and "LABEL org.opencontainers.image.version ${VERSION}" in stage
+
+
+def test_a_default_only_environment_line_becomes_a_plain_env(dockerfile):
+    # `export X="${X:-v}"` keeps a user's X under Apptainer; Docker's ENV is already only a
+    # default (`docker run -e`, a pod's env win), and ch-image refuses ${X:-v} (charliecloud #774).
+    assert 'ENV DDP_LAUNCH_SITE="${SITE}"' in dockerfile.splitlines()
 
 
 def test_files_are_copied_with_copy_which_ch_image_builds(dockerfile):

@@ -75,7 +75,16 @@ def olivia_node(node, plugin=True, cudart=True):
     node.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  570.124.06  Release Build\n")
 
 
-JOB = {"SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_ON_NODE": "4", "CUDA_VERSION": "12.9.1"}
+# Node 0 of a 2-node Olivia step (srun --ntasks-per-node=1), as SLURM sets it; the planner reads it.
+JOB = {
+    "SLURM_JOB_ID": "771234", "SLURM_STEP_ID": "0",
+    "SLURM_JOB_NODELIST": "olivia-gh[001-002]", "SLURM_STEP_NODELIST": "olivia-gh[001-002]",
+    "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+    "SLURMD_NODENAME": "olivia-gh001", "SLURM_GPUS_ON_NODE": "4", "CUDA_VERSION": "12.9.1",
+}
+# A RunAI / Kubeflow worker pod: the master's address and port come from the operator.
+WORKER_POD = {"PET_NNODES": "2", "RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29511"}
 
 
 def test_healthy_olivia_node_passes(node):
@@ -168,13 +177,13 @@ def test_socket_ifname_naming_a_missing_interface_fails(node):
 
 def test_head_node_reachable_with_port_closed_is_ok(node):
     fake = FakeProbes(connect="refused")
-    _, checks, _ = doctor(node, [], {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}, fake)
+    _, checks, _ = doctor(node, [], WORKER_POD, fake)
     assert checks["head node"]["status"] == "OK"
-    assert fake.connected == [("127.0.0.1", 29511)]
+    assert fake.connected == [("10.0.0.5", 29511)]
 
 
 def test_head_node_port_timeout_fails(node):
-    code, checks, _ = doctor(node, [], {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}, FakeProbes(connect="no answer within 3 s"))
+    code, checks, _ = doctor(node, [], WORKER_POD, FakeProbes(connect="no answer within 3 s"))
     assert code == 1 and checks["head node"]["status"] == "FAIL"
 
 
@@ -182,6 +191,41 @@ def test_head_node_from_slurm_nodelist_and_job_port(node):
     fake = FakeProbes()
     _, checks, _ = doctor(node, [], {"SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "1234"}, fake)
     assert fake.connected == [("127.0.0.1", 20000 + 234 * 10)]
+    assert checks["head node"]["detail"].startswith("localhost (127.0.0.1) reachable")
+
+
+def test_head_node_is_the_steps_first_node_on_the_steps_port_as_the_launcher_plans(node):
+    # The step runs on a subset of the job's nodes: the launcher meets on the step's first node.
+    step = {"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "3", "SLURM_JOB_NODELIST": "gone-node,localhost",
+            "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_NUM_NODES": "1",
+            "SLURM_STEP_NUM_TASKS": "1", "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_NODEID": "0"}
+    fake = FakeProbes()
+    _, checks, _ = doctor(node, [], step, fake)
+    assert fake.connected == [("127.0.0.1", 20000 + 234 * 10 + 3)], checks["head node"]
+
+
+def test_a_launch_the_planner_refuses_is_one_failed_check_and_the_rest_still_run(node):
+    batch_script = {key: value for key, value in JOB.items() if "STEP" not in key}  # sbatch, not srun
+    code, checks, _ = doctor(node, ["--offline"], batch_script)
+    assert code == 1 and checks["launch plan"]["status"] == "FAIL"
+    assert "start it with srun (SLURM_STEP_ID is unset)" in checks["launch plan"]["detail"]
+    assert "\n" not in checks["launch plan"]["detail"]
+    assert checks["head node"]["status"] == "SKIP" and checks["gpus"]["status"] == "OK"
+
+
+def test_the_launch_plan_check_says_what_the_launcher_would_do(node):
+    _, checks, _ = doctor(node, [], WORKER_POD, FakeProbes())
+    assert checks["launch plan"] == {"name": "launch plan", "status": "OK",
+                                     "detail": "kubeflow on 2 node(s), rendezvous 10.0.0.5:29511", "fix": ""}
+
+
+def test_no_route_to_the_head_on_ethernet_warns_about_the_interface(node):
+    node.net("eth0", "lo")
+    node.route("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n")
+    _, checks, _ = doctor(node, [], WORKER_POD, FakeProbes())
+    assert checks["interface"]["status"] == "WARN"
+    assert checks["interface"]["detail"] == ("no route to head node 10.0.0.5 in /proc/net/route; "
+                                             "socket interface left to NCCL/Gloo")
 
 
 def test_offline_skips_the_network(node):

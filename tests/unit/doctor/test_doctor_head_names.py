@@ -1,15 +1,17 @@
-"""`ddp-launch doctor`'s head check on names no resolver takes: a FAIL line, not an IDNA traceback."""
+"""`ddp-launch doctor` on head names no resolver takes: a FAIL line from the planner, not an IDNA traceback."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import io
+import json
 
 import pytest
 
-from ddp_launch.doctor_checks import FAIL, check_head_node
+from ddp_launch.doctor import run
+from ddp_launch.doctor_checks import Probes
 
 
-def never_connect(address, port, timeout):
+def never(*args):
     raise AssertionError("a name that cannot be looked up must not be connected to")
 
 
@@ -18,10 +20,15 @@ def never_connect(address, port, timeout):
     ("node\udcff1", "bytes that are not UTF-8"),
     ("a..b", "empty label"),
 ])
-def test_a_head_name_no_resolver_takes_fails_the_check_in_one_line(head, problem):
-    ctx = SimpleNamespace(offline=False, env={"MASTER_ADDR": head, "MASTER_PORT": "29500"},
-                          probes=SimpleNamespace(connect=never_connect))
-    check = check_head_node(ctx)
-    assert check.status == FAIL
-    assert problem in check.detail and "\n" not in check.detail
-    assert "--rdzv-host" in check.fix
+def test_a_head_name_no_resolver_takes_fails_the_check_in_one_line(tmp_path, head, problem):
+    out = io.StringIO()
+    env = {"PET_NNODES": "2", "RANK": "1", "MASTER_ADDR": head, "MASTER_PORT": "29500"}
+    probes = Probes(lambda: None, never, never, never, lambda name: None, never)
+
+    code = run(["--root", str(tmp_path), "--json"], env, out, probes)
+
+    checks = {c["name"]: c for c in json.loads(out.getvalue())["checks"]}
+    assert code == 1 and checks["launch plan"]["status"] == "FAIL"
+    assert problem in checks["launch plan"]["detail"] and "MASTER_ADDR" in checks["launch plan"]["detail"]
+    assert "\n" not in checks["launch plan"]["detail"]
+    assert checks["head node"]["status"] == "SKIP"

@@ -25,6 +25,7 @@ def test_a_build_job_with_gpus_granted_and_none_visible_passes():
     assert code == 0, report
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses["gpus"] == "SKIP" and statuses["trainer"] == "OK" and statuses["launch plan"] == "OK"
+    assert statuses["fabric defaults"] == "OK"
 
 
 def test_missing_entry_points_fail():
@@ -44,6 +45,17 @@ def test_a_broken_site_profile_fails_naming_the_file(tmp_path):
     (tmp_path / "olivia.json").write_text('{"schema": 1, "name": "olivia"')
     check = check_site_profiles({"DDP_SITES_DIR": str(tmp_path)})
     assert check.status == "FAIL" and "olivia.json" in check.detail
+
+
+def test_fabric_defaults_left_out_of_the_image_fail(tmp_path, monkeypatch):
+    from ddp_launch.doctor_image import check_fabric_defaults
+    from ddp_launch.fabric import defaults
+
+    assert check_fabric_defaults({}).status == "OK"
+    monkeypatch.setattr(defaults, "fabric_dirs", lambda env: (str(tmp_path / "fabrics"),))
+    check = check_fabric_defaults({})
+    assert check.status == "FAIL" and "fabrics/slingshot.json not found" in check.detail
+    assert "/opt/ddp/sites" in check.fix
 
 
 def test_the_self_test_plan_ignores_the_build_jobs_scheduler():

@@ -63,3 +63,25 @@ RCP_GIDS = {
     3: ("0000:0000:0000:0000:0000:ffff:ac12:8003", "RoCE v2"),
     4: ("0000:0000:0000:0000:0000:0000:0000:0000", None),
 }
+
+
+def node_facts(node: FakeNode, site=None, env=None, machine: str = "aarch64", head=None, address=None):
+    """NodeFacts probed from the fake tree, as the planner would ask: the site's library
+    directories, and head looked up by a fake resolver that answers address."""
+    from dataclasses import replace
+
+    from ddp_launch import facts
+    from ddp_launch.fabric import directories_to_probe
+
+    resolve = (lambda name: address) if head is not None else None
+    probed = facts.probe(str(node.root), directories_to_probe(site, env or {}), head, resolve)
+    return replace(probed, machine=machine)
+
+
+def fabric_plan(node: FakeNode, machine: str = "aarch64", head_lookup=None, **request):
+    """plan_fabric for a FabricRequest(**request) on the fake node; head_lookup: (name, address)."""
+    from ddp_launch.fabric import FabricRequest, plan_fabric
+
+    fabric_request = FabricRequest(**{"env": {}, "multi_node": True, **request})
+    head, address = head_lookup if head_lookup else (None, None)
+    return plan_fabric(fabric_request, node_facts(node, fabric_request.site, fabric_request.env, machine, head, address))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from fake_node import PROC_NET_ROUTE
+from fake_node import PROC_NET_ROUTE, fabric_plan
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.fabric import FabricRequest, fabric_env_changes, plan_fabric
-from ddp_launch.fabric.ethernet import parse_routes, route_interface
+from ddp_launch.fabric.ethernet import route_interface
+from ddp_launch.facts import parse_routes
 
 ROUTES = parse_routes(PROC_NET_ROUTE)
 
@@ -37,7 +37,7 @@ def test_no_route_gives_none():
 
 def test_multi_node_sets_nccl_and_gloo_interfaces(node):
     node.route()
-    changes = fabric_env_changes(FabricRequest(env={}, multi_node=True, head_address="192.168.10.1", root=str(node.root)))
+    changes = fabric_plan(node, head_address="192.168.10.1").changes
     env = {c.name: c.value for c in changes}
     assert env["NCCL_SOCKET_IFNAME"] == "ens1f1"
     assert env["GLOO_SOCKET_IFNAME"] == "ens1f1"
@@ -46,17 +46,32 @@ def test_multi_node_sets_nccl_and_gloo_interfaces(node):
 
 def test_user_interface_is_kept(node):
     node.route()
-    changes = fabric_env_changes(FabricRequest(env={"NCCL_SOCKET_IFNAME": "eth0"}, multi_node=True,
-                                               head_address="192.168.10.1", root=str(node.root)))
+    changes = fabric_plan(node, env={"NCCL_SOCKET_IFNAME": "eth0"}, head_address="192.168.10.1").changes
     names = [c.name for c in changes]
     assert "NCCL_SOCKET_IFNAME" not in names and "GLOO_SOCKET_IFNAME" in names
 
 
 def test_unresolvable_head_is_a_note_not_a_crash(node):
     node.route()
-    plan = plan_fabric(FabricRequest(env={}, multi_node=True, head_address="no-such-host.invalid", root=str(node.root)))
+    plan = fabric_plan(node, head_address="no-such-host.invalid", head_lookup=("no-such-host.invalid", None))
     assert "NCCL_SOCKET_IFNAME" not in [c.name for c in plan.changes]
     assert any("cannot resolve" in n for n in plan.notes)
+
+
+def test_the_head_name_is_routed_by_the_probes_answer(node):
+    node.route()
+    plan = fabric_plan(node, head_address="head-1", head_lookup=("head-1", "192.168.10.7"))
+    values = {c.name: c for c in plan.changes}
+    assert values["NCCL_SOCKET_IFNAME"].value == "ens1f1"
+    assert "head node head-1 (192.168.10.7)" in values["NCCL_SOCKET_IFNAME"].reason
+
+
+def test_no_route_to_the_head_is_a_route_warning(node):
+    node.route(PROC_NET_ROUTE.splitlines()[0] + "\n")
+    plan = fabric_plan(node, head_address="10.1.2.3")
+    assert [(f.topic, f.severity) for f in plan.findings] == [("route", "warning")]
+    assert plan.notes == ("warning: no route to head node 10.1.2.3 in /proc/net/route; "
+                          "socket interface left to NCCL/Gloo",)
 
 
 def test_ib_disable_only_when_the_site_asks(node, tmp_path):
@@ -67,8 +82,7 @@ def test_ib_disable_only_when_the_site_asks(node, tmp_path):
         ' "env": {"NCCL_IB_DISABLE": {"value": "1", "source": "lab wiki: no RDMA here"}}}'
     )
     node.route()
-    changes = fabric_env_changes(FabricRequest(env={"DDP_SITES_DIR": str(sites)}, multi_node=True, site="lab",
-                                               head_address="10.0.0.2", root=str(node.root)))
+    changes = fabric_plan(node, env={"DDP_SITES_DIR": str(sites)}, site="lab", head_address="10.0.0.2").changes
     reasons = {c.name: c.reason for c in changes}
     assert "lab wiki" in reasons["NCCL_IB_DISABLE"]
 
@@ -86,8 +100,7 @@ def test_ethernet_asked_for_on_a_node_with_an_hca_picks_the_interface_and_expect
     node.route()
     node.rdma("mlx5_0", IB_NODE_GIDS, link_layer="InfiniBand")
 
-    plan = plan_fabric(FabricRequest(env=env, multi_node=True, head_address="192.168.10.1",
-                                     root=str(node.root), **kwargs))
+    plan = fabric_plan(node, env=env, head_address="192.168.10.1", **kwargs)
 
     values = {c.name: c.value for c in plan.changes}
     assert plan.fabric == "ethernet"
@@ -100,7 +113,7 @@ def test_the_hca_is_used_when_nothing_asks_for_ethernet(node):
     node.route()
     node.rdma("mlx5_0", IB_NODE_GIDS, link_layer="InfiniBand")
 
-    plan = plan_fabric(FabricRequest(env={}, multi_node=True, head_address="192.168.10.1", root=str(node.root)))
+    plan = fabric_plan(node, head_address="192.168.10.1")
 
     assert plan.fabric == "infiniband"
     assert {c.name: c.value for c in plan.changes}["DDP_EXPECT_FABRIC"] == "infiniband"
@@ -111,5 +124,4 @@ def test_require_fabric_with_ib_disabled_is_a_contradiction(node):
     node.rdma("mlx5_0", IB_NODE_GIDS, link_layer="InfiniBand")
 
     with pytest.raises(LaunchError, match="--require-fabric contradicts NCCL_IB_DISABLE=1"):
-        plan_fabric(FabricRequest(env={"NCCL_IB_DISABLE": "1"}, multi_node=True, head_address="192.168.10.1",
-                                  root=str(node.root), require_fabric=True))
+        fabric_plan(node, env={"NCCL_IB_DISABLE": "1"}, head_address="192.168.10.1", require_fabric=True)

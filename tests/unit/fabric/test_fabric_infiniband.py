@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from fake_node import RCP_GIDS
+from fake_node import RCP_GIDS, fabric_plan, node_facts
 
-from ddp_launch.fabric import FabricRequest, fabric_env_changes
-from ddp_launch.fabric.infiniband import rdma_devices, roce_v2_ipv4_gid_index
+from ddp_launch.facts import roce_v2_ipv4_gid_index
 
 
 def env_for(node, env=None):
-    changes = fabric_env_changes(FabricRequest(env=env or {}, multi_node=True, root=str(node.root)))
-    return {c.name: c.value for c in changes}
+    return {c.name: c.value for c in fabric_plan(node, env=env or {}).changes}
 
 
 def test_gid_index_is_the_ipv4_mapped_roce_v2_entry(node):
@@ -52,10 +50,22 @@ def test_native_infiniband_leaves_hca_choice_to_nccl(node):
     node.rdma("mlx5_1", {0: ("fe80:0000:0000:0000:0002:c903:0000:0002", "IB/RoCE v1")}, "InfiniBand")
     env = env_for(node)
     assert "NCCL_IB_HCA" not in env and "NCCL_IB_GID_INDEX" not in env
-    assert [d.name for d in rdma_devices(str(node.root))] == ["mlx5_0", "mlx5_1"]
+    assert [d.name for d in node_facts(node).rdma_devices] == ["mlx5_0", "mlx5_1"]
 
 
 def test_user_gid_index_wins(node):
     node.rdma("mlx5_bond_0", RCP_GIDS)
     env = env_for(node, {"NCCL_IB_GID_INDEX": "7"})
     assert "NCCL_IB_GID_INDEX" not in env
+
+
+def test_roce_without_an_ipv4_gid_is_a_roce_warning(node):
+    node.rdma("mlx5_0", {0: ("fe80:0000:0000:0000:0000:0000:0000:0001", "RoCE v2")})
+    plan = fabric_plan(node)
+    assert [(f.topic, f.severity) for f in plan.findings] == [("roce", "warning")]
+    assert "NCCL_SOCKET_NTHREADS" not in {c.name for c in plan.changes}
+
+
+def test_sixteen_gpus_and_more_get_the_capped_socket_count(node):
+    node.rdma("mlx5_bond_0", RCP_GIDS)
+    assert env_for(node, {"RUNAI_NUM_OF_GPUS": "32"})["NCCL_NSOCKS_PERTHREAD"] == "16"

@@ -1,13 +1,15 @@
-"""The host half of the launcher runs on SLES 15's python3 (3.6.15): exactly the modules in
-entrypoints/host-modules.txt load there, and vermin finds nothing newer than 3.6 in them."""
+"""The job scripts' host calls run on SLES 15's python3 (3.6.15): together they load exactly the
+modules in entrypoints/host-modules.txt, and vermin finds nothing newer than 3.6 in them."""
 
 from __future__ import annotations
 
 import glob
 import importlib.util
 import os
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,24 @@ from elf_tree import build_fake_olivia_host
 
 REPO = Path(__file__).resolve().parents[3]
 HOST_MODULES_FILE = REPO / "entrypoints" / "host-modules.txt"
-HOST_ENTRY = "ddp_launch.binds"  # what slurm/lib/ddp.sh runs: python3 -m ddp_launch.binds
+HOST_PACKAGES = ("ddp_launch", "ddp_contract")
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One `python3 -m RUN ARGS...` that slurm/lib/ddp.sh runs on the host, and its own module
+    (runpy runs it as __main__, so sys.modules does not list it under its name)."""
+
+    run: str
+    module: str
+    args: tuple
+
+
+def host_entries(root: Path, data_dir: Path) -> tuple:
+    return (
+        HostEntry("ddp_launch.binds", "ddp_launch.binds", ("--site", "olivia", "--root", str(root))),
+        HostEntry("ddp_contract", "ddp_contract.__main__", ("dataset", str(data_dir))),
+    )
 
 
 def listed_files() -> list[str]:
@@ -41,38 +60,66 @@ def fake_host(tmp_path_factory) -> Path:
     return build_fake_olivia_host(tmp_path_factory.mktemp("hostmods") / "host")["root"]
 
 
-# `python -m ENTRY ARGS` (runpy, as -m does it), then the ddp_launch modules in sys.modules.
+@pytest.fixture(scope="module")
+def partial_data(tmp_path_factory) -> Path:
+    """A data directory with only the training file: the dataset check reports the rest."""
+    data_dir = tmp_path_factory.mktemp("hostdata")
+    (data_dir / "cifar-100-python").mkdir()
+    (data_dir / "cifar-100-python" / "train").write_bytes(b"")
+    return data_dir
+
+
+# `python -m ENTRY ARGS` (runpy, as -m does it), then our packages' modules in sys.modules.
 # Python 3.6 has no -X importtime, so the list comes from the interpreter itself.
 RUN_AND_LIST = """
 import runpy, sys
 sys.argv[0] = "ENTRY"
+code = 0
 try:
     runpy.run_module("ENTRY", run_name="__main__", alter_sys=True)
 except SystemExit as stop:
     code = stop.code
-print("MODULES " + " ".join(sorted(m for m in sys.modules if m.startswith("ddp_launch"))), file=sys.stderr)
+print("MODULES " + " ".join(sorted(m for m in sys.modules if m.split(".")[0] in PACKAGES)), file=sys.stderr)
 sys.exit(code)
-""".replace("ENTRY", HOST_ENTRY)
+"""
 
 
-def imported_ddp_launch_modules(python: str, root: Path) -> set[str]:
-    """Every ddp_launch module the host entry imports when it runs the whole closure."""
+def imported_modules(python: str, entry: HostEntry) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """The run of one host entry, and every module of our packages it imported."""
+    program = RUN_AND_LIST.replace("ENTRY", entry.run).replace("PACKAGES", repr(HOST_PACKAGES))
     result = subprocess.run(
-        [python, "-c", RUN_AND_LIST, "--site", "olivia", "--root", str(root)],
+        [python, "-c", program, *entry.args],
         env={"PYTHONPATH": str(REPO / "entrypoints"), "PATH": "/usr/bin:/bin"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60,
     )
+    line = next(line for line in result.stderr.splitlines() if line.startswith("MODULES "))
+    return result, set(line.split()[1:]) | {entry.module}
+
+
+def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]:
+    """The union over the host entries, each run down its whole path."""
+    binds, dataset = host_entries(root, data_dir)
+    result, imported = imported_modules(python, binds)
     assert result.returncode == 0, result.stderr
     assert "added " in result.stderr  # the closure ran, so its modules were imported
-    line = next(line for line in result.stderr.splitlines() if line.startswith("MODULES "))
-    return set(line.split()[1:]) | {HOST_ENTRY}
+    result, more = imported_modules(python, dataset)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == f"{data_dir}/cifar-100-python lacks test, meta\n"  # it checked and reported
+    return imported | more
 
 
-def test_host_entry_imports_exactly_the_listed_modules(fake_host):
-    imported = imported_ddp_launch_modules(sys.executable, fake_host)
+def test_host_entries_import_exactly_the_listed_modules(fake_host, partial_data):
+    imported = imported_by_every_entry(sys.executable, fake_host, partial_data)
     unlisted = imported - listed_modules()
-    assert not unlisted, f"the host entry imports {sorted(unlisted)}: add them to {HOST_MODULES_FILE} (and keep them 3.6-safe)"
-    assert listed_modules() == imported, "host-modules.txt lists modules the host entry no longer imports"
+    assert not unlisted, f"the host entries import {sorted(unlisted)}: add them to {HOST_MODULES_FILE} (and keep them 3.6-safe)"
+    assert listed_modules() == imported, "host-modules.txt lists modules no host entry imports any more"
+
+
+def test_job_scripts_run_exactly_the_host_entries_tested_here():
+    # A new `ddp::on_host MODULE` call in slurm/lib/ddp.sh must join host_entries above.
+    library = (REPO / "slurm" / "lib" / "ddp.sh").read_text()
+    called = set(re.findall(r"ddp::on_host (\w[\w.]*)", library))
+    assert called == {entry.run for entry in host_entries(Path("/"), Path("/"))}
 
 
 def test_listed_host_modules_pass_vermin_for_python_36():
@@ -92,7 +139,7 @@ def test_host_modules_import_only_the_standard_library(module):
     tree = ast.parse((REPO / "entrypoints" / module).read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names) | {"ddp_launch"}
+    assert imported <= set(sys.stdlib_module_names) | set(HOST_PACKAGES)
 
 
 @pytest.mark.skipif(PYTHON36 is None, reason="no python3.6 interpreter here (pyenv install 3.6.15 to run it)")
@@ -101,7 +148,7 @@ def test_job_script_host_call_runs_on_python_36(fake_host, tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(PYTHON36)
-    script = 'source "$DDP_REPO/slurm/lib/ddp.sh"; ddp::launcher_on_host binds --site olivia --root "$ROOT"'
+    script = 'source "$DDP_REPO/slurm/lib/ddp.sh"; ddp::on_host ddp_launch.binds --site olivia --root "$ROOT"'
     result = subprocess.run(
         ["bash", "-c", script],
         env={"DDP_REPO": str(REPO), "ROOT": str(fake_host), "PATH": f"{bin_dir}:/usr/bin:/bin"},
@@ -113,5 +160,21 @@ def test_job_script_host_call_runs_on_python_36(fake_host, tmp_path):
 
 
 @pytest.mark.skipif(PYTHON36 is None, reason="no python3.6 interpreter here (pyenv install 3.6.15 to run it)")
-def test_python_36_imports_exactly_the_listed_modules(fake_host):
-    assert imported_ddp_launch_modules(PYTHON36, fake_host) == listed_modules()
+def test_job_script_dataset_check_runs_on_python_36(partial_data, tmp_path):
+    """slurm/lib/ddp.sh's dataset check, with SLES 15's python3 first on PATH: one line, exit 1."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(PYTHON36)
+    result = subprocess.run(
+        ["bash", "-c", 'source "$DDP_REPO/slurm/lib/ddp.sh"; ddp::require_data "$DATA"'],
+        env={"DDP_REPO": str(REPO), "DATA": str(partial_data), "PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert result.stderr == (f"ddp: error: {partial_data}/cifar-100-python lacks test, meta: run 'make data "
+                             f"DATA_DIR={partial_data}' on the login node, or set DDP_DATA_DIR\n")
+
+
+@pytest.mark.skipif(PYTHON36 is None, reason="no python3.6 interpreter here (pyenv install 3.6.15 to run it)")
+def test_python_36_imports_exactly_the_listed_modules(fake_host, partial_data):
+    assert imported_by_every_entry(PYTHON36, fake_host, partial_data) == listed_modules()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fake_node import node_facts
+
 from ddp_launch.fabric.libpaths import library_path_changes
 from ddp_launch.sites import load_site
 
@@ -14,7 +16,8 @@ def bound(node, *dirs):
 
 
 def changes(node, env=None):
-    return {c.name: c.value for c in library_path_changes(OLIVIA, env or {}, str(node.root))}
+    existing = node_facts(node, site="olivia").existing_dirs
+    return {c.name: c.value for c in library_path_changes(OLIVIA, env or {}, existing)}
 
 
 def test_plugin_first_then_host_libraries_then_appended(node):

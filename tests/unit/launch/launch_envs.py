@@ -1,19 +1,17 @@
 """The seeds' exact scheduler environments as plain dicts, and plan_for() to plan from them.
 
-Nothing here touches os.environ; a fake name service stands in for getaddrinfo.
+Nothing here touches os.environ or the node: facts are built by hand, a fake name service
+stands in for getaddrinfo.
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from ddp_launch.cli import build_parser, split_workload
-from ddp_launch.modes import build_plan
-from ddp_launch.options import merge_options
-from ddp_launch.torchrun import HostFacts
+from ddp_launch import planner
+from ddp_launch.facts import NodeFacts, Resolved
 
 PYTHON = "/usr/bin/python3"
-FACTS = HostFacts(python=PYTHON, cpu_count=72, device_files=0)
 
 # Name service of the fake clusters: what getaddrinfo would answer.
 HOSTS = {
@@ -36,12 +34,19 @@ def fake_resolver(table: Mapping[str, str] = HOSTS):
     return resolve
 
 
-def plan_for(env: Mapping[str, str], *argv: str, facts: HostFacts = FACTS, resolve=None):
-    """(plan, topology) exactly as cli.main builds them, without fabric, I/O or exec."""
-    launcher_argv, workload_args = split_workload(list(argv))
-    args = build_parser().parse_args(launcher_argv)
-    options = merge_options(args, workload_args, env)
-    return build_plan(options, env, facts, resolve or fake_resolver())
+def facts_for(env: Mapping[str, str], *argv: str, resolve=None, **fields) -> NodeFacts:
+    """This test machine's facts, built by hand: 72 CPUs, no GPU device files, the head name
+    the planner asks about answered from the fake name table, the --script present."""
+    asked = planner.questions(list(argv), env)
+    head = Resolved(asked.head, (resolve or fake_resolver())(asked.head)) if asked.head else None
+    made = {"python": PYTHON, "cpu_count": 72, "head": head, "existing_files": frozenset(asked.files),
+            **fields}
+    return NodeFacts(**made)
+
+
+def plan_for(env: Mapping[str, str], *argv: str, resolve=None, **facts_fields):
+    """The LaunchPlan exactly as cli.main builds it (fabric included), without I/O or exec."""
+    return planner.plan(list(argv), env, facts_for(env, *argv, resolve=resolve, **facts_fields))
 
 
 def env_of(plan) -> dict:

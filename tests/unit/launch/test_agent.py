@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_launch.agent import (EXIT_STOPPED, StopRequest, all_stopped_for_requeue, child_pids, crash_summary,
+from ddp_launch.agent import (EXIT_REQUEUE, StopRequest, all_stopped_for_requeue, child_pids, crash_summary,
                               first_crash, first_line, is_retried, launcher_exit_code, rendezvous_failure,
                               retry_crashes_only)
 
@@ -76,7 +76,7 @@ def test_usr2_to_the_launch_reaches_every_worker_and_the_job_exits_75(tmp_path):
     finally:
         if launch.poll() is None:
             launch.kill()
-    assert launch.returncode == EXIT_STOPPED, output
+    assert launch.returncode == EXIT_REQUEUE, output
     for rank in (0, 1):
         assert (tmp_path / f"signal-{rank}").read_text() == str(int(signal.SIGUSR2))
     assert "stopped on a signal" in output

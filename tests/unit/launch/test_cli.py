@@ -21,7 +21,9 @@ PROBE = """\
 import json, os, sys
 names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
          "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_RUN_ID")
-print(json.dumps({"argv": sys.argv[1:], "env": {n: os.environ.get(n) for n in names}}), flush=True)
+# One write of the whole line: two workers share the pipe, and print() may write the text and
+# its newline separately (unbuffered), so lines of two ranks could run together.
+os.write(1, (json.dumps({"argv": sys.argv[1:], "env": {n: os.environ.get(n) for n in names}}) + "\\n").encode())
 sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
 """
 
@@ -76,25 +78,25 @@ def test_dry_run_json_is_machine_readable(capsys):
 
 
 def test_fabric_changes_and_notes_are_part_of_the_printed_plan(capsys):
-    from ddp_launch.fabric import FabricPlan
     from ddp_launch.plan import EnvChange
     seen = []
 
-    def fake_fabric(request):
-        seen.append(request)
-        return FabricPlan("slingshot", (EnvChange("NCCL_SOCKET_IFNAME", "hsn0", "fabric: test"),),
-                          ("kept NCCL_PROTO=LL from the user",))
+    def fake_fabric(request, facts):
+        seen.append((request, facts))
+        return types.SimpleNamespace(fabric="slingshot", notes=("kept NCCL_PROTO=LL from the user",),
+                                     changes=(EnvChange("NCCL_SOCKET_IFNAME", "hsn0", "fabric: test"),))
 
-    with mock.patch("ddp_launch.fabric.plan_fabric", fake_fabric):
+    with mock.patch("ddp_launch.planner.plan_fabric", fake_fabric):
         code, out, _ = run_main(["--dry-run", "--rdzv-host", "10.10.0.1", "--site", "olivia",
                                  "--nccl-debug", "INFO", "--require-fabric", "--log-dir", "/scratch/logs"],
                                 olivia(0), capsys)
     assert code == 0 and "NCCL_SOCKET_IFNAME=hsn0  # fabric: test" in out
     assert "note: kept NCCL_PROTO=LL from the user" in out
-    request = seen[0]
+    request, facts = seen[0]
     assert (request.multi_node, request.site, request.head_address, request.nccl_debug,
-            request.require_fabric) == (True, "olivia", "10.10.0.1", "INFO", True)
-    assert request.env["DDP_LAUNCH_LOG_DIR"] == "/scratch/logs"
+            request.require_fabric, request.log_dir) == (True, "olivia", "10.10.0.1", "INFO", True, "/scratch/logs")
+    assert "DDP_LAUNCH_LOG_DIR" not in request.env  # the log dir is a field, not a fake variable
+    assert facts.python == sys.executable  # the probed node, handed to the fabric as it is
 
 
 def test_subcommands_dispatch_to_their_module(monkeypatch, capsys):
@@ -136,6 +138,17 @@ def test_cli_module_dry_run_in_a_subprocess():
                           env=launcher_env(olivia(0)), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--rdzv-conf=is_host=true,read_timeout=300" in done.stdout
+
+
+def test_the_launcher_plans_without_importing_torch():
+    # torch takes seconds to import and may not even be importable where the launcher runs.
+    code = ("import runpy, sys; sys.argv = ['ddp-launch', '--dry-run', '--rdzv-host', '10.10.0.1']\n"
+            "try:\n    runpy.run_module('ddp_launch', run_name='__main__')\n"
+            "except SystemExit:\n    print('torch imported:', 'torch' in sys.modules, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], env=launcher_env(olivia(0)),
+                          capture_output=True, text=True, timeout=60)
+    assert "mode: slurm-node" in done.stdout, done.stderr
+    assert done.stderr.strip() == "torch imported: False"
 
 
 def test_cli_error_in_a_subprocess_has_no_traceback():

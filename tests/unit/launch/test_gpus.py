@@ -3,7 +3,8 @@
 import pytest
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.gpus import GpuCount, count_device_files, count_gpus, parse_gpus_per_node, visible_devices
+from ddp_launch.facts import probe
+from ddp_launch.gpus import GpuCount, count_gpus, parse_gpus_per_node, visible_devices
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -52,11 +53,11 @@ def test_non_integer_gpus_on_node_is_an_error():
 
 
 def test_device_files_count_only_numbered_nodes(fake_dev):
-    assert count_device_files(str(fake_dev)) == 4
+    assert probe(str(fake_dev)).gpu_device_files == 4
 
 
 def test_device_files_under_a_root_without_dev(tmp_path):
-    assert count_device_files(str(tmp_path)) == 0
+    assert probe(str(tmp_path)).gpu_device_files == 0
 
 
 # -- granted GPUs that CUDA cannot reach (apptainer run without --nv) ------------------------

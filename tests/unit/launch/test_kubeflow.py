@@ -5,24 +5,24 @@ from __future__ import annotations
 import pytest
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.modes import detect_mode
+from ddp_launch.schedulers import kubeflow, local, scheduler_for, slurm, torchrun
 from ddp_launch.rendezvous import waiting_resolver
 from launch_envs import PYTHON, fake_resolver, kubeflow_v1, plan_for, runai, trainer_v2
 
 
 def test_runai_master_pod_hosts_the_rendezvous():
-    plan, topology = plan_for(runai(0))
+    plan = plan_for(runai(0))
     assert plan.mode == "kubeflow"
     assert plan.argv == (
         PYTHON, "-m", "ddp_launch.agent", "--nnodes=2", "--rdzv-backend=c10d",
         "--rdzv-endpoint=10.96.0.10:23456", "--rdzv-id=10.96.0.10",
         "--rdzv-conf=is_host=true,read_timeout=300", "--nproc-per-node=4", "--max-restarts=0",
         "-m", "ddp_launch.worker", "-m", "ddp_train")
-    assert topology.nodes == 2
+    assert plan.nodes == 2
 
 
 def test_runai_worker_pod_joins_and_pod_level_ranks_are_removed():
-    plan, _ = plan_for(runai(1))
+    plan = plan_for(runai(1))
     assert "--rdzv-conf=is_host=false,read_timeout=300" in plan.argv
     removed = {c.name for c in plan.env_changes if c.value is None}
     assert removed == {"RANK", "WORLD_SIZE", "LOCAL_RANK"}
@@ -30,21 +30,21 @@ def test_runai_worker_pod_joins_and_pod_level_ranks_are_removed():
 
 
 def test_kubeflow_v1_resolves_the_master_service_name():
-    plan, topology = plan_for(kubeflow_v1(1))
+    plan = plan_for(kubeflow_v1(1))
     assert "--rdzv-endpoint=10.96.0.10:23456" in plan.argv
     assert "--rdzv-id=job-master-0" in plan.argv and "--nproc-per-node=4" in plan.argv
-    assert topology.head_address == "10.96.0.10"
+    assert plan.rendezvous.host == "10.96.0.10"
 
 
 def test_trainer_v2_uses_pet_variables_only():
-    plan, _ = plan_for(trainer_v2(0))
+    plan = plan_for(trainer_v2(0))
     assert {"--nnodes=2", "--nproc-per-node=4", "--rdzv-endpoint=10.96.0.20:29400",
             "--rdzv-conf=is_host=true,read_timeout=300"} <= set(plan.argv)
     assert not [c for c in plan.env_changes if c.value is None]  # nothing pod-level to remove
 
 
 def test_v1_master_with_localhost_address_is_fine_on_rank_zero():
-    plan, _ = plan_for({**kubeflow_v1(0), "MASTER_ADDR": "localhost", "PET_MASTER_ADDR": "localhost"},
+    plan = plan_for({**kubeflow_v1(0), "MASTER_ADDR": "localhost", "PET_MASTER_ADDR": "localhost"},
                        resolve=fake_resolver({"localhost": "127.0.0.1"}))
     assert "--rdzv-endpoint=127.0.0.1:23456" in plan.argv
 
@@ -56,8 +56,8 @@ def test_loopback_master_on_a_worker_pod_is_an_error():
 
 
 def test_elastic_node_range_passes_through():
-    plan, topology = plan_for({**trainer_v2(1), "PET_NNODES": "1:4"})
-    assert "--nnodes=1:4" in plan.argv and topology.nodes == 4
+    plan = plan_for({**trainer_v2(1), "PET_NNODES": "1:4"})
+    assert "--nnodes=1:4" in plan.argv and plan.nodes == 4
 
 
 @pytest.mark.parametrize("value", ["two", "0", "4:", "1:2:3"])
@@ -86,15 +86,18 @@ def test_nodes_flag_checked_against_pod_count():
 
 def test_pet_max_restarts_used_unless_the_flag_says_otherwise():
     env = {**trainer_v2(0), "PET_MAX_RESTARTS": "2"}
-    assert "--max-restarts=2" in plan_for(env)[0].argv
-    assert "--max-restarts=0" in plan_for(env, "--max-restarts", "0")[0].argv
+    assert "--max-restarts=2" in plan_for(env).argv
+    assert "--max-restarts=0" in plan_for(env, "--max-restarts", "0").argv
 
 
 def test_detection_order_torchrun_then_slurm_then_kubeflow_then_local():
-    assert detect_mode({**runai(0), "TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_ID": "1"}) == "torchrun"
-    assert detect_mode({**runai(0), "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "a"}) == "slurm-node"
-    assert detect_mode(runai(0)) == "kubeflow"
-    assert detect_mode({"MASTER_ADDR": "x", "RANK": "0"}) == "local"
+    in_torchrun = {**runai(0), "TORCHELASTIC_RUN_ID": "x", "SLURM_JOB_ID": "1"}
+    in_slurm = {**runai(0), "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "a"}
+    no_scheduler = {"MASTER_ADDR": "x", "RANK": "0"}
+    assert scheduler_for("auto", in_torchrun) is torchrun and plan_for(in_torchrun).mode == "torchrun"
+    assert scheduler_for("auto", in_slurm) is slurm and plan_for(in_slurm).mode == "slurm-node"
+    assert scheduler_for("auto", runai(0)) is kubeflow and plan_for(runai(0)).mode == "kubeflow"
+    assert scheduler_for("auto", no_scheduler) is local and plan_for(no_scheduler).mode == "local"
 
 
 # -- the bounded DNS wait ---------------------------------------------------------------------------
@@ -130,6 +133,6 @@ def test_dns_wait_gives_up_after_its_bound_with_a_fix_in_the_message():
 
 
 def test_each_pod_logs_under_its_own_rank_and_a_single_pod_job_under_the_dir_itself():
-    assert "--log-dir=/runs/logs/pod1" in plan_for(runai(1), "--log-dir", "/runs/logs")[0].argv
+    assert "--log-dir=/runs/logs/pod1" in plan_for(runai(1), "--log-dir", "/runs/logs").argv
     single = {**runai(0), "PET_NNODES": "1"}
-    assert "--log-dir=/runs/logs" in plan_for(single, "--log-dir", "/runs/logs")[0].argv
+    assert "--log-dir=/runs/logs" in plan_for(single, "--log-dir", "/runs/logs").argv

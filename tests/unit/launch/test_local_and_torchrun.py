@@ -5,36 +5,34 @@ from __future__ import annotations
 import pytest
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.torchrun import HostFacts
 from launch_envs import PYTHON, env_of, plan_for
 
 
 def test_local_mode_runs_standalone_torchrun_with_one_worker_per_gpu():
-    plan, topology = plan_for({"CUDA_VISIBLE_DEVICES": "0,1"})
+    plan = plan_for({"CUDA_VISIBLE_DEVICES": "0,1"})
     assert plan.mode == "local"
     assert plan.argv == (PYTHON, "-m", "ddp_launch.agent", "--standalone", "--nnodes=1",
                          "--nproc-per-node=2", "--max-restarts=0", "-m", "ddp_launch.worker", "-m", "ddp_train")
-    assert topology.nodes == 1
+    assert plan.nodes == 1
 
 
 def test_local_mode_counts_device_files_when_nothing_else_says():
-    facts = HostFacts(python=PYTHON, cpu_count=8, device_files=4)
-    assert "--nproc-per-node=4" in plan_for({}, facts=facts)[0].argv
+    assert "--nproc-per-node=4" in plan_for({}, cpu_count=8, gpu_device_files=4).argv
 
 
 def test_make_demo_command_plans_two_cpu_workers():
-    plan, _ = plan_for({}, "--mode", "local", "--cpu-workers", "2", "--", "--demo", "--data-dir", "data")
+    plan = plan_for({}, "--mode", "local", "--cpu-workers", "2", "--", "--demo", "--data-dir", "data")
     assert plan.argv[3:] == ("--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=0",
                              "-m", "ddp_launch.worker", "-m", "ddp_train", "--demo", "--data-dir", "data")
     assert env_of(plan) == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "36"}
 
 
 def test_cpu_workers_from_the_environment():
-    assert "--nproc-per-node=3" in plan_for({"DDP_LAUNCH_CPU_WORKERS": "3"})[0].argv
+    assert "--nproc-per-node=3" in plan_for({"DDP_LAUNCH_CPU_WORKERS": "3"}).argv
 
 
 def test_nproc_flag_beats_cpu_workers_from_the_environment():
-    plan, _ = plan_for({"DDP_LAUNCH_CPU_WORKERS": "3"}, "--nproc-per-node", "2")
+    plan = plan_for({"DDP_LAUNCH_CPU_WORKERS": "3"}, "--nproc-per-node", "2")
     assert "--nproc-per-node=2" in plan.argv and "CUDA_VISIBLE_DEVICES" not in env_of(plan)
 
 
@@ -44,21 +42,21 @@ def test_local_mode_with_several_nodes_is_an_error():
 
 
 def test_module_workload():
-    assert plan_for({}, "--module", "my.pkg")[0].argv[-2:] == ("-m", "my.pkg")
+    assert plan_for({}, "--module", "my.pkg").argv[-2:] == ("-m", "my.pkg")
 
 
 def test_script_workload_is_torchruns_positional_script():
-    assert plan_for({}, "--script", "w.py", "--", "-x")[0].argv[-2:] == ("w.py", "-x")
+    assert plan_for({}, "--script", "w.py", "--", "-x").argv[-2:] == ("w.py", "-x")
 
 
 def test_inside_torchrun_the_workload_runs_directly_never_nested():
     env = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
            "MASTER_ADDR": "10.0.0.1", "SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "a"}
-    plan, topology = plan_for(env, "--", "--epochs", "1")
+    plan = plan_for(env, "--", "--epochs", "1")
     assert plan.mode == "torchrun"
     assert plan.argv == (PYTHON, "-m", "ddp_launch.worker", "-m", "ddp_train", "--epochs", "1")
     assert plan.env_changes == ()
-    assert (topology.nodes, topology.head_address) == (2, "10.0.0.1")
+    assert (plan.nodes, plan.rendezvous.host) == (2, "10.0.0.1")
 
 
 @pytest.mark.parametrize("args", [
@@ -66,10 +64,10 @@ def test_inside_torchrun_the_workload_runs_directly_never_nested():
 ])
 def test_workload_arguments_reach_argv_unchanged(args):
     for env in ({}, {"TORCHELASTIC_RUN_ID": "x"}):
-        plan, _ = plan_for(env, "--", *args)
+        plan = plan_for(env, "--", *args)
         assert plan.argv[-len(args):] == args
 
 
 def test_local_log_dir_is_used_as_given():
-    argv = plan_for({}, "--mode", "local", "--cpu-workers", "1", "--log-dir", "logs")[0].argv
+    argv = plan_for({}, "--mode", "local", "--cpu-workers", "1", "--log-dir", "logs").argv
     assert "--log-dir=logs" in argv and "--tee=3" in argv

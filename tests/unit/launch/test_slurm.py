@@ -6,7 +6,7 @@ import pytest
 
 from ddp_launch.errors import LaunchError
 from ddp_launch.rendezvous import rendezvous_port
-from ddp_launch.slurm import auto_mode, parse, parse_tasks_per_node
+from ddp_launch.schedulers.slurm import auto_mode, parse, parse_tasks_per_node
 from launch_envs import (PYTHON, RAVEN_STEP, env_of, fake_resolver, olivia, plan_for,
                          raven, seed004)
 
@@ -29,24 +29,24 @@ def test_bad_tasks_per_node_names_variable_value_and_form(value):
 # -- Olivia: one task per node, torchrun per node ------------------------------------------------
 
 def test_olivia_head_node_runs_torchrun_hosting_the_c10d_store():
-    plan, topology = plan_for(olivia(0))
+    plan = plan_for(olivia(0))
     assert plan.mode == "slurm-node"
     assert plan.argv == (
         PYTHON, "-m", "ddp_launch.agent", "--nnodes=2", "--rdzv-backend=c10d",
         f"--rdzv-endpoint=10.10.0.1:{OLIVIA_PORT}", "--rdzv-id=771234.0",
         "--rdzv-conf=is_host=true,read_timeout=300", "--nproc-per-node=4", "--max-restarts=0",
         "-m", "ddp_launch.worker", "-m", "ddp_train")
-    assert (topology.nodes, topology.head_address) == (2, "10.10.0.1")
+    assert (plan.nodes, plan.rendezvous.host) == (2, "10.10.0.1")
 
 
 def test_olivia_second_node_joins_without_hosting():
-    plan, _ = plan_for(olivia(1))
+    plan = plan_for(olivia(1))
     assert "--rdzv-conf=is_host=false,read_timeout=300" in plan.argv
     assert f"--rdzv-endpoint=10.10.0.1:{OLIVIA_PORT}" in plan.argv
 
 
 def test_every_node_of_a_step_computes_the_same_rendezvous():
-    head, worker = plan_for(olivia(0))[0].argv, plan_for(olivia(1))[0].argv
+    head, worker = plan_for(olivia(0)).argv, plan_for(olivia(1)).argv
     differing = [(a, b) for a, b in zip(head, worker) if a != b]
     assert differing == [("--rdzv-conf=is_host=true,read_timeout=300",
                           "--rdzv-conf=is_host=false,read_timeout=300")]
@@ -58,19 +58,19 @@ def test_auto_detects_slurm_node_for_one_task_per_node():
 
 def test_step_nodelist_wins_over_job_nodelist():
     env = {**olivia(0), "SLURM_JOB_NODELIST": "olivia-gh[000-003]", "SLURM_JOB_NUM_NODES": "4"}
-    plan, topology = plan_for(env)
-    assert topology.head_address == "10.10.0.1" and "--nnodes=2" in plan.argv
+    plan = plan_for(env)
+    assert plan.rendezvous.host == "10.10.0.1" and "--nnodes=2" in plan.argv
 
 
 def test_job_nodelist_is_the_fallback_without_step_variables():
     env = {k: v for k, v in olivia(0).items() if not k.startswith("SLURM_STEP_")}
     env["SLURM_STEP_ID"] = "0"
-    plan, _ = plan_for(env)
+    plan = plan_for(env)
     assert "--nnodes=2" in plan.argv and f"--rdzv-endpoint=10.10.0.1:{OLIVIA_PORT}" in plan.argv
 
 
 def test_unresolvable_head_is_passed_by_name_never_as_localhost():
-    plan, topology = plan_for(olivia(1), resolve=fake_resolver({}))
+    plan = plan_for(olivia(1), resolve=fake_resolver({}))
     assert f"--rdzv-endpoint=olivia-gh001:{OLIVIA_PORT}" in plan.argv
     assert any("did not resolve" in note for note in plan.notes)
 
@@ -81,14 +81,14 @@ def test_head_resolving_to_loopback_on_another_node_is_an_error():
 
 
 def test_head_resolving_to_loopback_on_itself_passes_the_name():
-    plan, _ = plan_for(olivia(0), resolve=fake_resolver({"olivia-gh001": "127.0.1.1"}))
+    plan = plan_for(olivia(0), resolve=fake_resolver({"olivia-gh001": "127.0.1.1"}))
     assert f"--rdzv-endpoint=olivia-gh001:{OLIVIA_PORT}" in plan.argv
 
 
 def test_rdzv_flags_beat_env_overrides_which_beat_derived_values():
     env = {**olivia(1), "DDP_LAUNCH_RDZV_HOST": "10.0.0.99", "DDP_LAUNCH_RDZV_PORT": "24000"}
-    assert "--rdzv-endpoint=10.0.0.99:24000" in plan_for(env)[0].argv
-    flags = plan_for(env, "--rdzv-host", "10.0.0.7", "--rdzv-port", "25000")[0].argv
+    assert "--rdzv-endpoint=10.0.0.99:24000" in plan_for(env).argv
+    flags = plan_for(env, "--rdzv-host", "10.0.0.7", "--rdzv-port", "25000").argv
     assert "--rdzv-endpoint=10.0.0.7:25000" in flags
 
 
@@ -98,13 +98,13 @@ def test_localhost_override_on_a_multi_node_job_is_an_error():
 
 
 def test_nproc_and_restarts_flags_reach_torchrun():
-    plan, _ = plan_for(olivia(0), "--nproc-per-node", "2", "--max-restarts", "3")
+    plan = plan_for(olivia(0), "--nproc-per-node", "2", "--max-restarts", "3")
     assert {"--nproc-per-node=2", "--max-restarts=3"} <= set(plan.argv)
 
 
 def test_log_dir_is_per_node_and_every_worker_stream_is_teed_with_host_and_rank():
-    plan = plan_for(olivia(0), "--log-dir", "/tmp/l/")[0]
-    head, other = plan.argv, plan_for(olivia(1), "--log-dir", "/tmp/l/")[0].argv
+    plan = plan_for(olivia(0), "--log-dir", "/tmp/l/")
+    head, other = plan.argv, plan_for(olivia(1), "--log-dir", "/tmp/l/").argv
     assert "--log-dir=/tmp/l/olivia-gh001" in head and "--log-dir=/tmp/l/olivia-gh002" in other
     assert "--tee=3" in head
     assert head.index("--tee=3") < head.index("-m", 3)  # a torchrun flag, not the workload's
@@ -117,49 +117,49 @@ def test_log_dir_is_per_node_and_every_worker_stream_is_teed_with_host_and_rank(
 
 
 def test_without_log_dir_torchrun_leaves_worker_output_alone():
-    plan = plan_for(olivia(0))[0]
+    plan = plan_for(olivia(0))
     assert not any(a.startswith(("--log-dir", "--tee", "--log-line-prefix")) for a in plan.argv)
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in {c.name for c in plan.env_changes}
 
 
 def test_rendezvous_timeout_reaches_torchruns_join_timeout_from_flag_or_environment():
     conf = "--rdzv-conf=is_host=true,read_timeout=22,join_timeout=45"
-    assert conf in plan_for(olivia(0), "--rdzv-timeout", "45")[0].argv
-    assert conf in plan_for({**olivia(0), "DDP_LAUNCH_RDZV_TIMEOUT": "45"})[0].argv
+    assert conf in plan_for(olivia(0), "--rdzv-timeout", "45").argv
+    assert conf in plan_for({**olivia(0), "DDP_LAUNCH_RDZV_TIMEOUT": "45"}).argv
 
 
 def test_restarts_give_each_round_its_own_store_so_restarted_workers_find_live_peers():
-    plan, _ = plan_for(olivia(0), "--max-restarts", "1")
+    plan = plan_for(olivia(0), "--max-restarts", "1")
     assert env_of(plan)["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 def test_no_restarts_keep_torchruns_shared_store_and_a_user_setting_wins():
-    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env_of(plan_for(olivia(0))[0])
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env_of(plan_for(olivia(0)))
     user = {**olivia(0), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
-    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env_of(plan_for(user, "--max-restarts", "2")[0])
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env_of(plan_for(user, "--max-restarts", "2"))
 
 
 def test_cpu_workers_hide_gpus_and_set_the_worker_count():
-    plan, _ = plan_for(olivia(0), "--cpu-workers", "2")
+    plan = plan_for(olivia(0), "--cpu-workers", "2")
     assert "--nproc-per-node=2" in plan.argv
     assert env_of(plan)["CUDA_VISIBLE_DEVICES"] == ""
     assert env_of(plan)["OMP_NUM_THREADS"] == "36"  # 72 CPUs / 2 workers
 
 
 def test_user_omp_num_threads_is_left_alone():
-    plan, _ = plan_for({**olivia(0), "OMP_NUM_THREADS": "8"})
+    plan = plan_for({**olivia(0), "OMP_NUM_THREADS": "8"})
     assert "OMP_NUM_THREADS" not in env_of(plan)
 
 
 def test_no_gpu_anywhere_means_one_cpu_worker():
     env = {k: v for k, v in olivia(0).items() if "GPUS" not in k}
-    plan, _ = plan_for(env)
+    plan = plan_for(env)
     assert "--nproc-per-node=1" in plan.argv
     assert any("no GPU found" in note for note in plan.notes)
 
 
 def test_nodes_flag_matching_the_scheduler_is_accepted():
-    assert plan_for(olivia(0), "--nodes", "2")[0].mode == "slurm-node"
+    assert plan_for(olivia(0), "--nodes", "2").mode == "slurm-node"
 
 
 def test_nodes_flag_disagreeing_with_the_scheduler_names_both_numbers():
@@ -186,7 +186,7 @@ def test_unknown_node_index_on_a_multi_node_step_is_an_error():
 
 def test_node_name_identifies_the_head_when_node_id_is_missing():
     env = {k: v for k, v in olivia(0).items() if k != "SLURM_NODEID"}
-    assert "--rdzv-conf=is_host=true,read_timeout=300" in plan_for(env)[0].argv
+    assert "--rdzv-conf=is_host=true,read_timeout=300" in plan_for(env).argv
 
 
 # -- partial and inconsistent environments --------------------------------------------------------
@@ -232,7 +232,7 @@ def test_nearby_jobs_and_steps_of_one_job_get_different_ports():
 # -- Raven: one task per GPU, no torchrun ---------------------------------------------------------
 
 def test_raven_task_execs_the_trainer_with_env_init_variables():
-    plan, topology = plan_for(raven(5), "--", "--epochs", "3")
+    plan = plan_for(raven(5), "--", "--epochs", "3")
     assert plan.mode == "slurm-task"
     assert plan.argv == (PYTHON, "-m", "ddp_launch.worker", "-m", "ddp_train", "--epochs", "3")
     env = env_of(plan)
@@ -240,7 +240,7 @@ def test_raven_task_execs_the_trainer_with_env_init_variables():
         "RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
         "MASTER_ADDR": "10.20.0.123", "MASTER_PORT": str(rendezvous_port(5550017, 0))}
     assert env["OMP_NUM_THREADS"] == "18"  # SLURM_CPUS_PER_TASK
-    assert topology.nodes == 2
+    assert plan.nodes == 2
 
 
 def test_auto_detects_slurm_task_for_several_tasks_per_node():
@@ -248,12 +248,12 @@ def test_auto_detects_slurm_task_for_several_tasks_per_node():
 
 
 def test_task_bound_to_one_gpu_uses_device_zero():
-    env = env_of(plan_for(raven(6, CUDA_VISIBLE_DEVICES="2"))[0])
+    env = env_of(plan_for(raven(6, CUDA_VISIBLE_DEVICES="2")))
     assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["RANK"]) == ("0", "1", "6")
 
 
 def test_task_seeing_all_gpus_uses_its_local_id():
-    env = env_of(plan_for(raven(6, CUDA_VISIBLE_DEVICES="0,1,2,3"))[0])
+    env = env_of(plan_for(raven(6, CUDA_VISIBLE_DEVICES="0,1,2,3")))
     assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("2", "4")
 
 
@@ -267,7 +267,7 @@ def test_uneven_layout_gives_each_node_its_own_local_world():
               "SLURM_STEP_NUM_TASKS": "5", "SLURM_NTASKS": "5"}
     uneven.pop("SLURM_NTASKS_PER_NODE")
     second_node = {**uneven, "SLURM_PROCID": "4", "SLURM_LOCALID": "1", "SLURM_NODEID": "1"}
-    env = env_of(plan_for(second_node)[0])
+    env = env_of(plan_for(second_node))
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("4", "5", "1", "2")
 
 
@@ -276,13 +276,13 @@ def test_uneven_layout_picks_task_mode_even_on_a_node_with_one_task():
               "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "3,1"}
     layout.pop("SLURM_NTASKS_PER_NODE")
     single = {**layout, "SLURM_PROCID": "3", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}
-    assert plan_for(single)[0].mode == "slurm-task"
+    assert plan_for(single).mode == "slurm-task"
 
 
 def test_step_tasks_per_node_win_over_the_jobs():
     env = {**raven(1), "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NUM_TASKS": "4",
            "SLURM_NTASKS": "4"}
-    assert env_of(plan_for(env)[0])["LOCAL_WORLD_SIZE"] == "2"
+    assert env_of(plan_for(env))["LOCAL_WORLD_SIZE"] == "2"
 
 
 def test_slurm_task_without_procid_is_an_error():
@@ -297,20 +297,20 @@ def test_cpu_workers_conflict_with_slurm_task_mode():
 
 
 def test_script_workload_in_task_mode():
-    plan, _ = plan_for(raven(0), "--script", "train.py", "--", "--lr", "0.1")
+    plan = plan_for(raven(0), "--script", "train.py", "--", "--lr", "0.1")
     assert plan.argv == (PYTHON, "-m", "ddp_launch.worker", "train.py", "--lr", "0.1")
 
 
 # -- seed 004: six nodes with one GPU each ----------------------------------------------------------
 
 def test_seed004_runs_one_single_gpu_torchrun_per_node():
-    plan, topology = plan_for(seed004(3))
+    plan = plan_for(seed004(3))
     assert plan.mode == "slurm-node"
     assert {"--nnodes=6", "--nproc-per-node=1", "--rdzv-endpoint=192.168.20.15:29080",
             "--rdzv-conf=is_host=false,read_timeout=300"} <= set(plan.argv)
-    assert topology.nodes == 6
+    assert plan.nodes == 6
 
 
 def test_seed004_forced_task_mode_matches_the_seed_rank_mapping():
-    env = env_of(plan_for(seed004(4), "--mode", "slurm-task")[0])
+    env = env_of(plan_for(seed004(4), "--mode", "slurm-task"))
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("4", "6", "0", "192.168.20.15")

@@ -1,7 +1,8 @@
 """GPU sampler CSVs to mean/min utilisation per GPU and a PNG."""
 import pytest
 
-from ddp_train import gpumon, report
+from ddp_bench import cli, gpumon
+from ddp_bench.errors import ReportError
 
 HEADER = ("timestamp, index, name, utilization.gpu [%], utilization.memory [%], "
           "memory.total [MiB], memory.used [MiB]\n")
@@ -56,13 +57,13 @@ def test_summarise_draws_a_png_beside_the_csvs(tmp_path):
 
 
 def test_no_csv_files_is_an_error_pointing_at_the_sampler_logs(tmp_path):
-    with pytest.raises(report.ReportError, match="no gpu-<node>.csv files found.*sampler-<node>.log"):
+    with pytest.raises(ReportError, match="no gpu-<node>.csv files found.*sampler-<node>.log"):
         gpumon.summarise([tmp_path])
 
 
 def test_ddp_bench_gpu_prints_the_table(tmp_path, capsys):
     write_csv(tmp_path, "node3", [(0, 0, 42, 1)])
 
-    assert report.main(["gpu", str(tmp_path)]) == 0
+    assert cli.main(["gpu", str(tmp_path)]) == 0
 
     assert "| node3 | 0 | NVIDIA GH200 | 1 | 42.0 | 42 | 1 |" in capsys.readouterr().out

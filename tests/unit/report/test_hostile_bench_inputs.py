@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_train import report
+from ddp_bench import cli
 
 RUN = {"type": "run", "world_size": 2, "nodes": 1, "device": "cpu"}
 EPOCH = {"type": "epoch", "epoch": 1, "images_per_s": 100.0, "val_accuracy": 0.5}
@@ -60,7 +60,7 @@ def assert_one_line_error(code: int, capsys) -> str:
 @pytest.mark.parametrize("metrics", BAD_METRICS.values(), ids=BAD_METRICS.keys())
 def test_malformed_metrics_are_one_line_naming_the_file(metrics, tmp_path, capsys):
     run = run_dir_with(tmp_path, metrics)
-    code = report.main(["report", str(run), "--out", str(tmp_path / "out")])
+    code = cli.main(["report", str(run), "--out", str(tmp_path / "out")])
     line = assert_one_line_error(code, capsys)
     assert str(run / "metrics.jsonl") in line
 
@@ -68,7 +68,7 @@ def test_malformed_metrics_are_one_line_naming_the_file(metrics, tmp_path, capsy
 def test_a_cut_off_last_line_after_the_summary_is_left_out(tmp_path, capsys):
     # A run killed while appending a record after its summary: the summary stands.
     run = run_dir_with(tmp_path, lines(RUN, EPOCH, SUMMARY) + '{"type": "epo')
-    assert report.main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert cli.main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
     assert "| 100.0 |" in capsys.readouterr().out
 
 
@@ -94,7 +94,7 @@ BAD_REPORT_CALLS = {
 @pytest.mark.parametrize("make_argv", BAD_REPORT_CALLS.values(), ids=BAD_REPORT_CALLS.keys())
 def test_bad_report_calls_are_one_line(make_argv, tmp_path, capsys):
     run = run_dir_with(tmp_path, lines(RUN, EPOCH, SUMMARY))
-    assert_one_line_error(report.main(make_argv(tmp_path, run)), capsys)
+    assert_one_line_error(cli.main(make_argv(tmp_path, run)), capsys)
 
 
 def gpu_dir_with(tmp_path: Path, content: str | bytes) -> Path:
@@ -117,7 +117,7 @@ BAD_CSVS = {
 @pytest.mark.parametrize("content", BAD_CSVS.values(), ids=BAD_CSVS.keys())
 def test_malformed_gpu_csvs_are_one_line(content, tmp_path, capsys):
     directory = gpu_dir_with(tmp_path, content)
-    code = report.main(["gpu", str(directory), "--png", str(tmp_path / "gpu.png")])
+    code = cli.main(["gpu", str(directory), "--png", str(tmp_path / "gpu.png")])
     line = assert_one_line_error(code, capsys)
     assert "gpu-node1.csv" in line
 
@@ -143,4 +143,4 @@ def _empty_dir(tmp_path: Path) -> Path:
 def test_bad_gpu_calls_are_one_line(make_argv, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the PNG cases need matplotlib, a test dependency")
     directory = gpu_dir_with(tmp_path, CSV_HEADER + CSV_ROW)
-    assert_one_line_error(report.main(make_argv(tmp_path, directory)), capsys)
+    assert_one_line_error(cli.main(make_argv(tmp_path, directory)), capsys)

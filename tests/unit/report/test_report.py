@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ddp_train import report
+from ddp_bench import cli, report
 
 
 def write_run(root, name, world_size, nodes, images_per_s, total_time_s=10.0, device="cuda", summary=True):
@@ -63,7 +63,7 @@ def test_report_writes_markdown_csv_and_png(seed_runs, tmp_path):
 def test_a_run_without_a_summary_is_an_error_naming_it(tmp_path, capsys):
     run = write_run(tmp_path, "unfinished", 2, 1, 10.0, summary=False)
 
-    code = report.main(["report", str(run), "--out", str(tmp_path / "out")])
+    code = cli.main(["report", str(run), "--out", str(tmp_path / "out")])
 
     assert code == 2
     err = capsys.readouterr().err
@@ -72,7 +72,7 @@ def test_a_run_without_a_summary_is_an_error_naming_it(tmp_path, capsys):
 
 
 def test_a_directory_without_metrics_is_an_error(tmp_path, capsys):
-    code = report.main(["report", str(tmp_path), "--out", str(tmp_path / "out")])
+    code = cli.main(["report", str(tmp_path), "--out", str(tmp_path / "out")])
 
     assert code == 2
     assert "metrics.jsonl not found" in capsys.readouterr().err
@@ -83,7 +83,7 @@ def test_a_corrupt_metrics_line_is_an_error_with_its_line_number(tmp_path, capsy
     with open(run / "metrics.jsonl", "a") as f:
         f.write("{not json\n")
 
-    code = report.main(["report", str(run), "--out", str(tmp_path / "out")])
+    code = cli.main(["report", str(run), "--out", str(tmp_path / "out")])
 
     assert code == 2
     assert "line 5: not JSON" in capsys.readouterr().err

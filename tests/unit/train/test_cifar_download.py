@@ -45,3 +45,24 @@ def test_download_refuses_to_run_inside_a_distributed_job():
     refuse_inside_job({"WORLD_SIZE": "1"})
     with pytest.raises(TrainError, match="make data"):
         refuse_inside_job({"WORLD_SIZE": "4", "RANK": "0"})
+
+
+def test_the_dataset_is_there_only_with_the_files_the_job_scripts_check(tmp_path):
+    # The trainer and the job scripts' `python3 -m ddp_contract dataset DIR` answer alike.
+    from ddp_contract import DATASET_FILES, missing_dataset_files
+    root = write_dataset(tmp_path, train=4, test=2)
+    assert has_dataset(tmp_path) and missing_dataset_files(str(tmp_path)) == ()
+    for name in DATASET_FILES:
+        (root / name).rename(tmp_path / name)
+        assert not has_dataset(tmp_path), f"without {name}"
+        (tmp_path / name).rename(root / name)
+
+
+def test_an_archive_without_the_meta_file_names_it(tmp_path):
+    source = tmp_path / "source"
+    (write_dataset(source, train=8, test=4) / "meta").unlink()
+    path = tmp_path / "cifar-100-python.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(source / "cifar-100-python", arcname="cifar-100-python")
+    with pytest.raises(TrainError, match="did not contain cifar-100-python/meta$"):
+        download_cifar100(tmp_path / "data", url=path.as_uri(), archive_md5=file_md5(path))

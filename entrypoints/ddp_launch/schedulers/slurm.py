@@ -2,6 +2,7 @@
 
 slurm-node: one task per node, each runs torchrun (c10d) for that node's GPUs.
 slurm-task: one task per GPU, each execs the trainer with env:// variables.
+Which of the two is decided here (auto_mode), the same way on every node of the step.
 """
 
 from __future__ import annotations
@@ -9,16 +10,20 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from ddp_launch import gpus as gpu_count
+from ddp_launch.envvars import Setting, first_set, integer
 from ddp_launch.errors import LaunchError
+from ddp_launch.facts import NodeFacts
+from ddp_launch.node_workers import task_threads, worker_notes, workers_env, workers_per_node
 from ddp_launch.nodelist import expand_nodelist
 from ddp_launch.options import LaunchOptions
-from ddp_launch.plan import EnvChange, LaunchPlan, Topology
-from ddp_launch.rendezvous import Resolver, check_host_name, is_loopback, rendezvous_port
-from ddp_launch.torchrun import (HostFacts, Rendezvous, join_timeout, max_restarts, node_log_dir,
-                                 torchrun_command, worker_env, worker_notes, workers_per_node)
+from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
+from ddp_launch.rendezvous import check_host_name, is_loopback, rendezvous_port
+from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
+                                         torchrun_command, torchrun_env)
+
+MODES = ("slurm-node", "slurm-task")
 
 # Step-scoped names first: right for an srun that uses part of the allocation.
 # Each list is tried in order; the first variable that is set wins.
@@ -43,28 +48,19 @@ TASK_VARIABLES = {
     "local_id": ("SLURM_LOCALID",),
     "cpus_per_task": ("SLURM_CPUS_PER_TASK",),
 }
+# The three tables as one, the shape every scheduler module has: the step's
+# names are read when SLURM_STEP_NODELIST is set (srun), else the job's.
+VARIABLES = {"step": STEP_VARIABLES, "job": JOB_VARIABLES, "task": TASK_VARIABLES}
 
 _TASKS_ENTRY = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
 
 def detect(env: Mapping[str, str]) -> bool:
-    return bool(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"))
+    return any(env.get(name) for name in TASK_VARIABLES["job_id"])
 
 
-class Value(NamedTuple):
-    value: str
-    name: str
-
-
-def _first(env: Mapping[str, str], names: tuple[str, ...]) -> Value | None:
-    for name in names:
-        if env.get(name, "").strip():
-            return Value(env[name].strip(), name)
-    return None
-
-
-def _int(found: Value | None) -> int | None:
-    return None if found is None else gpu_count.parse_count(found.name, found.value)
+def _int(found: Setting | None) -> int | None:
+    return None if found is None else integer(found.source, found.value)
 
 
 def parse_tasks_per_node(value: str, name: str = "SLURM_TASKS_PER_NODE") -> tuple[int, ...]:
@@ -123,57 +119,57 @@ class SlurmEnv:
 
 
 def parse(env: Mapping[str, str]) -> SlurmEnv:
-    job = _first(env, TASK_VARIABLES["job_id"])
+    job = first_set(env, TASK_VARIABLES["job_id"])
     if job is None:
         raise LaunchError("SLURM_JOB_ID is not set: run under srun inside an allocation, or pass --mode local")
-    scope = STEP_VARIABLES if _first(env, STEP_VARIABLES["nodelist"]) else JOB_VARIABLES
-    listed = _first(env, scope["nodelist"])
+    scope = STEP_VARIABLES if first_set(env, STEP_VARIABLES["nodelist"]) else JOB_VARIABLES
+    listed = first_set(env, scope["nodelist"])
     if listed is None:
         raise LaunchError(
-            f"{job.name}={job.value} is set but neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is: "
+            f"{job.source}={job.value} is set but neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST is: "
             f"start ddp-launch with srun inside the allocation (or --mode local for one machine)")
-    nodes = expand_nodelist(listed.value, listed.name)
-    counted = _first(env, scope["num_nodes"])
+    nodes = expand_nodelist(listed.value, listed.source)
+    counted = first_set(env, scope["num_nodes"])
     if counted is not None and _int(counted) != len(nodes):
-        raise LaunchError(f"{counted.name}={counted.value} but {listed.name}={listed.value!r} names "
+        raise LaunchError(f"{counted.source}={counted.value} but {listed.source}={listed.value!r} names "
                           f"{len(nodes)} node(s): the environment is inconsistent; unset the stale one")
 
-    tasks = _first(env, scope["tasks_per_node"]) or _first(env, JOB_VARIABLES["tasks_per_node"])
+    tasks = first_set(env, scope["tasks_per_node"]) or first_set(env, JOB_VARIABLES["tasks_per_node"])
     tasks_per_node = None
     if tasks is not None:
-        tasks_per_node = parse_tasks_per_node(tasks.value, tasks.name)
-        if tasks.name == "SLURM_NTASKS_PER_NODE":
+        tasks_per_node = parse_tasks_per_node(tasks.value, tasks.source)
+        if tasks.source == "SLURM_NTASKS_PER_NODE":
             if len(tasks_per_node) != 1:
                 raise LaunchError(f"SLURM_NTASKS_PER_NODE={tasks.value!r} is not one integer: fix or unset it")
             tasks_per_node = tasks_per_node * len(nodes)
         elif len(tasks_per_node) != len(nodes):
-            raise LaunchError(f"{tasks.name}={tasks.value!r} lists {len(tasks_per_node)} node(s) but "
-                              f"{listed.name} names {len(nodes)}: the environment is inconsistent")
-    node_name = _first(env, TASK_VARIABLES["node_name"])
-    node_index = _int(_first(env, TASK_VARIABLES["node_index"]))
+            raise LaunchError(f"{tasks.source}={tasks.value!r} lists {len(tasks_per_node)} node(s) but "
+                              f"{listed.source} names {len(nodes)}: the environment is inconsistent")
+    node_name = first_set(env, TASK_VARIABLES["node_name"])
+    node_index = _int(first_set(env, TASK_VARIABLES["node_index"]))
     if node_index is not None and node_index >= len(nodes):
-        raise LaunchError(f"SLURM_NODEID={node_index} but {listed.name} names only {len(nodes)} node(s)")
+        raise LaunchError(f"SLURM_NODEID={node_index} but {listed.source} names only {len(nodes)} node(s)")
     if node_name is not None:
         _check_node_name(node_name.value, node_index, nodes, listed)
-    num_tasks = _first(env, scope["num_tasks"])
-    proc_id = _int(_first(env, TASK_VARIABLES["proc_id"]))
+    num_tasks = first_set(env, scope["num_tasks"])
+    proc_id = _int(first_set(env, TASK_VARIABLES["proc_id"]))
     if proc_id is not None and num_tasks is not None and proc_id >= _int(num_tasks):
-        raise LaunchError(f"SLURM_PROCID={proc_id} but {num_tasks.name}={num_tasks.value}: a task id must be "
+        raise LaunchError(f"SLURM_PROCID={proc_id} but {num_tasks.source}={num_tasks.value}: a task id must be "
                           f"below the task count; the environment is inconsistent (start ddp-launch with srun)")
     slurm = SlurmEnv(
         job_id=_int(job) or 0,
-        step_id=_int(_first(env, TASK_VARIABLES["step_id"])),
-        in_step=bool(_first(env, ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST"))),
+        step_id=_int(first_set(env, TASK_VARIABLES["step_id"])),
+        in_step=bool(first_set(env, ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST"))),
         nodes=nodes,
-        nodes_source=listed.name,
+        nodes_source=listed.source,
         node_index=node_index,
         node_name=node_name.value if node_name else None,
         tasks_per_node=tasks_per_node,
-        tasks_source=f"{tasks.name}={tasks.value!r}" if tasks else "",
+        tasks_source=f"{tasks.source}={tasks.value!r}" if tasks else "",
         num_tasks=_int(num_tasks),
         proc_id=proc_id,
-        local_id=_int(_first(env, TASK_VARIABLES["local_id"])),
-        cpus_per_task=_int(_first(env, TASK_VARIABLES["cpus_per_task"])),
+        local_id=_int(first_set(env, TASK_VARIABLES["local_id"])),
+        cpus_per_task=_int(first_set(env, TASK_VARIABLES["cpus_per_task"])),
     )
     here = slurm.tasks_here()
     if slurm.local_id is not None and here is not None and slurm.local_id >= here:
@@ -182,20 +178,37 @@ def parse(env: Mapping[str, str]) -> SlurmEnv:
     return slurm
 
 
-def _check_node_name(name: str, index: int | None, nodes: tuple[str, ...], listed: Value) -> None:
+def _check_node_name(name: str, index: int | None, nodes: tuple[str, ...], listed: Setting) -> None:
     """SLURMD_NODENAME is a node of the list, at SLURM_NODEID when both are set (srun sets both)."""
     if name not in nodes:
-        raise LaunchError(f"SLURMD_NODENAME={name!r} is not in {listed.name}={listed.value!r}: this environment "
+        raise LaunchError(f"SLURMD_NODENAME={name!r} is not in {listed.source}={listed.value!r}: this environment "
                           f"is not this node's (copied from another job or node?); start ddp-launch with srun")
     position = nodes.index(name)
     if index is not None and index != position:
         raise LaunchError(f"SLURM_NODEID={index} but SLURMD_NODENAME={name!r} is node {position} of "
-                          f"{listed.name}: the environment is inconsistent; start ddp-launch with srun")
+                          f"{listed.source}: the environment is inconsistent; start ddp-launch with srun")
 
 
 def auto_mode(slurm: SlurmEnv) -> str:
     """More than one task on any node of the step -> one task per GPU; else one torchrun per node."""
     return "slurm-node" if slurm.one_task_per_node() else "slurm-task"
+
+
+def head(job: SlurmEnv, options: LaunchOptions) -> Setting | None:
+    """The name to look up: --rdzv-host, else the first node.
+
+    An --rdzv-host is passed to torchrun as given; its address still picks the socket
+    interface that routes to it on an Ethernet job (fabric/ethernet.py).
+    """
+    if options.rdzv_host is not None:
+        return Setting(str(options.rdzv_host.value), options.rdzv_host.source)
+    return Setting(job.nodes[0], f"the first host of {job.nodes_source}")
+
+
+def plan(job: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
+    """--mode slurm-node or slurm-task when given, else the one the step's layout asks for."""
+    mode = options.mode if options.mode in MODES else auto_mode(job)
+    return (_plan_node if mode == "slurm-node" else _plan_task)(job, options, env, facts)
 
 
 # -- shared checks and the rendezvous ------------------------------------------------------
@@ -209,7 +222,7 @@ def _check_nodes(slurm: SlurmEnv, options: LaunchOptions) -> None:
                           f"only one node would join: start it with srun (SLURM_STEP_ID is unset)")
 
 
-def _head(slurm: SlurmEnv, options: LaunchOptions, resolve: Resolver, is_head: bool) -> tuple[str, str]:
+def _head(slurm: SlurmEnv, options: LaunchOptions, facts: NodeFacts, is_head: bool) -> tuple[str, str]:
     """(rendezvous host, note): the override, or the first node's IPv4 address, or its name."""
     multi = slurm.num_nodes > 1
     if options.rdzv_host is not None:
@@ -219,8 +232,9 @@ def _head(slurm: SlurmEnv, options: LaunchOptions, resolve: Resolver, is_head: b
                               f"{slurm.num_nodes}-node job: every node would rendezvous with itself; "
                               f"give the head node's routable name or address")
         return host, f"rendezvous host {host} from {options.rdzv_host.source}"
-    name = check_host_name(slurm.nodes[0], f"the first host of {slurm.nodes_source}")
-    address = resolve(name)
+    first = head(slurm, options)
+    name = check_host_name(str(first.value), first.source)
+    address = facts.address_of(name)
     if address is None:
         return name, f"head node {name} (first of {slurm.nodes_source}) did not resolve here: passing the name"
     if multi and is_loopback(address):
@@ -241,8 +255,7 @@ def _port(slurm: SlurmEnv, options: LaunchOptions) -> tuple[int, str]:
 
 # -- slurm-node ------------------------------------------------------------------------------
 
-def plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
-              facts: HostFacts, resolve: Resolver) -> tuple[LaunchPlan, Topology]:
+def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
     _check_nodes(slurm, options)
     if not slurm.one_task_per_node():
         raise LaunchError(f"--mode slurm-node needs one task per node but {slurm.tasks_source or 'SLURM_NTASKS'} "
@@ -252,9 +265,9 @@ def plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
         raise LaunchError("SLURM_NODEID and SLURMD_NODENAME are unset, so this node cannot tell whether it "
                           "hosts the rendezvous: start ddp-launch with srun")
     is_head = index in (None, 0)
-    host, head_note = _head(slurm, options, resolve, is_head)
+    host, head_note = _head(slurm, options, facts, is_head)
     port, port_note = _port(slurm, options)
-    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.device_files))
+    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files))
     run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
     restarts = max_restarts(options)
     argv = torchrun_command(facts.python, str(slurm.num_nodes), workers.count,
@@ -265,8 +278,8 @@ def plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
     node = slurm.node_name or (slurm.nodes[index] if index is not None else slurm.nodes[0])
-    plan = LaunchPlan("slurm-node", argv, worker_env(workers, env, facts, restarts, options.log_dir, node), notes)
-    return plan, Topology(slurm.num_nodes, host)
+    changes = torchrun_env(env, restarts, options.log_dir, node) + workers_env(workers, env, facts.cpu_count)
+    return LaunchPlan("slurm-node", argv, changes, notes, slurm.num_nodes, Endpoint(host, port))
 
 
 def _node_name(slurm: SlurmEnv, index: int | None) -> str | None:
@@ -277,8 +290,7 @@ def _node_name(slurm: SlurmEnv, index: int | None) -> str | None:
 
 # -- slurm-task ------------------------------------------------------------------------------
 
-def plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
-              facts: HostFacts, resolve: Resolver) -> tuple[LaunchPlan, Topology]:
+def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
     _check_nodes(slurm, options)
     if options.nproc_per_node is not None or (options.cpu_workers and options.cpu_workers.source == "--cpu-workers"):
         raise LaunchError("--nproc-per-node/--cpu-workers conflict with --mode slurm-task, where each SLURM "
@@ -292,7 +304,7 @@ def plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
     if local_world is None:
         raise LaunchError("cannot tell how many tasks run on this node: SLURM_STEP_TASKS_PER_NODE, "
                           "SLURM_NTASKS_PER_NODE and SLURM_TASKS_PER_NODE are unset or uneven without SLURM_NODEID")
-    host, head_note = _head(slurm, options, resolve, slurm.this_node_index() == 0)
+    host, head_note = _head(slurm, options, facts, slurm.this_node_index() == 0)
     port, port_note = _port(slurm, options)
     device = _task_device(env, slurm.local_id or 0, local_world)
     changes = [
@@ -303,11 +315,7 @@ def plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
         EnvChange("MASTER_ADDR", host, "rendezvous host (env:// init)"),
         EnvChange("MASTER_PORT", str(port), "derived from the job and step id"),
     ]
-    if "OMP_NUM_THREADS" not in env:
-        threads = slurm.cpus_per_task or max(1, facts.cpu_count // local_world)
-        changes.append(EnvChange("OMP_NUM_THREADS", str(threads),
-                                 "unset; SLURM_CPUS_PER_TASK" if slurm.cpus_per_task
-                                 else f"unset; {facts.cpu_count} CPUs / {local_world} tasks"))
+    changes += task_threads(env, slurm.cpus_per_task, facts.cpu_count, local_world)
     if "PYTHONUNBUFFERED" not in env:
         changes.append(EnvChange("PYTHONUNBUFFERED", "1", "srun reads output through pipes: lines appear as they happen"))
     notes = [f"SLURM job {slurm.job_id}: task {slurm.proc_id} of {slurm.num_tasks}, "
@@ -321,11 +329,12 @@ def plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str],
     if options.rdzv_timeout is not None:
         notes.append(f"{options.rdzv_timeout.source} is ignored in slurm-task mode (no torchrun): "
                      f"the trainer's --dist-timeout-s bounds the wait for peers")
-    plan = LaunchPlan("slurm-task", options.workload.direct_argv(facts.python), tuple(changes), tuple(notes))
-    return plan, Topology(slurm.num_nodes, host)
+    return LaunchPlan("slurm-task", options.workload.direct_argv(facts.python), tuple(changes), tuple(notes),
+                      slurm.num_nodes, Endpoint(host, port))
 
 
-class TaskDevice(NamedTuple):
+@dataclass(frozen=True)
+class TaskDevice:
     local_rank: int
     local_rank_reason: str
     local_world: int

@@ -1,13 +1,12 @@
-"""`ddp-bench report RUN_DIR...`: the scaling table of seed 001 from the trainer's metrics.
+"""The scaling table of seed 001 from the trainer's metrics: `ddp-bench report RUN_DIR...`.
 
-Reads <run>/metrics.jsonl of several runs (1 GPU, 1 node, N nodes), prints the table
-(configuration, time, images/s, speedup and efficiency against the smallest run) and
-writes it as Markdown, CSV and a PNG. `ddp-bench gpu DIR...` summarises GPU samplers.
+Reads <run>/metrics.jsonl of several runs (1 GPU, 1 node, N nodes), and makes the table
+(configuration, time, images/s, speedup and efficiency against the smallest run) as
+Markdown, CSV and a PNG.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -16,12 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-METRICS_NAME = "metrics.jsonl"
-EXIT_USAGE = 2
-
-
-class ReportError(Exception):
-    """A user mistake (missing or incomplete run); main() prints it as one line."""
+from ddp_bench.errors import ReportError
+from ddp_train.metrics import METRICS_NAME
 
 
 @dataclass(frozen=True)
@@ -206,39 +201,3 @@ def report(run_dirs: Sequence[Path], out_dir: Path) -> str:
         raise ReportError(f"--out {out_dir} cannot be written ({exc.strerror}): pass a directory "
                           f"you can write") from None
     return table
-
-
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; ddp-bench prints one line (exit 2), as ddp-train does."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise ReportError(message)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _OneLineErrorParser(prog="ddp-bench", description=__doc__.splitlines()[0], allow_abbrev=False)
-    sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", allow_abbrev=False, help="scaling table (Markdown, CSV, PNG) from run directories")
-    rep.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    rep.add_argument("--out", type=Path, default=Path("bench-report"), help="output dir (default bench-report)")
-    gpu = sub.add_parser("gpu", allow_abbrev=False,
-                         help="mean/min utilisation per GPU (and a PNG) from gpu-<node>.csv files")
-    gpu.add_argument("paths", nargs="+", type=Path, metavar="CSV_OR_DIR")
-    gpu.add_argument("--png", type=Path, default=None, help="plot file (default: gpu-utilisation.png beside the CSVs)")
-    try:
-        args = parser.parse_args(argv)
-        if args.command == "report":
-            print(report(args.runs, args.out), end="")
-            print(f"written: {args.out}/report.md, report.csv, report.png", file=sys.stderr)
-        else:
-            from ddp_train import gpumon
-            print(gpumon.summarise(args.paths, args.png), end="")
-    except ReportError as exc:
-        message = str(exc).replace("\r", "\\r").replace("\n", "\\n")  # one line, even for odd paths
-        print(f"ddp-bench: error: {message}", file=sys.stderr)
-        return EXIT_USAGE
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ddp_train.report import ReportError
+from ddp_bench.errors import ReportError
 
 UNBALANCED_FRACTION = 0.5  # a GPU below half the busiest GPU's mean is worth a look
 TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"

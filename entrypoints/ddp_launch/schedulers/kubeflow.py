@@ -6,16 +6,21 @@ pods (RunAI's WORLD_SIZE is already pods x GPUs), so the workers must not see th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ddp_launch import gpus as gpu_count
+from ddp_launch.envvars import Setting, first_set, integer, is_digits, port
 from ddp_launch.errors import LaunchError
+from ddp_launch.facts import NodeFacts
+from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.options import LaunchOptions
-from ddp_launch.plan import EnvChange, LaunchPlan, Topology
-from ddp_launch.rendezvous import Resolver, check_host_name, is_loopback, parse_port
-from ddp_launch.torchrun import (HostFacts, Rendezvous, join_timeout, max_restarts, node_log_dir,
-                                 torchrun_command, worker_env, worker_notes, workers_per_node)
+from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
+from ddp_launch.rendezvous import check_host_name, is_loopback
+from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
+                                         torchrun_command, torchrun_env)
+
+MODES = ("kubeflow",)
 
 # First variable set wins. PET_* first: Trainer v2 sets only those, v1 sets
 # both with equal values, RunAI sets MASTER_ADDR (an IP) and RANK.
@@ -28,38 +33,39 @@ VARIABLES = {
     "run_id": ("PET_RDZV_ID",),
     "max_restarts": ("PET_MAX_RESTARTS",),
 }
+# Either one marks a PyTorchJob/TrainJob pod (RunAI sets PET_NNODES).
+DETECTED_BY = ("PET_NNODES", "PET_MASTER_ADDR")
 # Pod-level values torchrun replaces with per-worker ones; removed so no
 # worker can mistake them for its own.
 POD_LEVEL = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 def detect(env: Mapping[str, str]) -> bool:
-    return bool(env.get("PET_NNODES") or env.get("PET_MASTER_ADDR"))
+    return any(env.get(name) for name in DETECTED_BY)
 
 
 def _first(env: Mapping[str, str], key: str) -> tuple[str | None, str]:
-    for name in VARIABLES[key]:
-        if env.get(name, "").strip():
-            return env[name].strip(), name
-    return None, " or ".join(VARIABLES[key])
+    """(value, its variable), or (None, "A or B") naming what was looked for."""
+    found = first_set(env, VARIABLES[key])
+    return (str(found.value), found.source) if found else (None, " or ".join(VARIABLES[key]))
 
 
 @dataclass(frozen=True)
 class KubeflowEnv:
     nnodes: str                   # "2", or "1:4" for an elastic job
     max_nodes: int
-    nproc: tuple[int, str] | None
+    nproc: Setting | None
     node_rank: int | None
     master_addr: str | None       # None: --rdzv-host must name the master
     master_addr_source: str
     master_port: int | None
     run_id: str | None
-    max_restarts: str | None
+    max_restarts: Setting | None
 
 
 def _nnodes(value: str) -> int:
     parts = value.split(":")
-    if len(parts) in (1, 2) and all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
+    if len(parts) in (1, 2) and all(is_digits(p) and int(p) > 0 for p in parts):
         if int(parts[0]) > int(parts[-1]):
             raise LaunchError(f"PET_NNODES={value!r} asks for at least {parts[0]} but at most {parts[-1]} "
                               f"nodes: write it as MIN:MAX with MIN <= MAX")
@@ -76,13 +82,13 @@ def parse(env: Mapping[str, str]) -> KubeflowEnv:
     nproc_value, nproc_name = _first(env, "nproc")
     nproc = None
     if nproc_value is not None and nproc_value not in ("auto", "gpu"):
-        nproc = (gpu_count.parse_count(nproc_name, nproc_value), nproc_name)
+        nproc = Setting(integer(nproc_name, nproc_value), nproc_name)
     rank_value, rank_name = _first(env, "node_rank")
     port_value, port_name = _first(env, "master_port")
     run_id, _ = _first(env, "run_id")
-    restarts, _ = _first(env, "max_restarts")
+    restarts = first_set(env, VARIABLES["max_restarts"])
     max_nodes = _nnodes(nnodes)
-    node_rank = gpu_count.parse_count(rank_name, rank_value) if rank_value is not None else None
+    node_rank = integer(rank_name, rank_value) if rank_value is not None else None
     if node_rank is not None and node_rank >= max_nodes:
         raise LaunchError(f"{rank_name}={rank_value} but PET_NNODES={nnodes}: a pod's rank must be below the "
                           f"node count; check the job spec (replicas) or the variables set by hand")
@@ -93,14 +99,22 @@ def parse(env: Mapping[str, str]) -> KubeflowEnv:
         node_rank=node_rank,
         master_addr=addr,
         master_addr_source=addr_name,
-        master_port=parse_port(port_name, port_value) if port_value is not None else None,
+        master_port=port(port_name, port_value) if port_value is not None else None,
         run_id=run_id,
         max_restarts=restarts,
     )
 
 
-def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
-         facts: HostFacts, resolve: Resolver) -> tuple[LaunchPlan, Topology]:
+def head(job: KubeflowEnv, options: LaunchOptions) -> Setting | None:
+    """The rendezvous host to look up: --rdzv-host, else the job's master address (None: neither)."""
+    if options.rdzv_host is not None:
+        return Setting(str(options.rdzv_host.value), options.rdzv_host.source)
+    if job.master_addr is not None:
+        return Setting(job.master_addr, job.master_addr_source)
+    return None
+
+
+def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
     multi = job.max_nodes > 1
     if options.nodes is not None and options.nodes != job.max_nodes:
         raise LaunchError(f"--nodes {options.nodes} but PET_NNODES={job.nnodes}: match the job's pod count "
@@ -109,14 +123,12 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
         raise LaunchError("PET_NODE_RANK and RANK are unset: this pod cannot tell whether it hosts the "
                           "rendezvous; the operator sets them, so check the job spec")
     is_head = (job.node_rank or 0) == 0
-    if options.rdzv_host is not None:
-        name, source = str(options.rdzv_host.value), options.rdzv_host.source
-    elif job.master_addr is not None:
-        name, source = job.master_addr, job.master_addr_source
-    else:
+    master = head(job, options)
+    if master is None:
         raise LaunchError(f"PET_NNODES={job.nnodes} is set but {job.master_addr_source} is not: the job's "
                           f"master address is missing; pass --rdzv-host with the master pod's service name")
-    address = resolve(check_host_name(name, source))
+    name, source = str(master.value), master.source
+    address = facts.address_of(check_host_name(name, source))
     if address is None:
         host, head_note = name, f"rendezvous host {name} ({source}) did not resolve yet: passing the name"
     else:
@@ -125,22 +137,22 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str],
         raise LaunchError(f"{source}={name!r} is a loopback address on pod rank {job.node_rank} of "
                           f"{job.max_nodes}: it would rendezvous with itself; give the master's service name")
     if options.rdzv_port is not None:
-        port, port_note = int(options.rdzv_port.value), f"port from {options.rdzv_port.source}"
+        rdzv_port, port_note = int(options.rdzv_port.value), f"port from {options.rdzv_port.source}"
     elif job.master_port is not None:
-        port, port_note = job.master_port, "port from the job's master port"
+        rdzv_port, port_note = job.master_port, "port from the job's master port"
     else:
         raise LaunchError("PET_MASTER_PORT and MASTER_PORT are unset: pass --rdzv-port P")
-    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.device_files))
-    restarts = max_restarts(options, job.max_restarts, "PET_MAX_RESTARTS")
-    rendezvous = Rendezvous(host, port, job.run_id or job.master_addr or name, is_head, join_timeout(options))
+    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files))
+    restarts = max_restarts(options, job.max_restarts)
+    rendezvous = Rendezvous(host, rdzv_port, job.run_id or job.master_addr or name, is_head, join_timeout(options))
     log_dir = node_log_dir(options.log_dir, f"pod{job.node_rank or 0}" if multi else None)
     argv = torchrun_command(facts.python, job.nnodes, workers.count, rendezvous, restarts, log_dir,
                             options.workload)
-    removed = tuple(EnvChange(name, None, "describes the pod, not a worker; torchrun sets the workers' own")
-                    for name in POD_LEVEL if name in env)
+    removed = tuple(EnvChange(variable, None, "describes the pod, not a worker; torchrun sets the workers' own")
+                    for variable in POD_LEVEL if variable in env)
     notes = (f"pod {job.node_rank if job.node_rank is not None else 0} of {job.nnodes}"
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
-    plan = LaunchPlan("kubeflow", argv, removed + worker_env(workers, env, facts, restarts, log_dir,
-                                                                    f"pod{job.node_rank or 0}"), notes)
-    return plan, Topology(job.max_nodes, host)
+    changes = (removed + torchrun_env(env, restarts, log_dir, f"pod{job.node_rank or 0}")
+               + workers_env(workers, env, facts.cpu_count))
+    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port))

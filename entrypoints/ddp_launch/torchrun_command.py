@@ -1,4 +1,4 @@
-"""Pieces shared by the modes that start torchrun: its command, workers per node, threads.
+"""How ddp-launch starts torchrun: its command line, restarts, per-node log dirs, and the variables they need.
 
 torchrun is started as `<this python> -m ddp_launch.agent` (torch.distributed.run
 with our exit codes and stop signals), not the
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
-from ddp_launch.errors import LaunchError
-from ddp_launch.gpus import GpuCount
+from ddp_launch.envvars import Setting, integer
 from ddp_launch.options import LaunchOptions, Workload
 from ddp_launch.plan import EnvChange
 
@@ -34,20 +32,13 @@ TORCHRUN_JOIN_TIMEOUT_S = 600
 def store_read_timeout(join_timeout_s: int | None) -> int:
     return max(1, (join_timeout_s or TORCHRUN_JOIN_TIMEOUT_S) // 2)
 
+
 # "node2:rank5: ..." finds rank 5 on node 2 (see log_line_prefix).
 LOG_PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
 @dataclass(frozen=True)
-class HostFacts:
-    """What the launcher reads from this machine besides the environment (at the edge)."""
-
-    python: str          # sys.executable: workers and torchrun use the launcher's interpreter
-    cpu_count: int       # CPUs this process may run on (sched_getaffinity)
-    device_files: int    # /dev/nvidia[0-9]* found
-
-
-class Rendezvous(NamedTuple):
+class Rendezvous:
     host: str
     port: int
     run_id: str
@@ -55,27 +46,24 @@ class Rendezvous(NamedTuple):
     join_timeout_s: int | None = None   # None: torchrun's own (600 s)
 
 
-class Workers(NamedTuple):
-    count: int
-    source: str
-    on_cpu: bool
+def join_timeout(options: LaunchOptions) -> int | None:
+    return None if options.rdzv_timeout is None else int(options.rdzv_timeout.value)
 
 
-def workers_per_node(
-    options: LaunchOptions,
-    scheduler: tuple[int, str] | None,
-    gpus: GpuCount | None,
-) -> Workers:
-    """Workers on this node: --nproc-per-node > --cpu-workers/env > scheduler > GPUs > 1 CPU worker."""
-    if options.nproc_per_node is not None:
-        return Workers(options.nproc_per_node, "--nproc-per-node", on_cpu=False)
-    if options.cpu_workers is not None:
-        return Workers(int(options.cpu_workers.value), options.cpu_workers.source, on_cpu=True)
+def max_restarts(options: LaunchOptions, scheduler: Setting | None = None) -> int:
+    """Worker-group restarts: --max-restarts / DDP_LAUNCH_MAX_RESTARTS > the scheduler's value > 0."""
+    if options.max_restarts is not None:
+        return int(options.max_restarts.value)
     if scheduler is not None:
-        return Workers(scheduler[0], scheduler[1], on_cpu=False)
-    if gpus is not None and gpus.count > 0:
-        return Workers(gpus.count, gpus.source, on_cpu=False)
-    return Workers(1, "no GPU found", on_cpu=True)
+        return integer(scheduler.source, scheduler.value, fix="fix it or pass --max-restarts N")
+    return 0
+
+
+def node_log_dir(log_dir: str | None, node: str | None) -> str | None:
+    """<log_dir>/<node>: every node of a job writes its workers' logs under its own name."""
+    if not log_dir or not node:
+        return log_dir
+    return f"{log_dir.rstrip('/')}/{node}"
 
 
 def log_line_prefix(node: str | None) -> str:
@@ -87,9 +75,9 @@ def log_line_prefix(node: str | None) -> str:
     return f"{node}:rank${{rank}}: " if node else "rank${rank}: "
 
 
-def worker_env(workers: Workers, env: Mapping[str, str], facts: HostFacts,
-               restarts: int = 0, log_dir: str | None = None,
-               node: str | None = None) -> tuple[EnvChange, ...]:
+def torchrun_env(env: Mapping[str, str], restarts: int, log_dir: str | None,
+                 node: str | None = None) -> tuple[EnvChange, ...]:
+    """The variables torchrun needs for --log-dir and --max-restarts to work as the plan says."""
     changes = []
     if log_dir and LOG_PREFIX_VAR not in env:
         # The variable, not torchrun's --log-line-prefix-template flag: the flag is new
@@ -105,44 +93,7 @@ def worker_env(workers: Workers, env: Mapping[str, str], facts: HostFacts,
         changes.append(EnvChange("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1",
                                  f"--max-restarts {restarts}: a fresh store per restart round "
                                  f"(pytorch#135712)"))
-    if workers.on_cpu and workers.source != "no GPU found":
-        changes.append(EnvChange("CUDA_VISIBLE_DEVICES", "",
-                                 f"{workers.source}: workers run on CPU with gloo, GPUs hidden"))
-    if workers.count > 1 and "OMP_NUM_THREADS" not in env:
-        threads = max(1, facts.cpu_count // workers.count)
-        changes.append(EnvChange("OMP_NUM_THREADS", str(threads),
-                                 f"unset; torchrun would force 1: {facts.cpu_count} CPUs / {workers.count} workers"))
     return tuple(changes)
-
-
-def worker_notes(workers: Workers) -> tuple[str, ...]:
-    if workers.source == "no GPU found":
-        return ("no GPU found: 1 CPU worker per node with gloo (set --cpu-workers N for more)",)
-    return (f"{workers.count} worker(s) per node from {workers.source}",)
-
-
-def join_timeout(options: LaunchOptions) -> int | None:
-    return None if options.rdzv_timeout is None else int(options.rdzv_timeout.value)
-
-
-def max_restarts(options: LaunchOptions, scheduler_value: str | None = None,
-                 scheduler_name: str = "") -> int:
-    if options.max_restarts is not None:
-        return int(options.max_restarts.value)
-    if scheduler_value:
-        text = scheduler_value.strip()
-        if text.isascii() and text.isdigit():
-            return int(text)
-        raise LaunchError(f"{scheduler_name}={scheduler_value!r} is not a non-negative integer: "
-                          f"fix it or pass --max-restarts N")
-    return 0
-
-
-def node_log_dir(log_dir: str | None, node: str | None) -> str | None:
-    """<log_dir>/<node>: every node of a job writes its workers' logs under its own name."""
-    if not log_dir or not node:
-        return log_dir
-    return f"{log_dir.rstrip('/')}/{node}"
 
 
 def endpoint(host: str, port: int) -> str:

@@ -6,26 +6,44 @@ The fallback of auto detection, so it reads no scheduler variables of its own.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ddp_launch import gpus as gpu_count
 from ddp_launch.errors import LaunchError
+from ddp_launch.facts import NodeFacts
+from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.options import LaunchOptions
-from ddp_launch.plan import LaunchPlan, Topology
-from ddp_launch.rendezvous import Resolver
-from ddp_launch.torchrun import (HostFacts, max_restarts, torchrun_command, worker_env,
-                                 worker_notes, workers_per_node)
+from ddp_launch.plan import LaunchPlan
+from ddp_launch.torchrun_command import max_restarts, torchrun_command, torchrun_env
+
+MODES = ("local",)
+VARIABLES: dict[str, tuple[str, ...]] = {}
 
 
 def detect(env: Mapping[str, str]) -> bool:
+    """Always: the last of the detection order takes whatever the others did not."""
     return True
 
 
-def plan(options: LaunchOptions, env: Mapping[str, str], facts: HostFacts,
-         resolve: Resolver) -> tuple[LaunchPlan, Topology]:
+@dataclass(frozen=True)
+class LocalEnv:
+    """Nothing to read: one machine has no job layout."""
+
+
+def parse(env: Mapping[str, str]) -> LocalEnv:
+    return LocalEnv()
+
+
+def head(job: LocalEnv, options: LaunchOptions) -> None:
+    """Nothing to look up: --standalone serves the rendezvous on this machine."""
+    return None
+
+
+def plan(job: LocalEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
     if options.nodes is not None and options.nodes != 1:
         raise LaunchError(f"--nodes {options.nodes} but no scheduler was found (local mode runs on this one "
                           f"machine): start ddp-launch with srun, in a RunAI/Kubeflow job, or drop --nodes")
-    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.device_files))
+    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files))
     restarts = max_restarts(options)
     argv = torchrun_command(facts.python, "1", workers.count, None, restarts,
                             options.log_dir, options.workload)
@@ -34,4 +52,5 @@ def plan(options: LaunchOptions, env: Mapping[str, str], facts: HostFacts,
                if s is not None]
     if ignored:
         notes.append(f"ignored in local mode (--standalone picks a free port): {', '.join(ignored)}")
-    return LaunchPlan("local", argv, worker_env(workers, env, facts, restarts, options.log_dir), tuple(notes)), Topology(1, None)
+    changes = torchrun_env(env, restarts, options.log_dir) + workers_env(workers, env, facts.cpu_count)
+    return LaunchPlan("local", argv, changes, tuple(notes))

@@ -1,0 +1,153 @@
+"""Fabric defaults as data: containers/sites/fabrics/<name>.json, every value with its source.
+
+Found beside the site profiles (sites.sites_dirs: $DDP_SITES_DIR, the repo's
+containers/sites, the image's /opt/ddp/sites), then in the built-in places, so a
+DDP_SITES_DIR of one's own profiles still gets the shipped fabric defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddp_launch.errors import LaunchError
+from ddp_launch.sites import sites_dirs
+
+FABRICS_DIRNAME = "fabrics"
+# What a value's "when" may name; plan_fabric works out each one for the job and node.
+CONDITIONS = (
+    "multi_node",   # more than one node in the job step
+    "gh200",        # the site profile says gpu gh200 and this node is aarch64
+    "roce",         # a RoCE device with an IPv4 RoCE v2 GID was found
+)
+LIBRARY_KINDS = ("plain", "libfabric", "nccl")   # how doctor reads the loaded library's version
+_VARIABLE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class FabricDefault:
+    """One variable a fabric sets when nothing else did, only when its condition holds."""
+
+    name: str
+    value: str
+    source: str
+    when: str | None = None
+
+
+@dataclass(frozen=True)
+class HostLibrary:
+    """A host library doctor looks for on the workers' LD_LIBRARY_PATH and loads."""
+
+    label: str
+    file: str           # regular expression for the file name
+    kind: str           # one of LIBRARY_KINDS
+    required: bool      # missing in a multi-node job: FAIL (else WARN)
+    fix: str
+    source: str
+
+
+@dataclass(frozen=True)
+class FabricDefaults:
+    name: str
+    description: str
+    env: tuple[FabricDefault, ...]
+    host_libraries: tuple[HostLibrary, ...]
+    path: str
+
+    def applicable(self, conditions: Mapping[str, bool]) -> tuple[FabricDefault, ...]:
+        """The values whose condition holds, in the order the file lists them."""
+        return tuple(item for item in self.env if item.when is None or conditions[item.when])
+
+
+def fabric_dirs(env: Mapping[str, str]) -> tuple[str, ...]:
+    ordered: list[str] = []
+    for directory in sites_dirs(env) + sites_dirs({}):
+        path = os.path.join(directory, FABRICS_DIRNAME)
+        if path not in ordered:
+            ordered.append(path)
+    return tuple(ordered)
+
+
+def load_fabric_defaults(name: str, env: Mapping[str, str]) -> FabricDefaults:
+    for directory in fabric_dirs(env):
+        path = os.path.join(directory, f"{name}.json")
+        if os.path.isfile(path):
+            return read_fabric_defaults(path)
+    raise LaunchError(f"fabric defaults {FABRICS_DIRNAME}/{name}.json not found (searched {', '.join(fabric_dirs(env))}); "
+                      "restore containers/sites/fabrics from the repository (the image copies it to /opt/ddp/sites)")
+
+
+def read_fabric_defaults(path: str) -> FabricDefaults:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"fabric defaults {path} cannot be read: {exc}; fix the file") from None
+    return parse_fabric_defaults(data, path)
+
+
+def parse_fabric_defaults(data: object, path: str) -> FabricDefaults:
+    """Validate the JSON document; every problem names the file and the key."""
+
+    def fail(what: str) -> LaunchError:
+        return LaunchError(f"bad fabric defaults {path}: {what}")
+
+    if not isinstance(data, dict):
+        raise fail("the top level must be a JSON object")
+    unknown = sorted(set(data) - {"schema", "name", "description", "env", "host_libraries"})
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(unknown)}")
+    if type(data.get("schema")) is not int or data["schema"] != 1:
+        raise fail(f"'schema' must be 1, got {data.get('schema')!r}")
+    name = data.get("name")
+    if name != os.path.basename(path)[:-len(".json")]:
+        raise fail(f"'name' is {name!r} but the file is named {os.path.basename(path)}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise fail("'description' must be a string")
+    env = data.get("env", {})
+    if not isinstance(env, dict):
+        raise fail("'env' must be an object of NAME: {\"value\": ..., \"source\": ...}")
+    libraries = data.get("host_libraries", [])
+    if not isinstance(libraries, list):
+        raise fail("'host_libraries' must be a list")
+    return FabricDefaults(
+        name=name,
+        description=description,
+        env=tuple(_default(key, item, fail) for key, item in env.items()),
+        host_libraries=tuple(_library(index, item, fail) for index, item in enumerate(libraries)),
+        path=path,
+    )
+
+
+def _default(key: str, item: object, fail) -> FabricDefault:
+    if not _VARIABLE.match(key):
+        raise fail(f"env name {key!r} is not a valid variable name")
+    if not isinstance(item, dict) or not {"value", "source"} <= set(item) <= {"value", "source", "when"}:
+        raise fail(f"env {key} must be {{\"value\": \"...\", \"source\": \"...\"}}, with an optional \"when\"")
+    value, source, when = item["value"], item["source"], item.get("when")
+    if not isinstance(value, str) or not isinstance(source, str) or not source:
+        raise fail(f"env {key}: 'value' and 'source' must be strings (source non-empty)")
+    if when is not None and when not in CONDITIONS:
+        raise fail(f"env {key}: 'when' must be one of {', '.join(CONDITIONS)}, got {when!r}")
+    return FabricDefault(key, value, source, when)
+
+
+def _library(index: int, item: object, fail) -> HostLibrary:
+    keys = {"label", "file", "kind", "required", "fix", "source"}
+    if not isinstance(item, dict) or set(item) != keys:
+        raise fail(f"host_libraries[{index}] must have exactly the keys {', '.join(sorted(keys))}")
+    if not all(isinstance(item[k], str) and item[k] for k in keys - {"required"}):
+        raise fail(f"host_libraries[{index}]: label, file, kind, fix and source must be non-empty strings")
+    if item["kind"] not in LIBRARY_KINDS:
+        raise fail(f"host_libraries[{index}]: 'kind' must be one of {', '.join(LIBRARY_KINDS)}")
+    if not isinstance(item["required"], bool):
+        raise fail(f"host_libraries[{index}]: 'required' must be true or false")
+    try:
+        re.compile(item["file"])
+    except re.error as exc:
+        raise fail(f"host_libraries[{index}]: 'file' is not a regular expression ({exc})") from None
+    return HostLibrary(item["label"], item["file"], item["kind"], item["required"], item["fix"], item["source"])

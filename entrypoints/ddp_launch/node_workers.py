@@ -1,0 +1,66 @@
+"""How many workers run on this node, on GPUs or on CPUs, and how many threads each gets.
+
+Precedence: --nproc-per-node > --cpu-workers / DDP_LAUNCH_CPU_WORKERS > the scheduler's
+count > the node's GPUs > one CPU worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddp_launch.envvars import Setting
+from ddp_launch.gpus import GpuCount
+from ddp_launch.options import LaunchOptions
+from ddp_launch.plan import EnvChange
+
+NO_GPU = "no GPU found"
+
+
+@dataclass(frozen=True)
+class Workers:
+    count: int
+    source: str
+    on_cpu: bool
+
+
+def workers_per_node(options: LaunchOptions, scheduler: Setting | None, gpus: GpuCount | None) -> Workers:
+    """Workers on this node: --nproc-per-node > --cpu-workers/env > scheduler > GPUs > 1 CPU worker."""
+    if options.nproc_per_node is not None:
+        return Workers(options.nproc_per_node, "--nproc-per-node", on_cpu=False)
+    if options.cpu_workers is not None:
+        return Workers(int(options.cpu_workers.value), options.cpu_workers.source, on_cpu=True)
+    if scheduler is not None:
+        return Workers(int(scheduler.value), scheduler.source, on_cpu=False)
+    if gpus is not None and gpus.count > 0:
+        return Workers(gpus.count, gpus.source, on_cpu=False)
+    return Workers(1, NO_GPU, on_cpu=True)
+
+
+def workers_env(workers: Workers, env: Mapping[str, str], cpu_count: int) -> tuple[EnvChange, ...]:
+    changes = []
+    if workers.on_cpu and workers.source != NO_GPU:
+        changes.append(EnvChange("CUDA_VISIBLE_DEVICES", "",
+                                 f"{workers.source}: workers run on CPU with gloo, GPUs hidden"))
+    if workers.count > 1 and "OMP_NUM_THREADS" not in env:
+        threads = max(1, cpu_count // workers.count)
+        changes.append(EnvChange("OMP_NUM_THREADS", str(threads),
+                                 f"unset; torchrun would force 1: {cpu_count} CPUs / {workers.count} workers"))
+    return tuple(changes)
+
+
+def task_threads(env: Mapping[str, str], cpus_per_task: int | None, cpu_count: int,
+                 tasks_here: int) -> tuple[EnvChange, ...]:
+    """OMP_NUM_THREADS for one SLURM task (no torchrun): the task's CPUs, else a share of the node's."""
+    if "OMP_NUM_THREADS" in env:
+        return ()
+    threads = cpus_per_task or max(1, cpu_count // tasks_here)
+    return (EnvChange("OMP_NUM_THREADS", str(threads),
+                      "unset; SLURM_CPUS_PER_TASK" if cpus_per_task
+                      else f"unset; {cpu_count} CPUs / {tasks_here} tasks"),)
+
+
+def worker_notes(workers: Workers) -> tuple[str, ...]:
+    if workers.source == NO_GPU:
+        return ("no GPU found: 1 CPU worker per node with gloo (set --cpu-workers N for more)",)
+    return (f"{workers.count} worker(s) per node from {workers.source}",)

@@ -1,0 +1,33 @@
+"""The schedulers ddp-launch knows, in the order auto detection tries them; adding one is adding a module.
+
+Every module has the same shape: MODES (the --mode names it plans), VARIABLES (question ->
+the variables that answer it, first set wins), detect(env), parse(env) -> a frozen job,
+head(job, options) -> the rendezvous host to look up (or None), and
+plan(job, options, env, facts) -> LaunchPlan (pure: the node was read into facts).
+
+Detection order (the first that matches wins; --mode / DDP_LAUNCH_MODE skips it):
+  1. torchrun    TORCHELASTIC_RUN_ID set: we are a torchrun worker; never nest torchrun.
+  2. slurm       SLURM_JOB_ID set. slurm-task if any node of the step runs more than
+                 one task (srun --ntasks-per-node=<GPUs>), else slurm-node (one torchrun
+                 per node). Every node computes the same answer from the step's layout.
+  3. kubeflow    PET_NNODES or PET_MASTER_ADDR set (RunAI, Kubeflow v1 and Trainer v2).
+  4. local       anything else: one machine, torchrun --standalone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import ModuleType
+
+from ddp_launch.schedulers import kubeflow, local, slurm, torchrun
+
+DETECTION_ORDER = (torchrun, slurm, kubeflow, local)
+
+
+def scheduler_for(mode: str, env: Mapping[str, str]) -> ModuleType:
+    """The module for --mode, or for "auto" the first in DETECTION_ORDER whose detect(env) holds."""
+    for scheduler in DETECTION_ORDER:
+        if mode in scheduler.MODES or (mode == "auto" and scheduler.detect(env)):
+            return scheduler
+    raise ValueError(f"no scheduler plans mode {mode!r}")  # options.merge_options checked it
+
