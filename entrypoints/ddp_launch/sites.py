@@ -114,13 +114,17 @@ def load_site(name: str, env: Mapping[str, str]) -> SiteProfile:
     )
 
 
-def read_profile(path: str) -> SiteProfile:
+def read_json_file(path: str, what: str) -> object:
+    """A JSON document (a site profile, the fabric defaults); one line naming the file when it is bad."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            return json.load(handle)
     except (OSError, ValueError) as exc:
-        raise LaunchError(f"site profile {path} cannot be read: {exc}; fix the file") from None
-    return parse_profile(data, path)
+        raise LaunchError(f"{what} {path} cannot be read: {exc}; fix the file") from None
+
+
+def read_profile(path: str) -> SiteProfile:
+    return parse_profile(read_json_file(path, "site profile"), path)
 
 
 def parse_profile(data: object, path: str) -> SiteProfile:

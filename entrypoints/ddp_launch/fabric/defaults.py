@@ -7,14 +7,13 @@ DDP_SITES_DIR of one's own profiles still gets the shipped fabric defaults.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.sites import sites_dirs
+from ddp_launch.sites import read_json_file, sites_dirs
 
 FABRICS_DIRNAME = "fabrics"
 # What a value's "when" may name; plan_fabric works out each one for the job and node.
@@ -81,12 +80,7 @@ def load_fabric_defaults(name: str, env: Mapping[str, str]) -> FabricDefaults:
 
 
 def read_fabric_defaults(path: str) -> FabricDefaults:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise LaunchError(f"fabric defaults {path} cannot be read: {exc}; fix the file") from None
-    return parse_fabric_defaults(data, path)
+    return parse_fabric_defaults(read_json_file(path, "fabric defaults"), path)
 
 
 def parse_fabric_defaults(data: object, path: str) -> FabricDefaults:
