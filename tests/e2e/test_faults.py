@@ -117,21 +117,38 @@ def test_with_max_restarts_torchrun_restarts_and_the_trainer_resumes(cluster, jo
     assert [r for r in _records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
 
 
-def test_a_rendezvous_that_never_completes_times_out_with_a_clear_message(cluster, tmp_path):
-    # Node 2 never starts its launcher: node 1 waits for a peer that never comes.
-    script = tmp_path / "one-node-missing.sh"
-    script.write_text("#!/bin/bash\nif [ \"$SLURM_NODEID\" = 1 ]; then sleep 300; fi\n"
+def _launch_with_one_launcher_missing(cluster, tmp_path, missing_node: int, rdzv_timeout_s: int):
+    """srun over both nodes where node `missing_node` never starts ddp-launch; (result, seconds taken)."""
+    script = tmp_path / "one-launcher-missing.sh"
+    script.write_text(f"#!/bin/bash\nif [ \"$SLURM_NODEID\" = {missing_node} ]; then sleep 300; fi\n"
                       "exec ddp-launch --cpu-workers 1 --script tests/e2e/workloads/allreduce.py\n")
     script.chmod(0o755)
     started = time.monotonic()
-
     done = cluster.run(["srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", str(script)],
-                       env={"DDP_LAUNCH_RDZV_TIMEOUT": "15"}, timeout=120)
+                       env={"DDP_LAUNCH_RDZV_TIMEOUT": str(rdzv_timeout_s)}, timeout=150)
+    return done, time.monotonic() - started
+
+
+def test_a_rendezvous_that_never_completes_times_out_with_a_clear_message(cluster, tmp_path):
+    # Node 2 never starts its launcher: node 1 waits for a peer that never comes.
+    done, seconds = _launch_with_one_launcher_missing(cluster, tmp_path, missing_node=1, rdzv_timeout_s=15)
 
     assert done.returncode != 0
-    assert time.monotonic() - started < 90
+    assert seconds < 90
     assert "ddp-launch: error: rendezvous at 10.77.0.11:" in done.stderr
     assert "timed out before all 2 node(s) joined" in done.stderr
+
+
+def test_a_node_whose_head_never_starts_gives_up_within_the_rendezvous_timeout(cluster, tmp_path):
+    # The head (node 0) never starts its launcher: node 1 keeps connecting to a port where
+    # nothing listens. Its wait was bounded by a 300 s store timeout, twice, not by the
+    # rendezvous timeout, and ended in C++ stack traces.
+    done, seconds = _launch_with_one_launcher_missing(cluster, tmp_path, missing_node=0, rdzv_timeout_s=10)
+
+    assert done.returncode != 0
+    assert seconds < 60
+    assert "ddp-launch: error: rendezvous store at 10.77.0.11:" in done.stderr
+    assert "frame #" not in done.stderr and "Traceback" not in done.stderr
 
 
 # USR2: what our scripts ask SLURM for before the time limit (forwarded by ddp-launch's agent).
