@@ -23,6 +23,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "e2e" / "cluster" / "cluster.sh"
 STATE = Path(os.environ.get("DDP_E2E_STATE", "/tmp/ddp-e2e-cluster"))
+# cluster.sh's names and addresses; the variables let one cluster per working tree coexist.
+PREFIX = os.environ.get("DDP_E2E_PREFIX", "ddpe2e")
+SUBNET = os.environ.get("DDP_E2E_SUBNET", "10.77.0")
 NODES = int(os.environ.get("DDP_E2E_NODES", "2"))
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -34,7 +37,7 @@ def _skip_reason() -> str | None:
     for tool in ("ip", "unshare", "nsenter", "munged", "slurmctld", "slurmd", "srun"):
         if shutil.which(tool) is None:
             return f"{tool} not installed (make sysdeps installs slurm-wlm, munge, iproute2)"
-    probe = "ddpe2e-probe"
+    probe = f"{PREFIX}-probe"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return f"ip netns is not possible here: {made.stderr.strip()}"
@@ -79,6 +82,15 @@ class Cluster:
     @property
     def node_names(self) -> list[str]:
         return [f"node{i}" for i in range(1, self.nodes + 1)]
+
+    @staticmethod
+    def address(node: str) -> str:
+        """A node's address on the cluster bridge: nodeK is SUBNET.(10+K), as cluster.sh sets it."""
+        return f"{SUBNET}.{10 + int(node.removeprefix('node'))}"
+
+    @staticmethod
+    def netns(node: str) -> str:
+        return f"{PREFIX}-{node}"
 
     def run(self, argv: list[str], timeout: float = 120, cwd: Path | None = None,
             env: dict | None = None) -> subprocess.CompletedProcess:

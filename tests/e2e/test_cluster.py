@@ -15,4 +15,4 @@ def test_node_names_resolve_to_their_own_addresses_inside_the_cluster(cluster):
     done = cluster.run(["srun", "-N1", "-w", "node2", "getent", "hosts", "node1", "node2"], timeout=60)
 
     assert done.returncode == 0
-    assert done.stdout.split() == ["10.77.0.11", "node1", "10.77.0.12", "node2"]
+    assert done.stdout.split() == [cluster.address("node1"), "node1", cluster.address("node2"), "node2"]

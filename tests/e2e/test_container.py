@@ -188,7 +188,7 @@ def test_two_runai_pods_rendezvous_across_two_nodes_and_train(cluster, sif, cifa
     runs.mkdir()
     for mount_point in ("mnt/data", "mnt/runs"):  # Kubernetes creates a volume's mount point
         (root / mount_point).mkdir(parents=True, exist_ok=True)
-    master = "10.77.0.11"  # RunAI gives MASTER_ADDR as the master pod's IP
+    master = cluster.address("node1")  # RunAI gives MASTER_ADDR as the master pod's IP
 
     pods = []
     for rank, node in enumerate(cluster.node_names):

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TRAIN_ARGS, sbatch_args
+from conftest import TRAIN_ARGS, Cluster, sbatch_args
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +30,7 @@ def _wait_for_epochs(cluster, run_dir: Path, count: int, timeout: float = 120) -
 
 def _kill_trainers(cluster, node: str) -> list[str]:
     """SIGKILL the trainer processes (torchrun's workers) in one node's namespace."""
-    pids = subprocess.run(["ip", "netns", "pids", f"ddpe2e-{node}"], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True, text=True).stdout.split()
     killed = []
     for pid in pids:
         try:
@@ -46,7 +46,7 @@ def _kill_trainers(cluster, node: str) -> list[str]:
 
 
 def _node_processes(node: str) -> list[tuple[str, list[bytes]]]:
-    pids = subprocess.run(["ip", "netns", "pids", f"ddpe2e-{node}"], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(["ip", "netns", "pids", Cluster.netns(node)], capture_output=True, text=True).stdout.split()
     found = []
     for pid in pids:
         try:
@@ -135,7 +135,7 @@ def test_a_rendezvous_that_never_completes_times_out_with_a_clear_message(cluste
 
     assert done.returncode != 0
     assert seconds < 90
-    assert "ddp-launch: error: rendezvous at 10.77.0.11:" in done.stderr
+    assert f"ddp-launch: error: rendezvous at {cluster.address('node1')}:" in done.stderr
     assert "timed out before all 2 node(s) joined" in done.stderr
 
 
@@ -147,7 +147,7 @@ def test_a_node_whose_head_never_starts_gives_up_within_the_rendezvous_timeout(c
 
     assert done.returncode != 0
     assert seconds < 60
-    assert "ddp-launch: error: rendezvous store at 10.77.0.11:" in done.stderr
+    assert f"ddp-launch: error: rendezvous store at {cluster.address('node1')}:" in done.stderr
     assert "frame #" not in done.stderr and "Traceback" not in done.stderr
 
 

@@ -2,24 +2,26 @@
 # A real SLURM 22.05 cluster on one machine: one network namespace per compute node.
 # Usage: cluster.sh up [N] | down | status | env | exec NODE CMD... (run as root).
 #
-# Layout (all names carry the "ddpe2e" prefix so nothing else is touched):
-#   bridge ddpe2e-br  10.77.0.1/24 in the root namespace: slurmctld, munged, clients
-#   netns  ddpe2e-nodeK, veth ddpe2e-vK <-> eth0  10.77.0.(10+K): "slurmd -N nodeK"
+# Layout (all names carry the prefix, default "ddpe2e", so nothing else is touched):
+#   bridge PREFIX-br  SUBNET.1/24 (default 10.77.0.1) in the root namespace: slurmctld, munged, clients
+#   netns  PREFIX-nodeK, veth PREFIX-vK <-> eth0  SUBNET.(10+K): "slurmd -N nodeK"
 #   state  $DDP_E2E_STATE (default /tmp/ddp-e2e-cluster): slurm.conf, logs, spool, pids
 # slurmd runs under its own UTS namespace (hostname nodeK) and its own mount
 # namespace, where a private hosts file is bound over /etc/hosts, so node names
 # resolve inside the cluster and the machine's /etc/hosts is never edited.
 # Clients: export SLURM_CONF="$DDP_E2E_STATE/etc/slurm.conf" (cluster.sh env prints it).
-# Ports: slurmctld 46817, slurmd 46818 (unlikely to collide with a real SLURM).
+# Ports: slurmctld 46817, slurmd 46818 by default (unlikely to collide with a real SLURM).
 set -euo pipefail
 
-readonly CLUSTER_NAME="ddpe2e"
-readonly PREFIX="ddpe2e"
+# DDP_E2E_PREFIX / DDP_E2E_SUBNET / DDP_E2E_PORT let several clusters coexist on one
+# machine (one per working tree); the defaults are the ones CI uses.
+readonly PREFIX="${DDP_E2E_PREFIX:-ddpe2e}"
+readonly CLUSTER_NAME="${PREFIX}"
 readonly BRIDGE="${PREFIX}-br"
-readonly SUBNET_PREFIX="10.77.0"
+readonly SUBNET_PREFIX="${DDP_E2E_SUBNET:-10.77.0}"
 readonly CONTROLLER_ADDR="${SUBNET_PREFIX}.1"
-readonly SLURMCTLD_PORT=46817
-readonly SLURMD_PORT=46818
+readonly SLURMCTLD_PORT="${DDP_E2E_PORT:-46817}"
+readonly SLURMD_PORT="$((SLURMCTLD_PORT + 1))"
 readonly STATE="${DDP_E2E_STATE:-/tmp/ddp-e2e-cluster}"
 readonly UP_TIMEOUT_S="${DDP_E2E_UP_TIMEOUT:-60}"
 SELF="$(readlink -f "${BASH_SOURCE[0]}")"
