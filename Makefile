@@ -103,30 +103,55 @@ GPU_DEF          := containers/gpu.def
 OLIVIA_ARGS      := --build-arg ARCH=arm64 --build-arg SITE=olivia
 X86_ARGS         := --build-arg ARCH=amd64
 
+# Bases: the NGC image from its registry; the e2e tests swap in a local SIF
+# (X86_BASE="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=base.sif").
+X86_BASE         ?= --build-arg BASE_IMAGE=$(NGC_PYTORCH)
+CPU_BASE         ?=
+# gpu.def's empty %arguments default (SITE=) is refused before Apptainer 1.3
+# ("Templating cannot handle empty values", apptainer#1584).
+APPTAINER_MIN    := 1.3
+
 define need_apptainer
 	@command -v $(APPTAINER) >/dev/null 2>&1 || { echo "error: '$(APPTAINER)' not found on PATH; on a cluster run 'module load apptainer', elsewhere install it (https://apptainer.org/docs/admin/main/installation.html)" >&2; exit 127; }
+	@v="$$($(APPTAINER) --version 2>/dev/null | sed -n 's/^[a-z]* version \([0-9][0-9.]*\).*/\1/p')"; \
+	 [ -n "$$v" ] && [ "$$(printf '%s\n' $(APPTAINER_MIN) "$$v" | sort -V | head -n 1)" = $(APPTAINER_MIN) ] \
+	 || { echo "error: $(APPTAINER) $${v:-of unknown version} is older than $(APPTAINER_MIN), which containers/*.def need (apptainer#1584): 'module load apptainer/$(APPTAINER_MIN)' or newer" >&2; exit 2; }
 endef
 
 # %test runs inside the image, so it is skipped when building arm64 on an x86_64 login node.
+# Apptainer opens a SIF only when its architecture can run on the host (CompatibleWith in
+# its image code: arm64 on amd64 needs binfmt_misc emulation), even for a build with no
+# %post. So there the pre-pulled arm64 SIF is unpacked to a sandbox directory first
+# (`apptainer sif list` finds its squashfs partition, `unsquashfs -o OFFSET` reads it in
+# place: neither checks the architecture); built on that, the SIF is arm64 all the same.
 build-olivia:
 	$(need_apptainer)
-	@if [ -f "$(OLIVIA_BASE_SIF)" ]; then base="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=$(OLIVIA_BASE_SIF)"; \
+	@set -e; notest=""; [ "$$(uname -m)" = aarch64 ] || notest="--notest"; \
+	 if [ -f "$(OLIVIA_BASE_SIF)" ] && [ "$$(uname -m)" != aarch64 ]; then \
+	   command -v unsquashfs >/dev/null || { echo "error: unsquashfs not found: install squashfs-tools (>= 4.5), or run 'make build-olivia-job' to build on a GH200 node" >&2; exit 127; }; \
+	   unpacked="$$(mktemp -d "$${TMPDIR:-/tmp}/olivia-base.XXXXXX")"; trap 'rm -rf "$$unpacked"' EXIT; \
+	   offset="$$($(APPTAINER) sif list "$(OLIVIA_BASE_SIF)" | awk -F'|' '/Squashfs/ { split($$4, at, "-"); print at[1] + 0; exit }')"; \
+	   [ -n "$$offset" ] || { echo "error: $(OLIVIA_BASE_SIF) has no squashfs partition ('$(APPTAINER) sif list' shows its parts)" >&2; exit 2; }; \
+	   rootfs="$$unpacked/$(basename $(notdir $(OLIVIA_BASE_SIF)))"; \
+	   echo "unpacking $(OLIVIA_BASE_SIF) (arm64) to $$rootfs: this x86_64 host cannot open an arm64 SIF"; \
+	   unsquashfs -no-xattrs -o "$$offset" -d "$$rootfs" "$(OLIVIA_BASE_SIF)" >/dev/null; \
+	   base="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=$$rootfs"; \
+	 elif [ -f "$(OLIVIA_BASE_SIF)" ]; then base="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=$(OLIVIA_BASE_SIF)"; \
 	 else base="--arch arm64 --build-arg BOOTSTRAP=docker --build-arg BASE_IMAGE=$(NGC_PYTORCH)"; fi; \
-	 notest=""; [ "$$(uname -m)" = aarch64 ] || notest="--notest"; \
 	 echo "building $(GPU_DEF) for Olivia ($(OLIVIA_ARGS), $$base) -> $(OLIVIA_SIF)"; \
 	 $(APPTAINER) build $(BUILD_FLAGS) $$notest $$base $(OLIVIA_ARGS) $(IMAGE_ARGS) "$(OLIVIA_SIF)" $(GPU_DEF)
 	@echo "SIF: $(OLIVIA_SIF)"
 
 build-x86:
 	$(need_apptainer)
-	@echo "building $(GPU_DEF) for x86_64 GPU nodes ($(X86_ARGS), $(NGC_PYTORCH)) -> $(X86_SIF)"
-	$(APPTAINER) build $(BUILD_FLAGS) --build-arg BASE_IMAGE=$(NGC_PYTORCH) $(X86_ARGS) $(IMAGE_ARGS) "$(X86_SIF)" $(GPU_DEF)
+	@echo "building $(GPU_DEF) for x86_64 GPU nodes ($(X86_ARGS), $(X86_BASE)) -> $(X86_SIF)"
+	$(APPTAINER) build $(BUILD_FLAGS) $(X86_BASE) $(X86_ARGS) $(IMAGE_ARGS) "$(X86_SIF)" $(GPU_DEF)
 	@echo "SIF: $(X86_SIF)"
 
 build-cpu:
 	$(need_apptainer)
 	@echo "building containers/cpu.def (CPU-only torch, native arch) -> $(CPU_SIF)"
-	$(APPTAINER) build $(BUILD_FLAGS) $(IMAGE_ARGS) "$(CPU_SIF)" containers/cpu.def
+	$(APPTAINER) build $(BUILD_FLAGS) $(CPU_BASE) $(IMAGE_ARGS) "$(CPU_SIF)" containers/cpu.def
 	@echo "SIF: $(CPU_SIF)"
 
 # Build on an aarch64 compute node instead (runs %test natively there).

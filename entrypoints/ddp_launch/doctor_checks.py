@@ -407,8 +407,15 @@ def check_dataset(ctx: DoctorContext) -> Check:
     return Check("dataset", OK, f"CIFAR-100 at {folder}")
 
 
+def check_image_mount(ctx: DoctorContext) -> Check:
+    from ddp_launch import image_mount
+    facts = image_mount.probe(ctx.env, proc=under(ctx.root, "/proc"), sys_block=under(ctx.root, "/sys/block"))
+    status, detail, fix = image_mount.describe(image_mount.classify(facts), facts.image)
+    return Check("image mount", status, detail, fix)
+
+
 def run_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
-    checks = [check_launch_plan(ctx), check_gpus(ctx), check_torch(ctx), check_cuda_driver(ctx),
+    checks = [check_launch_plan(ctx), check_image_mount(ctx), check_gpus(ctx), check_torch(ctx), check_cuda_driver(ctx),
               check_fabric_devices(ctx), check_fabric_settings(ctx)]
     checks.extend(check_host_libraries(ctx))
     checks.append(check_library_dependencies(ctx))

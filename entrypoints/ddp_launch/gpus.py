@@ -84,18 +84,27 @@ def granted_gpus(env: Mapping[str, str]) -> GpuGrant | None:
     return None
 
 
-def require_usable_gpus(grant: GpuGrant | None, driver_problem: str | None, on_kubernetes: bool) -> None:
+def require_usable_gpus(grant: GpuGrant | None, driver_problem: str | None, on_kubernetes: bool,
+                        gpu_device_files: int = 0) -> None:
     """Stop before launching when GPUs were granted but CUDA cannot see any.
 
     Without `apptainer run --nv` the container sees the scheduler's variables and even
     /dev/nvidia*, but not the driver's user-space libraries (Apptainer user guide, "GPU
     Support": --nv binds them in), so torch finds no GPU and the job would quietly train
-    on CPU with one gloo worker per granted GPU.
+    on CPU with one gloo worker per granted GPU. With --nv on a node without the NVIDIA
+    driver, Apptainer finds nothing to bind and says so only as a warning; the container
+    cannot tell the two apart (the real Apptainer 1.4 sets nothing for --nv), but the
+    host's /dev is bound either way: no /dev/nvidia* means no driver here to bind.
     """
     if grant is None or driver_problem is None:
         return
-    fix = ("check that the pod requests nvidia.com/gpu and the NVIDIA device plugin runs on the node"
-           if on_kubernetes else "run the image with `apptainer run --nv` (or `apptainer exec --nv`)")
+    if on_kubernetes:
+        fix = "check that the pod requests nvidia.com/gpu and the NVIDIA device plugin runs on the node"
+    elif gpu_device_files == 0:
+        fix = ("this node has no NVIDIA devices (/dev/nvidia*), so the host has no driver libraries for "
+               "Apptainer's --nv to bind: not a GPU node? Check the job's partition and --gpus")
+    else:
+        fix = "run the image with `apptainer run --nv` (or `apptainer exec --nv`)"
     raise LaunchError(f"{grant.source} granted {grant.count} GPU(s) but CUDA cannot use any here "
                       f"({driver_problem}): {fix}, or pass --cpu-workers N to train on CPU on purpose")
 

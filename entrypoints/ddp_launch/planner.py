@@ -80,7 +80,8 @@ def plan_launch(options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts
     launch = scheduler.plan(scheduler.parse(env), options, env, facts)
     grant = _granted_gpus_to_check(options, scheduler, env)
     if grant is not None:
-        gpus.require_usable_gpus(grant, facts.cuda_problem, on_kubernetes=scheduler is kubeflow)
+        gpus.require_usable_gpus(grant, facts.cuda_problem, on_kubernetes=scheduler is kubeflow,
+                                 gpu_device_files=facts.gpu_device_files)
     fabric = plan_fabric(FabricRequest(
         env=env,
         multi_node=launch.nodes > 1,

@@ -1,8 +1,12 @@
-"""Fixtures for the end-to-end tests: a real SLURM cluster in network namespaces.
+"""Fixtures for the end-to-end tests: a real SLURM cluster in network namespaces, with
+the real Apptainer on its nodes.
 
 The cluster is built once per session by tests/e2e/cluster/cluster.sh and always
 torn down; every command a test runs is logged with its output, so a failure
-explains itself (pyxis's bats helpers do the same).
+explains itself (pyxis's bats helpers do the same). The cluster's daemons and clients
+run in a Debian sid root (tests/e2e/apptainer_root.py) with the host paths the tests
+use bound in at the same paths: Cluster.run enters it as root, Cluster.sbatch and
+Cluster.as_user as the unprivileged test user, who runs Apptainer.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import apptainer_root
 import e2e_image as image
 import pytest
 
@@ -31,12 +36,17 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
+# The test user's login environment in the root (what a shell on a login node has).
+USER_HOME = f"/home/{apptainer_root.TEST_USER}"
+USER_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "needs root to build network namespaces and run slurmd"
-    for tool in ("ip", "unshare", "nsenter", "munged", "slurmctld", "slurmd", "srun"):
+    for tool in ("ip", "unshare", "nsenter", "pivot_root", "debootstrap"):
         if shutil.which(tool) is None:
-            return f"{tool} not installed (make sysdeps installs slurm-wlm, munge, iproute2)"
+            return f"{tool} not installed (make sysdeps installs iproute2, util-linux, debootstrap)"
     probe = f"{PREFIX}-probe"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
@@ -92,12 +102,31 @@ class Cluster:
     def netns(node: str) -> str:
         return f"{PREFIX}-{node}"
 
+    def in_root(self, argv: list, cwd: Path | None = None, user: bool = False) -> list[str]:
+        """argv run in the cluster's root (its mount namespace), as root or the test user."""
+        holder = (self.state / "run" / "holder.pid").read_text().strip()
+        # nsenter's --wd=DIR would open DIR out here, a directory the root cannot name;
+        # env -C changes to it inside.
+        enter = ["nsenter", f"--target={holder}", "--mount", "--root", "--wd", "env", "-C", str(cwd or REPO)]
+        if user:
+            enter += ["setpriv", f"--reuid={apptainer_root.TEST_UID}", f"--regid={apptainer_root.TEST_UID}",
+                      "--init-groups", "--"]
+        return enter + [str(a) for a in argv]
+
+    def user_env(self, env: dict | None = None) -> dict:
+        """The test user's login environment plus env: nothing of root's or pytest's."""
+        base = {"PATH": USER_PATH, "HOME": USER_HOME, "USER": apptainer_root.TEST_USER,
+                "LOGNAME": apptainer_root.TEST_USER, "LANG": "C.UTF-8", "SLURM_CONF": self.env["SLURM_CONF"]}
+        return {**base, **(env or {})}
+
     def run(self, argv: list[str], timeout: float = 120, cwd: Path | None = None,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-        _log("+ " + shlex.join(str(a) for a in argv))
-        merged = {**self.env, **(env or {})}
+            env: dict | None = None, user: bool = False) -> subprocess.CompletedProcess:
+        """argv in the cluster's root: as root with this session's environment, or as the
+        test user with user_env(env)."""
+        _log(("+ [user] " if user else "+ ") + shlex.join(str(a) for a in argv))
+        merged = self.user_env(env) if user else {**self.env, **(env or {})}
         try:
-            done = subprocess.run([str(a) for a in argv], cwd=cwd or REPO, env=merged,
+            done = subprocess.run(self.in_root(argv, cwd, user), env=merged,
                                   capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as expired:
             _log(f"+ timed out after {timeout}s\n{expired.stdout or ''}{expired.stderr or ''}")
@@ -105,13 +134,18 @@ class Cluster:
         _log(done.stdout + done.stderr + f"+ exit status: {done.returncode}")
         return done
 
+    def as_user(self, argv: list, timeout: float = 120, cwd: Path | None = None,
+                env: dict | None = None) -> subprocess.CompletedProcess:
+        return self.run(argv, timeout=timeout, cwd=cwd, env=env, user=True)
+
     def sbatch(self, argv: list[str], cwd: Path | None = None, env: dict | None = None) -> str:
-        done = self.run(["sbatch", "--parsable", *argv], cwd=cwd, env=env, timeout=30)
+        """Submitted by the test user (cluster users are not root; Apptainer refuses root here)."""
+        done = self.as_user(["sbatch", "--parsable", *argv], cwd=cwd, env=env, timeout=30)
         assert done.returncode == 0, f"sbatch failed: {done.stderr}"
         return done.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> Job:
-        done = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=self.env,
+        done = subprocess.run(self.in_root(["scontrol", "-o", "show", "job", job_id]), env=self.env,
                               capture_output=True, text=True, timeout=30)
         fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
         return Job(job_id, fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", ""), fields)
@@ -139,12 +173,12 @@ class Cluster:
         return self.run([CLUSTER_SH, "exec", node, *argv], timeout=timeout)
 
     def cancel_all(self) -> None:
-        subprocess.run(["scancel", "--full", "--partition=e2e"], env=self.env, capture_output=True,
-                       timeout=30)
+        subprocess.run(self.in_root(["scancel", "--full", "--partition=e2e"]), env=self.env,
+                       capture_output=True, timeout=30)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            queue = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True,
-                                   text=True, timeout=30)
+            queue = subprocess.run(self.in_root(["squeue", "-h", "-o", "%i"]), env=self.env,
+                                   capture_output=True, text=True, timeout=30)
             if not queue.stdout.strip():
                 return
             time.sleep(0.5)
@@ -163,10 +197,20 @@ def slurm_cluster():
     if reason:
         print(f"e2e: skipping, {reason}", file=sys.stderr)
         pytest.skip(reason)
+    try:
+        root = apptainer_root.build()
+    except image.ImageError as error:
+        pytest.fail(f"building the cluster's root failed: {error}")
+    _RAN["apptainer"] = f"{apptainer_root.apptainer_version(root)} (Debian sid root {root})"
+    # Host paths the root sees at the same paths: this checkout, and the Python that
+    # runs pytest (its venv's ddp-launch is srun directly by some tests).
+    binds = [str(REPO), sys.base_prefix, sys.prefix]
     env = {
         **os.environ,
         "SLURM_CONF": str(STATE / "etc" / "slurm.conf"),
         "DDP_E2E_STATE": str(STATE),
+        "DDP_E2E_ROOT": str(root),
+        "DDP_E2E_ROOT_BINDS": ":".join(binds),
         # The venv that runs pytest is what the nodes run: same filesystem.
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",
@@ -192,6 +236,15 @@ def cluster(slurm_cluster: Cluster, request):
     slurm_cluster.cancel_all()
 
 
+_RAN: dict = {}
+
+
+def pytest_terminal_summary(terminalreporter):
+    """`make test` says which Apptainer the e2e tests ran."""
+    if "apptainer" in _RAN:
+        terminalreporter.write_line(f"e2e: ran {_RAN['apptainer']}")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -200,58 +253,102 @@ def pytest_runtest_makereport(item, call):
         item.rep_call = report
 
 
-SHIM_BIN = REPO / "tests" / "e2e" / "bin"  # apptainer: the ch-run stand-in
+_VERSIONS: dict = {}
 
 
 @pytest.fixture(scope="session")
-def container_image() -> str:
-    """The image built by ch-image from containers/Dockerfile on the cached test base."""
-    reason = image.missing_tools()
-    if reason:
-        print(f"e2e: skipping container tests, {reason}", file=sys.stderr)
-        pytest.skip(f"container tests: {reason}")
+def images(slurm_cluster: Cluster) -> image.Sifs:
+    """The x86_64 and CPU images, built by `make build-x86` / `make build-cpu` with the real
+    `apptainer build` on the cached offline base SIF, by the test user; rebuilt when
+    anything they are built from changed (e2e_image.project_key)."""
     try:
-        return image.build()
+        sifs = image.build_sifs(lambda argv: slurm_cluster.as_user(argv, timeout=1200),
+                                lambda argv: slurm_cluster.run(argv, timeout=1200), apptainer_root.TEST_UID)
     except image.ImageError as error:
-        pytest.fail(f"building the e2e image failed: {error}")
+        pytest.fail(f"building the e2e images failed: {error}")
+    code = "import json, platform, torch; print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__}))"
+    for path in (sifs.x86, sifs.cpu):
+        done = slurm_cluster.as_user(["apptainer", "exec", path, "python3", "-c", code], timeout=300)
+        assert done.returncode == 0, done.stderr
+        _VERSIONS[str(path)] = json.loads(done.stdout.splitlines()[-1])
+    return sifs
 
 
 def container_versions(sif: Path) -> dict:
     """Python and torch as the image has them (they differ from this venv's: proof of where a run ran)."""
-    code = "import json, platform, torch; print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__}))"
-    done = subprocess.run([str(SHIM_BIN / "apptainer"), "exec", str(sif), "python3", "-c", code],
-                          cwd=sif.parent, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return _VERSIONS[str(sif)]
 
 
 @pytest.fixture
-def sif(container_image: str, tmp_path: Path) -> Path:
-    """What the job scripts take for a SIF: a file naming this test's copy of the image."""
-    return image.write_pointer(tmp_path / "train.sif", container_image)
+def sif(images: image.Sifs) -> Path:
+    """The SIF the job scripts take as DDP_IMAGE: gpu.def built for x86_64 (read-only, shared)."""
+    return images.x86
+
+
+@pytest.fixture(scope="session")
+def runai_image() -> str:
+    """The Charliecloud image built by ch-image from containers/Dockerfile on the cached
+    test base: the RunAI pod path, which has no Apptainer."""
+    reason = image.missing_tools()
+    if reason:
+        print(f"e2e: skipping RunAI pod tests, {reason}", file=sys.stderr)
+        pytest.skip(f"RunAI pod tests: {reason}")
+    try:
+        return image.build()
+    except image.ImageError as error:
+        pytest.fail(f"building the e2e Charliecloud image failed: {error}")
+
+
+@pytest.fixture
+def runai_root(runai_image: str, tmp_path: Path) -> Path:
+    """This test's own hard-linked copy of the Charliecloud image tree."""
+    return image.charliecloud_copy(tmp_path / "runai.image", runai_image)
+
+
 TRAIN_ARGS = "--epochs 2 --batch-size 64 --width-scale 0.25 --allow-unverified-data"
 
 
 @pytest.fixture(scope="session")
 def cifar_data(tmp_path_factory) -> Path:
-    """Small CIFAR-100-format data, as `make data` would stage it (generated, learnable)."""
+    """Small CIFAR-100-format data, as `make data` would stage it (generated, learnable),
+    readable by the test user."""
     out = tmp_path_factory.mktemp("data")
     subprocess.run([sys.executable, "-m", "ddp_train.synthetic", str(out), "--train", "512",
                     "--test", "128", "--seed", "1"], check=True, capture_output=True, timeout=120)
+    subprocess.run(["chmod", "-R", "o+rX", str(out)], check=True)
+    _reachable(out)
     return out
+
+
+def _reachable(path: Path) -> None:
+    """pytest makes its directories 0700: let the test user through them."""
+    for parent in path.parents:
+        if parent == Path("/tmp") or parent == Path("/"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o001)
+
+
+def user_dir(path: Path) -> Path:
+    """path (made if missing) owned by the test user, who runs the jobs."""
+    path.mkdir(parents=True, exist_ok=True)
+    _reachable(path)
+    os.chown(path, apptainer_root.TEST_UID, apptainer_root.TEST_UID)
+    return path
 
 
 @pytest.fixture
 def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> dict:
     """What a user sets before sbatch of a slurm/ script, pointed at this test's dirs.
 
-    apptainer is the ch-run stand-in, so every step runs in a container of the image
-    built from the real recipe; the site is "generic" (this machine has no Slingshot
-    libraries to bind); GPUs are not requested (sbatch --gpus-per-node=0), so
-    ddp-launch runs 2 CPU workers.
+    Cluster.sbatch submits as the test user, whose login PATH has the real apptainer,
+    so every step runs `apptainer run --nv` of the SIF built by `make build-x86`; tmp_path
+    is the user's. The site is "generic" (this machine has no Slingshot libraries to
+    bind); GPUs are not requested (sbatch --gpus-per-node=0), so ddp-launch runs 2 CPU
+    workers.
     """
+    user_dir(tmp_path)
     return {
-        "PATH": f"{SHIM_BIN}{os.pathsep}{cluster.env['PATH']}",
+        "PATH": USER_PATH,
         "DDP_REPO": str(REPO),
         "DDP_IMAGE": str(sif),
         "DDP_SITE": "generic",

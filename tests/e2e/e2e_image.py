@@ -1,11 +1,14 @@
-"""Build the e2e test image with Charliecloud from the real recipe, caching the slow layers.
+"""The e2e test images, built from the real recipes on an offline base, caching the slow part.
 
-The project image is `ch-image build` of containers/Dockerfile (generated from
-containers/gpu.def, x86_64) with only BASE_IMAGE swapped for an offline test base:
-debootstrap's Debian + python3 + torch/numpy from the pip sources this machine is
-configured with. The base is built once per recipe hash and kept in ch-image's storage
-as ddp-e2e-base:<hash>; the project layer is rebuilt on every call (seconds).
-Usage: python tests/e2e/e2e_image.py build   (prints the image name; `make e2e-image`)
+The base: debootstrap's Debian + python3 + torch/torchvision/numpy from the pip sources
+this machine is configured with, built once per recipe hash into
+- base-<hash>.sif by the real `apptainer build base.sif DIR/` (in the cluster's root,
+  tests/e2e/apptainer_root.py), the base of `make build-x86` (containers/gpu.def) and
+  `make build-cpu` (containers/cpu.def) with only BOOTSTRAP/BASE_IMAGE swapped
+  (build_sifs; our layer is rebuilt every session);
+- ch-image's storage as ddp-e2e-base:<hash>, the base of `ch-image build` of
+  containers/Dockerfile: the RunAI pod path, which has no Apptainer (build).
+Usage: python tests/e2e/e2e_image.py build   (the Charliecloud image; `make e2e-image`)
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ CH_PYTHON = "/usr/bin/python3"
 # of nvidia-* wheels, which made every build copy 5.7 GiB); the pip sources configured
 # here carry a CPU wheel. Override with DDP_E2E_TORCH, e.g. "torch==2.14.1".
 TORCH = os.environ.get("DDP_E2E_TORCH", "torch==2.13.0+cpu")
-RECIPE_VERSION = 1  # bump when the steps below change
+TORCHVISION = os.environ.get("DDP_E2E_TORCHVISION", "torchvision==0.28.0")  # the one for torch 2.13
+RECIPE_VERSION = 2  # bump when the steps below change
 
 
 class ImageError(RuntimeError):
@@ -58,6 +62,10 @@ class BaseRecipe:
     @property
     def tag(self) -> str:
         return f"ddp-e2e-base:{self.key()}"
+
+    @property
+    def sif(self) -> Path:
+        return CACHE / f"base-{self.key()}.sif"
 
 
 def missing_tools() -> str | None:
@@ -119,7 +127,7 @@ def local_pip_sources(pip_conf: str) -> list[str]:
 
 def base_recipe() -> BaseRecipe:
     return BaseRecipe(suite="bookworm", mirror=debian_mirror(), packages=("python3", "python3-pip"),
-                      pip_packages=(TORCH, "numpy"), pip_conf=pip_configuration())
+                      pip_packages=(TORCH, TORCHVISION, "numpy"), pip_conf=pip_configuration())
 
 
 def _log(message: str) -> None:
@@ -150,8 +158,9 @@ def stored_images() -> set[str]:
     return set(ch_image("list", step="ch-image list").split())
 
 
-def build_base(recipe: BaseRecipe) -> None:
-    """debootstrap + pip into a tree, then import it as recipe.tag (the slow, cached part)."""
+def build_base(recipe: BaseRecipe, in_root=None) -> None:
+    """debootstrap + pip into a tree, then import it as recipe.tag and, given in_root (runs
+    argv in the cluster's root as root), build it as recipe.sif (the slow, cached part)."""
     tree = CACHE / f"base-{recipe.key()}"
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
@@ -180,8 +189,26 @@ def build_base(recipe: BaseRecipe) -> None:
           "--break-system-packages", "--root-user-action=ignore", *recipe.pip_packages],
          f"pip install {' '.join(recipe.pip_packages)}", logs / "pip.log",
          env={"PIP_CONFIG_FILE": "/etc/pip.conf"})
+    # Like python:3.12-slim, cpu.def's default base: its %post may pip install (PEP 668).
+    for marker in (tree / "usr/lib").glob("python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
     ch_image("import", str(tree), recipe.tag, step=f"ch-image import {recipe.tag}", log=logs / "import.log")
+    if in_root is not None:
+        # A directory with no %post needs no container: root may build it here.
+        partial = recipe.sif.with_suffix(".partial")
+        _checked(in_root(["apptainer", "build", "--force", partial, f"{tree}/"]),
+                 f"apptainer build {recipe.sif.name}", logs / "base-sif.log")
+        partial.rename(recipe.sif)
     shutil.rmtree(tree)
+
+
+def _checked(done: subprocess.CompletedProcess, step: str, log: Path | None = None) -> str:
+    if log is not None:
+        log.write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise ImageError(f"{step} failed (exit {done.returncode}):\n{tail}")
+    return done.stdout
 
 
 def empty_default_arguments(dockerfile: str) -> list[str]:
@@ -190,8 +217,8 @@ def empty_default_arguments(dockerfile: str) -> list[str]:
     return [word for name in re.findall(r'^ARG (\w+)=""$', dockerfile, re.M) for word in ("--build-arg", f"{name}=")]
 
 
-def build(rebuild_base: bool = False) -> str:
-    """The project image's name in STORAGE, built on the cached base; one build at a time."""
+def ensure_base(in_root=None, rebuild_base: bool = False) -> BaseRecipe:
+    """The cached base (ch-image tag, and the SIF when in_root is given), built when missing."""
     reason = missing_tools()
     if reason:
         raise ImageError(reason)
@@ -199,12 +226,109 @@ def build(rebuild_base: bool = False) -> str:
     with open(CACHE / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         recipe = base_recipe()
-        if rebuild_base or recipe.tag not in stored_images():
+        if rebuild_base or recipe.tag not in stored_images() or (in_root is not None and not recipe.sif.exists()):
             _log(f"building base {recipe.tag} (once per recipe: debootstrap {recipe.suite}, "
                  f"pip install {' '.join(recipe.pip_packages)})")
-            build_base(recipe)
+            build_base(recipe, in_root)
         else:
             _log(f"reusing base {recipe.tag}")
+    return recipe
+
+
+# The Makefile's --fakeroot, and lz4 instead of mksquashfs's gzip: a session's images are
+# thrown away, so packing speed matters more than size (squashfuse and the kernel read both).
+TEST_BUILD_FLAGS = "--fakeroot --mksquashfs-args '-comp lz4'"
+
+
+@dataclass(frozen=True)
+class Sifs:
+    x86: Path  # make build-x86: containers/gpu.def, ARCH=amd64, SITE empty
+    cpu: Path  # make build-cpu: containers/cpu.def (its %post runs, with --fakeroot)
+
+
+# What `make build-x86` / `make build-cpu` read: the definitions, the Makefile, and the
+# directories their %files copy from.
+PROJECT_INPUTS = ("Makefile", "pyproject.toml", "containers", "entrypoints", "src", "runai")
+KEEP_UNUSED_S = 2 * 24 * 3600  # built images of other checkouts kept this long
+
+
+def project_key(recipe: BaseRecipe, apptainer: str) -> str:
+    """A hash of everything the project layer is built from (so an unchanged checkout reuses it)."""
+    digest = hashlib.sha256(json.dumps([recipe.key(), apptainer, TEST_BUILD_FLAGS]).encode())
+    for name in PROJECT_INPUTS:
+        top = REPO / name
+        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix in (".pyc", ".sif"):
+                continue
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build_sifs(as_user, in_root, user: int) -> Sifs:
+    """`make build-x86` and `make build-cpu` by the test user (uid user; as_user runs argv in
+    the cluster's root as that user), on the cached base SIF: only BOOTSTRAP and BASE_IMAGE
+    differ. Kept by a hash of their inputs, so a run with no change to them builds nothing."""
+    recipe = ensure_base(in_root)
+    version = _checked(in_root(["apptainer", "--version"]), "apptainer --version").strip()
+    out = CACHE / f"sifs-{project_key(recipe, version)}"
+    sifs = Sifs(x86=out / "train-x86_64.sif", cpu=out / "train-cpu.sif")
+    with open(CACHE / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.is_dir():
+            _log(f"reusing {out} (no change to {', '.join(PROJECT_INPUTS)})")
+            os.utime(out)
+            return sifs
+        for old in CACHE.glob("sifs-*"):
+            if time.time() - old.stat().st_mtime > KEEP_UNUSED_S:
+                shutil.rmtree(old, ignore_errors=True)
+        partial = CACHE / f"building-{out.name}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        os.chown(partial, user, user)
+        base = f"--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE={recipe.sif}"
+        for target, variable, path in (("build-x86", "X86", sifs.x86), ("build-cpu", "CPU", sifs.cpu)):
+            started = time.monotonic()
+            _checked(as_user(["make", "--no-print-directory", target, f"{variable}_SIF={partial / path.name}",
+                              f"{variable}_BASE={base}", f"BUILD_FLAGS={TEST_BUILD_FLAGS}"]),
+                     f"make {target}", CACHE / "logs" / f"{target}.log")
+            _log(f"make {target}: {time.monotonic() - started:.0f} s")
+        partial.rename(out)
+    return sifs
+
+
+def arm64_base(in_root) -> Path:
+    """An offline stand-in for Olivia's pre-pulled NGC SIF: an arm64 Debian, unpacked by
+    `debootstrap --foreign` (no arm64 program runs here), made a SIF by the real
+    `apptainer build` as root (a directory with no %post needs no container). Cached by recipe."""
+    mirror = debian_mirror()
+    key = hashlib.sha256(json.dumps(["arm64", "bookworm", mirror, RECIPE_VERSION]).encode()).hexdigest()[:16]
+    sif = CACHE / f"base-arm64-{key}.sif"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if sif.exists():
+            return sif
+        tree = CACHE / f"base-arm64-{key}"
+        shutil.rmtree(tree, ignore_errors=True)
+        logs = CACHE / "logs"
+        logs.mkdir(exist_ok=True)
+        _run(["debootstrap", "--foreign", "--arch=arm64", "--variant=minbase", "bookworm", str(tree), mirror],
+             "debootstrap --foreign --arch=arm64", logs / "debootstrap-arm64.log")
+        partial = sif.with_suffix(".partial")
+        _checked(in_root(["apptainer", "build", "--force", partial, f"{tree}/"]), f"apptainer build {sif.name}",
+                 logs / "base-arm64-sif.log")
+        partial.rename(sif)
+        shutil.rmtree(tree)
+    return sif
+
+
+def build(rebuild_base: bool = False) -> str:
+    """The Charliecloud project image's name in STORAGE (the RunAI pod path), built on the
+    cached base; one build at a time."""
+    recipe = ensure_base(rebuild_base=rebuild_base)
+    with open(CACHE / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         ch_image("build", "--no-cache", "--build-arg", f"BASE_IMAGE={recipe.tag}",
                  *empty_default_arguments((REPO / DOCKERFILE).read_text()), "-t", IMAGE_NAME,
                  "-f", str(REPO / DOCKERFILE), str(REPO), step=f"ch-image build {DOCKERFILE}",
@@ -212,16 +336,12 @@ def build(rebuild_base: bool = False) -> str:
     return IMAGE_NAME
 
 
-def write_pointer(path: Path, name: str = IMAGE_NAME) -> Path:
-    """The file the job scripts see as the image (`[ -f "$DDP_IMAGE" ]`), next to this
-    test's own view of the image: a hard-linked copy (seconds, no data copied), so the
-    bind points the apptainer stand-in creates never leak into another test."""
-    root = path.parent / f"{path.stem}.image"
+def charliecloud_copy(root: Path, name: str = IMAGE_NAME) -> Path:
+    """A test's own view of the Charliecloud image: a hard-linked copy (seconds, no data
+    copied), so the mount points a test creates never leak into another test."""
     shutil.rmtree(root, ignore_errors=True)
     _run(["cp", "-al", str(STORAGE / "img" / name), str(root)], f"hard-linked copy of {name}")
-    path.write_text(json.dumps({"charliecloud_root": str(root), "definition": str(REPO / DEFINITION),
-                                "dockerfile": str(REPO / DOCKERFILE)}) + "\n")
-    return path
+    return root
 
 
 def main(argv: list[str]) -> int:

@@ -1,7 +1,6 @@
-"""The image built from the real recipe, run in real containers (Charliecloud's ch-run).
-
-Apptainer paths go through tests/e2e/bin/apptainer; the RunAI path runs the Dockerfile's
-ENTRYPOINT rule the way Kubernetes does, one container per "pod" in each node's namespaces.
+"""The images built by the real `apptainer build` from containers/gpu.def, run by the real
+Apptainer as the cluster's test user; the RunAI path runs the Dockerfile's ENTRYPOINT rule
+the way Kubernetes does, one Charliecloud container per "pod" in each node's namespaces.
 """
 import json
 import os
@@ -13,67 +12,51 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER_SH, REPO, SHIM_BIN
+from conftest import CLUSTER_SH, REPO, container_versions, user_dir
 
-sys.path.insert(0, str(REPO / "containers"))
 sys.path.insert(0, str(REPO / "tests" / "unit" / "fabric"))
-from deffile import sections  # noqa: E402
 from elf_tree import build_fake_olivia_host  # noqa: E402  (helper-1's fake Cray EX host tree)
 
 pytestmark = pytest.mark.e2e
 
-APPTAINER = SHIM_BIN / "apptainer"
-DEFINITION = REPO / "containers" / "gpu.def"
 DOCKERFILE = REPO / "containers" / "Dockerfile"
 SUBMIT = REPO / "runai" / "submit.sh"
 
 
-def _host_env(**extra: str) -> dict:
-    """This machine's environment without any SLURM job or site settings leaking in."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "DDP_", "EBROOT", "APPTAINER", "CUDA_VISIBLE", "RUNAI_", "PET_"))}
-    return {**env, **extra}
+def apptainer(cluster, args: list, cwd: Path, env: dict | None = None, timeout: float = 300):
+    """The real apptainer, run by the test user in a login environment plus env."""
+    return cluster.as_user(["apptainer", *args], env=env, cwd=user_dir(cwd), timeout=timeout)
 
 
-def apptainer(args: list, env: dict, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    print("+ apptainer " + shlex.join(str(a) for a in args), flush=True)
-    done = subprocess.run([str(APPTAINER), *map(str, args)], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
-    print(done.stdout + done.stderr + f"+ exit status: {done.returncode}", flush=True)
-    return done
+# --- %test: `apptainer test` (Apptainer user guide, "Definition Files", %test) --------
 
-
-# --- %test ---------------------------------------------------------------------------
-
-def _run_test_section(sif: Path, tmp_path: Path, **extra_env: str) -> subprocess.CompletedProcess:
-    # Apptainer runs %test as /bin/sh in the built image, with the host environment and no --nv.
-    body = sections(DEFINITION.read_text())["test"]
-    return apptainer(["exec", sif, "/bin/sh", "-c", body], _host_env(**extra_env), tmp_path)
-
-
-def test_the_test_section_passes_in_the_built_image(sif, tmp_path):
-    done = _run_test_section(sif, tmp_path)
+def test_apptainer_test_passes_on_the_built_image(cluster, sif, tmp_path):
+    done = apptainer(cluster, ["test", sif], tmp_path)
 
     assert done.returncode == 0, done.stderr
+    assert "OK" in done.stdout and "trainer" in done.stdout
 
 
-def test_the_test_section_passes_inside_a_slurm_build_job_without_gpus(sif, tmp_path):
-    # `make build-olivia-job`: apptainer build runs %test inside a GPU job, without --nv.
-    done = _run_test_section(sif, tmp_path, SLURM_JOB_ID="4242", SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1",
-                             SLURM_NODELIST="gpu-1-1", SLURM_JOB_NODELIST="gpu-1-1", SLURM_GPUS_ON_NODE="4",
-                             SLURM_JOB_GPUS="0,1,2,3", CUDA_VISIBLE_DEVICES="0,1,2,3", SLURM_PROCID="0",
-                             SLURM_NTASKS="1", SLURM_CPUS_ON_NODE="72")
+def test_apptainer_test_passes_inside_a_slurm_job_without_gpus(cluster, sif, tmp_path):
+    # `make build-olivia-job`: %test runs inside a GPU build job, without --nv; the job's
+    # GPU variables are in the environment, no driver library is in the image.
+    done = cluster.as_user(["srun", "-N1", "--partition=e2e", "apptainer", "test", sif], cwd=user_dir(tmp_path),
+                           env={"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, timeout=300)
 
     assert done.returncode == 0, done.stderr
+    assert "trainer" in done.stdout
 
 
-def test_the_test_section_fails_on_an_image_missing_the_trainer(sif, tmp_path):
-    root = Path(json.loads(sif.read_text())["charliecloud_root"])
-    (root / "opt/ddp/python/ddp_train/train.py").unlink()  # this test's own hard-linked copy only
+def test_apptainer_test_fails_on_an_image_missing_the_trainer(cluster, sif, tmp_path):
+    sandbox = user_dir(tmp_path) / "sandbox"
+    built = apptainer(cluster, ["build", "--sandbox", sandbox, sif], tmp_path)
+    assert built.returncode == 0, built.stderr
+    (sandbox / "opt/ddp/python/ddp_train/train.py").unlink()
 
-    done = _run_test_section(sif, tmp_path)
+    done = apptainer(cluster, ["test", sandbox], tmp_path)
 
     assert done.returncode != 0
+    assert "ddp_train.train does not import" in done.stdout
 
 
 # --- the fabric closure: real ELF files bound in, loaded by the doctor in the container ---
@@ -86,20 +69,24 @@ def _doctor_line(output: str, check: str) -> str:
 
 @pytest.fixture
 def olivia_host(tmp_path):
-    host = build_fake_olivia_host(tmp_path / "host")
+    host = build_fake_olivia_host(user_dir(tmp_path) / "host")
+    subprocess.run(["chmod", "-R", "o+rX", str(host["root"])], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDP_"))}
     done = subprocess.run([sys.executable, "-m", "ddp_launch", "binds", "--site", "olivia", "--root",
-                           str(host["root"])], env=_host_env(PYTHONPATH=str(REPO / "entrypoints")),
+                           str(host["root"])], env={**env, "PYTHONPATH": str(REPO / "entrypoints")},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     print(done.stderr)
     return host, done.stdout.strip()
 
 
-def test_host_libraries_and_their_dependencies_load_inside_the_container(sif, tmp_path, olivia_host):
+def test_host_libraries_and_their_dependencies_load_inside_the_container(cluster, sif, tmp_path, olivia_host):
+    # The bind targets (/opt/host-libs/...) do not exist in the image: Apptainer creates
+    # them ("Bind Paths and Mounts": the destination need not exist in the container).
     host, binds = olivia_host
 
-    done = apptainer(["exec", sif, "ddp-launch", "doctor", "--site", "olivia", "--offline"],
-                     _host_env(APPTAINER_BIND=binds), tmp_path)
+    done = apptainer(cluster, ["exec", sif, "ddp-launch", "doctor", "--site", "olivia", "--offline"], tmp_path,
+                     {"APPTAINER_BIND": binds})
 
     line = _doctor_line(done.stdout, "library dependencies")
     assert line.startswith("OK"), done.stdout
@@ -108,17 +95,17 @@ def test_host_libraries_and_their_dependencies_load_inside_the_container(sif, tm
     assert _doctor_line(done.stdout, "libfabric").startswith("OK")
 
 
-def test_a_dependency_left_unbound_is_named_by_the_doctor_inside_the_container(sif, tmp_path, olivia_host):
+def test_a_dependency_left_unbound_is_named_by_the_doctor_inside_the_container(cluster, sif, tmp_path, olivia_host):
     _, binds = olivia_host
     kept = ",".join(b for b in binds.split(",") if not b.endswith(":/opt/host-libs/libfakenl-3.so.200"))
     assert kept != binds
 
-    done = apptainer(["exec", sif, "ddp-launch", "doctor", "--site", "olivia", "--offline"],
-                     _host_env(APPTAINER_BIND=kept, SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2",
-                               SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]", SLURM_STEP_ID="0",
-                               SLURM_STEP_NODELIST="node[1-2]", SLURM_STEP_NUM_NODES="2",
-                               SLURM_STEP_NUM_TASKS="2", SLURM_STEP_TASKS_PER_NODE="1(x2)",
-                               SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0"), tmp_path)
+    done = apptainer(cluster, ["exec", sif, "ddp-launch", "doctor", "--site", "olivia", "--offline"], tmp_path,
+                     dict(APPTAINER_BIND=kept, SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2",
+                          SLURM_NNODES="2", SLURM_JOB_NODELIST="node[1-2]", SLURM_STEP_ID="0",
+                          SLURM_STEP_NODELIST="node[1-2]", SLURM_STEP_NUM_NODES="2",
+                          SLURM_STEP_NUM_TASKS="2", SLURM_STEP_TASKS_PER_NODE="1(x2)",
+                          SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0"))
 
     line = _doctor_line(done.stdout, "library dependencies")
     assert line.startswith("FAIL"), done.stdout
@@ -126,23 +113,40 @@ def test_a_dependency_left_unbound_is_named_by_the_doctor_inside_the_container(s
     assert done.returncode != 0
 
 
-# --- granted GPUs without --nv -------------------------------------------------------
+# --- granted GPUs, a node without them -------------------------------------------
 
-def test_a_gpu_job_run_without_nv_stops_in_one_line_naming_nv(sif, tmp_path):
-    # The image's runscript and the real CUDA probe (no driver library in this container).
-    job = dict(SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_JOB_NODELIST="node1", SLURM_STEP_NODELIST="node1",
+GPU_JOB = dict(SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_JOB_NODELIST="node1", SLURM_STEP_NODELIST="node1",
                SLURM_STEP_NUM_NODES="1", SLURM_STEP_TASKS_PER_NODE="1", SLURM_NODEID="0",
                SLURMD_NODENAME="node1", SLURM_GPUS_ON_NODE="4")
 
-    done = apptainer(["run", sif, "--dry-run"], _host_env(**job), tmp_path)
+
+def _errors(done) -> list:
+    return [line for line in done.stderr.splitlines() if not line.startswith(("INFO:", "WARNING:"))]
+
+
+def test_a_gpu_job_run_without_nv_stops_in_one_line_naming_nv(cluster, sif, tmp_path):
+    # The image's runscript and the real CUDA probe (no driver library in this container).
+    done = apptainer(cluster, ["run", sif, "--dry-run"], tmp_path, GPU_JOB)
 
     assert done.returncode == 2
-    errors = [line for line in done.stderr.splitlines() if not line.startswith("INFO:")]
+    errors = _errors(done)
     assert len(errors) == 1 and errors[0].startswith("ddp-launch: error: SLURM_GPUS_ON_NODE=4 granted 4 GPU(s)")
     assert "apptainer run --nv" in errors[0]
 
-    done = apptainer(["run", sif, "--dry-run", "--cpu-workers", "2"], _host_env(**job), tmp_path)
+    done = apptainer(cluster, ["run", sif, "--dry-run", "--cpu-workers", "2"], tmp_path, GPU_JOB)
     assert done.returncode == 0 and "--nproc-per-node=2" in done.stdout
+
+
+def test_a_gpu_job_run_with_nv_on_a_host_without_the_driver_says_so_not_to_add_nv(cluster, sif, tmp_path):
+    # --nv binds the host's NVIDIA libraries (Apptainer user guide, "GPU Support"); this
+    # host has none, so the advice is about the node, not about a flag the user gave.
+    done = apptainer(cluster, ["run", "--nv", sif, "--dry-run"], tmp_path, GPU_JOB)
+
+    assert done.returncode == 2
+    errors = _errors(done)
+    assert len(errors) == 1 and errors[0].startswith("ddp-launch: error: SLURM_GPUS_ON_NODE=4 granted 4 GPU(s)")
+    assert "apptainer run --nv`" not in errors[0]
+    assert "no NVIDIA driver libraries" in errors[0]
 
 
 # --- RunAI: the Docker recipe's ENTRYPOINT + what submit.sh passes, one container per pod ---
@@ -167,8 +171,9 @@ def submitted_runai_argv(tmp_path: Path, *trainer_args: str) -> list:
     stub.parent.mkdir()
     stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "{record}"\n')
     stub.chmod(0o755)
-    env = _host_env(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}", RUNAI_IMAGE="registry.example/ddp:1",
-                    RUNAI_WORKERS="1", RUNAI_GPUS="0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDP_", "RUNAI_", "PET_"))}
+    env.update(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}", RUNAI_IMAGE="registry.example/ddp:1",
+               RUNAI_WORKERS="1", RUNAI_GPUS="0")
     done = subprocess.run(["bash", str(SUBMIT), *trainer_args], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return record.read_text().split("\0")[:-1]
@@ -179,11 +184,11 @@ def image_env(root: Path) -> dict:
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
-def test_two_runai_pods_rendezvous_across_two_nodes_and_train(cluster, sif, cifar_data, tmp_path):
+def test_two_runai_pods_rendezvous_across_two_nodes_and_train(cluster, runai_root, sif, cifar_data, tmp_path):
     argv = pod_argv(dockerfile_entrypoint(),
                     submitted_runai_argv(tmp_path, "--epochs", "1", "--batch-size", "64", "--width-scale", "0.25",
                                          "--allow-unverified-data"))
-    root = Path(json.loads(sif.read_text())["charliecloud_root"])
+    root = runai_root
     runs = tmp_path / "runs"
     runs.mkdir()
     for mount_point in ("mnt/data", "mnt/runs"):  # Kubernetes creates a volume's mount point
@@ -222,10 +227,5 @@ def test_two_runai_pods_rendezvous_across_two_nodes_and_train(cluster, sif, cifa
     summary = [r for r in records if r["type"] == "summary"][-1]
     assert summary["world_size"] == 4 and summary["nodes"] == 2
     run = [r for r in records if r["type"] == "run"][-1]
-    assert run["versions"]["torch"] == container_torch(sif, tmp_path)
-
-
-def container_torch(sif: Path, cwd: Path) -> str:
-    done = apptainer(["exec", sif, "python3", "-c", "import torch; print(torch.__version__)"], _host_env(), cwd)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    # Built from the same base as the SIF: the same torch.
+    assert run["versions"]["torch"] == container_versions(sif)["torch"]

@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
-# A real SLURM 22.05 cluster on one machine: one network namespace per compute node.
-# Usage: cluster.sh up [N] | down | status | env | exec NODE CMD... (run as root).
+# A real SLURM cluster on one machine: one network namespace per compute node, every
+# daemon inside a root of its own (DDP_E2E_ROOT: Debian sid with SLURM, munge and the
+# real Apptainer, built by tests/e2e/apptainer_root.py).
+# Usage: cluster.sh up [N] | down | status | env | exec NODE CMD... | run CMD... (run as root).
+#
+# The root is entered with pivot_root in a private mount namespace (Apptainer refuses a
+# chroot: "Running inside a weak chrooted environment, prefer pivot_root"). One "holder"
+# process keeps that namespace; munged, slurmctld and each slurmd join it (nsenter). The
+# host paths the tests use are bound in at the same paths (DDP_E2E_ROOT_BINDS, plus /tmp
+# and /var/tmp), so a path means the same inside and out. /dev/fuse there is a private
+# node, mode 0666, so unprivileged Apptainer can mount a SIF with squashfuse as it does on
+# clusters; the machine's own /dev/fuse is not changed.
 #
 # Layout (all names carry the prefix, default "ddpe2e", so nothing else is touched):
 #   bridge PREFIX-br  SUBNET.1/24 (default 10.77.0.1) in the root namespace: slurmctld, munged, clients
@@ -24,6 +34,8 @@ readonly SLURMCTLD_PORT="${DDP_E2E_PORT:-46817}"
 readonly SLURMD_PORT="$((SLURMCTLD_PORT + 1))"
 readonly STATE="${DDP_E2E_STATE:-/tmp/ddp-e2e-cluster}"
 readonly UP_TIMEOUT_S="${DDP_E2E_UP_TIMEOUT:-60}"
+readonly ROOT_DIR="${DDP_E2E_ROOT:-}"
+readonly HOLDER_PID="${STATE}/run/holder.pid"
 SELF="$(readlink -f "${BASH_SOURCE[0]}")"
 readonly SELF
 
@@ -56,16 +68,77 @@ cluster::pid_alive() {
 cluster::check_host() {
     [ "$(id -u)" -eq 0 ] || cluster::err "needs root (network namespaces, slurmd)"
     local cmd
-    for cmd in ip unshare nsenter munged mungekey slurmctld slurmd sinfo scontrol; do
-        command -v "${cmd}" >/dev/null || cluster::err "${cmd} not found (apt-get install slurm-wlm munge iproute2 util-linux)"
+    for cmd in ip unshare nsenter pivot_root mknod; do
+        command -v "${cmd}" >/dev/null || cluster::err "${cmd} not found (apt-get install iproute2 util-linux)"
     done
+    [ -n "${ROOT_DIR}" ] && [ -x "${ROOT_DIR}/usr/sbin/slurmctld" ] \
+        || cluster::err "DDP_E2E_ROOT='${ROOT_DIR}' is not a built root: run tests/e2e/apptainer_root.py build"
+}
+
+# Entered after `unshare -m --propagation private`: pivot_root into the root, then CMD.
+cluster::enter_root() {
+    local -r root="$1"
+    shift
+    mount --bind "${root}" "${root}"
+    mount -t proc proc "${root}/proc"
+    mount --rbind /sys "${root}/sys"
+    mount --rbind /dev "${root}/dev"
+    local path
+    local -a binds=(/tmp /var/tmp)
+    IFS=: read -r -a extra <<< "${DDP_E2E_ROOT_BINDS:-}"
+    for path in "${binds[@]}" "${extra[@]}"; do
+        [ -n "${path}" ] && [ -d "${path}" ] || continue
+        mkdir -p "${root}${path}"
+        # The test user must reach a bound path through the root's own directories
+        # (/root there is 0700 like here; a checkout under it is still readable).
+        local dir="${path%/*}"
+        while [ -n "${dir}" ]; do
+            chmod o+x "${root}${dir}"
+            dir="${dir%/*}"
+        done
+        mount --rbind "${path}" "${root}${path}"
+    done
+    # A private /dev/fuse (character device 10:229) that the test user may open.
+    rm -f "${STATE}/run/fuse"
+    mknod -m 0666 "${STATE}/run/fuse" c 10 229
+    touch "${root}/dev/fuse" 2>/dev/null || true
+    mount --bind "${STATE}/run/fuse" "${root}/dev/fuse"
+    mount --bind "${STATE}/etc/hosts" "${root}/etc/hosts"
+    mount --bind /etc/resolv.conf "${root}/etc/resolv.conf"
+    cd "${root}"
+    mkdir -p .oldroot
+    pivot_root . .oldroot
+    cd /
+    umount -l /.oldroot
+    exec "$@"
+}
+
+cluster::start_holder() {
+    cluster::pid_alive "${HOLDER_PID}" && return 0
+    setsid unshare --mount --propagation private "${SELF}" _enter "${ROOT_DIR}" sleep infinity \
+        </dev/null >"${STATE}/log/holder.log" 2>&1 &
+    echo "$!" > "${HOLDER_PID}"
+    local n
+    for ((n = 0; n < 100; n++)); do
+        # .complete exists in the root only (tests/e2e/apptainer_root.py): pivot_root is done.
+        [ -e "/proc/$(cat "${HOLDER_PID}")/root/.complete" ] && return 0
+        sleep 0.1
+    done
+    cluster::err "the root's mount namespace did not come up: $(cat "${STATE}/log/holder.log")"
+}
+
+# CMD inside the root's mount namespace (the host's network and UTS namespaces).
+cluster::in_root() {
+    nsenter --target "$(cat "${HOLDER_PID}")" --mount --root --wd "$@"
 }
 
 cluster::write_config() {
     local -r nodes="$1"
     local -r hostname_s="$(hostname -s)"
     mkdir -p "${STATE}"/{etc,log,run,spool,ctld,munge}
-    chmod 0700 "${STATE}/munge"
+    # The test user's clients reach munged's socket here (munged(8): the socket's
+    # directory needs execute permission for all); the key stays 0600.
+    chmod 0755 "${STATE}" "${STATE}/munge"
     echo "${nodes}" > "${STATE}/nodes"
 
     {
@@ -78,7 +151,6 @@ cluster::write_config() {
 
     cat > "${STATE}/etc/cgroup.conf" <<EOF
 CgroupPlugin=cgroup/v1
-CgroupAutomount=no
 EOF
 
     # cred_expire=10: a requeued job may start again after 10 s instead of 120 s
@@ -135,7 +207,8 @@ cluster::start_munge() {
     cluster::pid_alive "${STATE}/munge/munged.pid" && return 0
     [ -f "${STATE}/munge/munge.key" ] || mungekey --create --keyfile="${STATE}/munge/munge.key"
     chmod 0600 "${STATE}/munge/munge.key"
-    munged --force \
+    chown -R root:root "${STATE}/munge"
+    cluster::in_root munged --force \
         --socket="${STATE}/munge/munge.socket" \
         --key-file="${STATE}/munge/munge.key" \
         --pid-file="${STATE}/munge/munged.pid" \
@@ -167,7 +240,7 @@ cluster::start_network() {
 
 cluster::start_slurmctld() {
     cluster::pid_alive "${STATE}/run/slurmctld.pid" && return 0
-    SLURM_CONF="${STATE}/etc/slurm.conf" slurmctld -c -f "${STATE}/etc/slurm.conf"
+    cluster::in_root env SLURM_CONF="${STATE}/etc/slurm.conf" slurmctld -c -f "${STATE}/etc/slurm.conf"
 }
 
 # Entered inside the node's network namespace, after unshare --uts --mount.
@@ -184,7 +257,7 @@ cluster::start_slurmd() {
     local -r node="$(cluster::node_name "${i}")"
     cluster::pid_alive "${STATE}/run/slurmd-${node}.pid" && return 0
     mkdir -p "${STATE}/spool/${node}"
-    ip netns exec "$(cluster::netns "${i}")" \
+    nsenter --target "$(cat "${HOLDER_PID}")" --mount --root --wd --net="/run/netns/$(cluster::netns "${i}")" \
         unshare --uts --mount --propagation private \
         env SLURM_CONF="${STATE}/etc/slurm.conf" \
         "${SELF}" _node "${node}" slurmd -N "${node}" -f "${STATE}/etc/slurm.conf"
@@ -195,7 +268,7 @@ cluster::wait_idle() {
     local -r deadline=$((SECONDS + UP_TIMEOUT_S))
     local idle
     while ((SECONDS < deadline)); do
-        idle="$(SLURM_CONF="${STATE}/etc/slurm.conf" sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l)"
+        idle="$(cluster::in_root env SLURM_CONF="${STATE}/etc/slurm.conf" sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l)"
         if [ "${idle}" -ge "${nodes}" ]; then
             return 0
         fi
@@ -213,8 +286,9 @@ cluster::up() {
         cluster::down
     fi
     cluster::write_config "${nodes}"
-    cluster::start_munge
     cluster::start_network "${nodes}"
+    cluster::start_holder
+    cluster::start_munge
     cluster::start_slurmctld
     local i
     for ((i = 1; i <= nodes; i++)); do
@@ -255,6 +329,7 @@ cluster::down() {
     done
     cluster::stop_pidfile "${STATE}/run/slurmctld.pid"
     cluster::stop_pidfile "${STATE}/munge/munged.pid"
+    cluster::stop_pidfile "${HOLDER_PID}"
     local ns
     for ns in $(ip netns list | awk '{print $1}' | grep "^${PREFIX}-node" || true); do
         cluster::kill_netns_procs "${ns}"
@@ -274,7 +349,7 @@ cluster::status() {
     echo "state: ${STATE} (${nodes} nodes)"
     echo "export SLURM_CONF=${STATE}/etc/slurm.conf"
     local name pidfile
-    for pidfile in "${STATE}/munge/munged.pid" "${STATE}/run/slurmctld.pid" "${STATE}"/run/slurmd-*.pid; do
+    for pidfile in "${HOLDER_PID}" "${STATE}/munge/munged.pid" "${STATE}/run/slurmctld.pid" "${STATE}"/run/slurmd-*.pid; do
         name="$(basename "${pidfile}" .pid)"
         if cluster::pid_alive "${pidfile}"; then
             echo "${name}: running (pid $(cat "${pidfile}"))"
@@ -282,7 +357,7 @@ cluster::status() {
             echo "${name}: not running"
         fi
     done
-    SLURM_CONF="${STATE}/etc/slurm.conf" sinfo -N -o '%N %T %c' || true
+    cluster::in_root env SLURM_CONF="${STATE}/etc/slurm.conf" sinfo -N -o '%N %T %c' || true
 }
 
 # Run a command inside a node, in slurmd's own namespaces (network, UTS, mount).
@@ -304,8 +379,13 @@ main() {
         status) cluster::status ;;
         env) printf 'export SLURM_CONF=%s\n' "${STATE}/etc/slurm.conf" ;;
         exec) cluster::exec "$@" ;;
+        run)
+            cluster::pid_alive "${HOLDER_PID}" || cluster::err "the cluster is not up"
+            cluster::in_root env SLURM_CONF="${STATE}/etc/slurm.conf" "$@"
+            ;;
         _node) cluster::node_main "$@" ;;
-        *) cluster::err "usage: cluster.sh up [N] | down | status | env | exec NODE CMD..." ;;
+        _enter) cluster::enter_root "$@" ;;
+        *) cluster::err "usage: cluster.sh up [N] | down | status | env | exec NODE CMD... | run CMD..." ;;
     esac
 }
 

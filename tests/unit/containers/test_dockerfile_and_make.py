@@ -7,6 +7,7 @@ import platform
 import subprocess
 
 import pytest
+from pathlib import Path
 from deffile import build_arguments
 from definitions_paths import BUILDS, REPO
 from dockerfile import generate
@@ -100,12 +101,31 @@ def test_each_target_passes_its_images_build_arguments(target, build, tmp_path):
     assert set(passed) <= set(build_arguments((REPO / "containers" / definition).read_text()))
 
 
-def fake_apptainer(tmp_path):
+# `apptainer sif list` as Apptainer 1.4 prints it (the real one is read in tests/e2e/test_make_build.py).
+SIF_LIST = """------------------------------------------------------------------------------
+ID   |GROUP   |LINK    |SIF POSITION (start-end)  |TYPE
+------------------------------------------------------------------------------
+1    |1       |NONE    |32176-32208               |Def.FILE
+2    |1       |NONE    |32208-33916               |JSON.Generic
+4    |1       |NONE    |36864-287539200           |FS (Squashfs/*System/arm64)
+"""
+
+
+def fake_apptainer(tmp_path, version="1.4.5"):
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     log = tmp_path / "apptainer.argv"
-    (fake / "apptainer").write_text(f'#!/bin/sh\n[ "$1" = build ] || exit 64\nprintf "%s\\n" "$@" > "{log}"\n')
+    (tmp_path / "sif-list.txt").write_text(SIF_LIST)
+    (fake / "apptainer").write_text(
+        f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "apptainer version {version}"; exit 0; }}\n'
+        f'[ "$1 $2" = "sif list" ] && {{ cat "{tmp_path}/sif-list.txt"; exit 0; }}\n'
+        f'[ "$1" = build ] || exit 64\nprintf "%s\\n" "$@" > "{log}"\n')
     (fake / "apptainer").chmod(0o755)
+    # unsquashfs: records its argv and makes the -d directory.
+    (fake / "unsquashfs").write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/unsquashfs.argv"\n'
+        'while [ $# -gt 0 ]; do [ "$1" = -d ] && mkdir -p "$2"; shift; done\n')
+    (fake / "unsquashfs").chmod(0o755)
     return fake, log
 
 
@@ -116,7 +136,29 @@ def test_olivia_uses_the_prepulled_sif_when_present(tmp_path):
     result = make("build-olivia", tmp_path, f"{fake}:/usr/bin:/bin", f"OLIVIA_BASE_SIF={base}")
     assert result.returncode == 0, result.stderr
     argv = log.read_text().splitlines()
-    assert "BOOTSTRAP=localimage" in argv and f"BASE_IMAGE={base}" in argv
+    assert "BOOTSTRAP=localimage" in argv
+    if platform.machine() == "aarch64":
+        assert f"BASE_IMAGE={base}" in argv
+    else:
+        # Apptainer will not open an arm64 SIF on x86_64: the squashfs partition (from
+        # `sif list`) is unpacked in place and the build starts from that directory.
+        unsquashfs = (tmp_path / "unsquashfs.argv").read_text().splitlines()
+        assert unsquashfs[unsquashfs.index("-o") + 1] == "36864" and unsquashfs[-1] == str(base)
+        rootfs = unsquashfs[unsquashfs.index("-d") + 1]
+        assert f"BASE_IMAGE={rootfs}" in argv and rootfs.endswith("/pytorch_nvidia_25.06_arm64")
+        assert not Path(rootfs).exists()  # removed after the build
+
+
+@pytest.mark.parametrize("target", ["build-olivia", "build-x86", "build-cpu"])
+def test_build_with_an_apptainer_older_than_1_3_stops_in_one_line(target, tmp_path):
+    # gpu.def's empty %arguments default (SITE=) fails on 1.2 (apptainer#1584).
+    fake, log = fake_apptainer(tmp_path, version="1.2.5")
+    result = make(target, tmp_path, f"{fake}:/usr/bin:/bin")
+    assert result.returncode != 0
+    assert result.stderr.splitlines()[0] == (
+        "error: apptainer 1.2.5 is older than 1.3, which containers/*.def need (apptainer#1584): "
+        "'module load apptainer/1.3' or newer")
+    assert not log.exists()
 
 
 def test_olivia_from_ngc_targets_arm64_and_skips_tests_off_arm(tmp_path):

@@ -82,12 +82,23 @@ def test_granted_gpus_reads_each_schedulers_words(env, expected):
     assert granted_gpus(env) == expected
 
 
-def test_granted_but_unusable_gpus_name_apptainer_nv_and_the_cpu_way():
+def test_granted_but_unusable_gpus_on_a_gpu_node_name_apptainer_nv_and_the_cpu_way():
+    # /dev/nvidia0..3 are there (Apptainer binds the host's /dev), the driver libraries are not.
     with pytest.raises(LaunchError) as raised:
-        require_usable_gpus(GpuGrant(4, "SLURM_GPUS_ON_NODE=4"), NO_DRIVER, on_kubernetes=False)
+        require_usable_gpus(GpuGrant(4, "SLURM_GPUS_ON_NODE=4"), NO_DRIVER, on_kubernetes=False, gpu_device_files=4)
     message = str(raised.value)
     assert "SLURM_GPUS_ON_NODE=4 granted 4 GPU(s)" in message
     assert "apptainer run --nv" in message and "--cpu-workers N" in message
+
+
+def test_granted_gpus_on_a_node_without_nvidia_devices_say_it_is_not_a_gpu_node():
+    # `apptainer run --nv` there binds nothing (no driver on the host): "add --nv" would be
+    # advice to a user who already did.
+    with pytest.raises(LaunchError) as raised:
+        require_usable_gpus(GpuGrant(4, "SLURM_GPUS_ON_NODE=4"), NO_DRIVER, on_kubernetes=False, gpu_device_files=0)
+    message = str(raised.value)
+    assert "no NVIDIA devices (/dev/nvidia*)" in message and "no driver libraries for Apptainer's --nv" in message
+    assert "not a GPU node?" in message and "apptainer run --nv`" not in message
 
 
 def test_on_kubernetes_the_fix_is_the_device_plugin():
