@@ -36,6 +36,17 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
+# Jobs run as the test user and write into tmp_path, so every directory above it must let
+# that user through; pytest makes /tmp/pytest-of-root 0700 again at each session's start
+# (its tmp_path docs: the base directory is private to the user), and on a machine shared
+# by several checkouts another session would do so under a running one. Each cluster
+# gets a temporary root of its own (read lazily by pytest, at the first tmp_path).
+TEMP_ROOT = Path(f"/tmp/ddp-e2e-tmp-{PREFIX}")
+if os.geteuid() == 0 and "PYTEST_DEBUG_TEMPROOT" not in os.environ:
+    TEMP_ROOT.mkdir(mode=0o711, exist_ok=True)
+    TEMP_ROOT.chmod(0o711)
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(TEMP_ROOT)
+
 # The test user's login environment in the root (what a shell on a login node has).
 USER_HOME = f"/home/{apptainer_root.TEST_USER}"
 USER_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -72,7 +83,8 @@ class Job:
 
     @property
     def std_err(self) -> Path:
-        return Path(self.fields["StdErr"])
+        # SLURM 26.05 leaves StdErr empty when it goes to StdOut.
+        return Path(self.fields["StdErr"]) if self.fields.get("StdErr") else self.std_out
 
     def output(self) -> str:
         text = self.std_out.read_text(errors="replace") if self.std_out.exists() else ""
@@ -323,7 +335,7 @@ def cifar_data(tmp_path_factory) -> Path:
 def _reachable(path: Path) -> None:
     """pytest makes its directories 0700: let the test user through them."""
     for parent in path.parents:
-        if parent == Path("/tmp") or parent == Path("/"):
+        if parent in (Path("/tmp"), Path("/")):
             break
         parent.chmod(parent.stat().st_mode | 0o001)
 
