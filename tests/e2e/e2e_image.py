@@ -315,6 +315,13 @@ def arm64_base(in_root) -> Path:
         logs.mkdir(exist_ok=True)
         _run(["debootstrap", "--foreign", "--arch=arm64", "--variant=minbase", "bookworm", str(tree), mirror],
              "debootstrap --foreign --arch=arm64", logs / "debootstrap-arm64.log")
+        # An image pulled from a registry has no device nodes (OCI layers carry none), and
+        # an unprivileged unsquashfs could not make them.
+        for entry in (tree / "dev").iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
         partial = sif.with_suffix(".partial")
         _checked(in_root(["apptainer", "build", "--force", partial, f"{tree}/"]), f"apptainer build {sif.name}",
                  logs / "base-arm64-sif.log")

@@ -71,8 +71,9 @@ cluster::check_host() {
     for cmd in ip unshare nsenter pivot_root mknod; do
         command -v "${cmd}" >/dev/null || cluster::err "${cmd} not found (apt-get install iproute2 util-linux)"
     done
-    [ -n "${ROOT_DIR}" ] && [ -x "${ROOT_DIR}/usr/sbin/slurmctld" ] \
-        || cluster::err "DDP_E2E_ROOT='${ROOT_DIR}' is not a built root: run tests/e2e/apptainer_root.py build"
+    if [ -z "${ROOT_DIR}" ] || [ ! -x "${ROOT_DIR}/usr/sbin/slurmctld" ]; then
+        cluster::err "DDP_E2E_ROOT='${ROOT_DIR}' is not a built root: run tests/e2e/apptainer_root.py build"
+    fi
 }
 
 # Entered after `unshare -m --propagation private`: pivot_root into the root, then CMD.
@@ -87,7 +88,9 @@ cluster::enter_root() {
     local -a binds=(/tmp /var/tmp)
     IFS=: read -r -a extra <<< "${DDP_E2E_ROOT_BINDS:-}"
     for path in "${binds[@]}" "${extra[@]}"; do
-        [ -n "${path}" ] && [ -d "${path}" ] || continue
+        if [ -z "${path}" ] || [ ! -d "${path}" ]; then
+            continue
+        fi
         mkdir -p "${root}${path}"
         # The test user must reach a bound path through the root's own directories
         # (/root there is 0700 like here; a checkout under it is still readable).
