@@ -27,10 +27,10 @@ KERNEL, SQUASHFUSE, TEMPORARY_SANDBOX, SANDBOX, NOT_APPTAINER, UNKNOWN = (
 # Apptainer user guide, "Environment and Metadata": set in every container it starts.
 CONTAINER_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
 RUNTIME_PARENT = "Apptainer runtime parent"
-SQUASHFUSE_FIX = ("for many processes per node, run from a sandbox on local disk "
-                  "(apptainer build --sandbox $TMPDIR/train train.sif; apptainer run $TMPDIR/train) "
-                  "or ask for Apptainer's setuid mode, which mounts the SIF with the kernel's squashfs "
-                  "(apptainer#665)")
+SQUASHFUSE_FIX = ("export APPTAINER_UNSQUASH=1 before sbatch (apptainer run --unsquash: a temporary "
+                  "sandbox per node), run from a sandbox on local disk (apptainer build --sandbox "
+                  "$TMPDIR/train train.sif), or ask for Apptainer's setuid mode (kernel squashfs); "
+                  "many readers are slow through FUSE (apptainer#665)")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,10 @@ def classify(facts: ImageMountFacts) -> str:
     if facts.image is None:
         return NOT_APPTAINER
     if facts.image_is_dir:
+        # --unsquash / APPTAINER_UNSQUASH: Apptainer 1.4 runs $TMPDIR/rootfs-NNN/root.
+        parent = os.path.basename(os.path.dirname(facts.image.rstrip("/")))
+        if os.path.basename(facts.image.rstrip("/")) == "root" and parent.startswith("rootfs-"):
+            return TEMPORARY_SANDBOX
         return SANDBOX
     if facts.squashfuse_children:
         return SQUASHFUSE
@@ -62,7 +66,9 @@ def describe(kind: str, image: Optional[str]) -> Tuple[str, str, str]:
         return "SKIP", "not in an Apptainer container", ""
     if kind == SQUASHFUSE:
         return ("WARN", f"{image} is mounted by squashfuse (unprivileged Apptainer): one FUSE process "
-                        "serves every read, slow with many processes per node", SQUASHFUSE_FIX)
+                        "serves every read, slow with many processes per node, and SLURM's stop signal "
+                        "(USR2, TERM) reaches it too: the workers then die of SIGBUS before any checkpoint",
+                SQUASHFUSE_FIX)
     if kind == TEMPORARY_SANDBOX:
         return ("OK", f"{image} was unpacked to a temporary sandbox (no squashfuse, no kernel "
                       "squashfs mount): each start pays for the unpacking", "")

@@ -153,10 +153,18 @@ def test_a_node_whose_head_never_starts_gives_up_within_the_rendezvous_timeout(c
 
 # USR2: what our scripts ask SLURM for before the time limit (forwarded by ddp-launch's agent).
 # TERM: preemption, and clusters that only ever send TERM (torchrun stops its workers).
+# SLURM signals every process of the job's steps (scancel(1) --signal, sbatch(1) --signal
+# without B:), and unprivileged Apptainer's squashfuse_ll, which serves the image, is one
+# of them: USR2 kills it, TERM unmounts it, and the workers die of SIGBUS on their next
+# page of the image before any checkpoint. APPTAINER_UNSQUASH=1 (`apptainer run
+# --unsquash`: the SIF unpacked to a temporary sandbox) leaves nothing to kill.
+UNSQUASHED = {"APPTAINER_UNSQUASH": "1"}
+
+
 @pytest.mark.parametrize("stop_signal", ["USR2", "TERM"])
 def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path,
                                                                              stop_signal):
-    job_env = {**job_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 3")}
+    job_env = {**job_env, **UNSQUASHED, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 3")}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
     _wait_for_epochs(cluster, run_dir, 1)
@@ -173,3 +181,20 @@ def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(clu
     assert resumed and resumed[0]["resumed_from_epoch"] is not None
     assert kinds[-1] == "summary"
     assert job.fields.get("Restarts") == "1"
+
+
+def test_under_squashfuse_a_stop_signal_kills_the_image_mount_and_the_workers_die_of_sigbus(cluster, job_env,
+                                                                                            tmp_path):
+    # Why the test above sets APPTAINER_UNSQUASH=1, and the doctor warns about squashfuse.
+    job_env = {**job_env, "DDP_TRAIN_ARGS": LONG_RUN}
+    run_dir = Path(job_env["DDP_RUN_DIR"])
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+    _wait_for_epochs(cluster, run_dir, 1)
+
+    cluster.run(["scancel", "--signal=USR2", job_id], timeout=30)
+    job = cluster.wait(job_id, timeout=120)
+
+    output = job.output()
+    assert job.state == "FAILED", output
+    assert re.search(r"ddp-launch: error: worker rank \d on \S+ was killed by SIGBUS", output), output
+    assert "stopped" not in [r["type"] for r in _records(run_dir)]

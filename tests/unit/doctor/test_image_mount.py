@@ -25,7 +25,8 @@ def test_a_squashfuse_child_of_the_runtime_parent_warns_with_the_fix():
     status, detail, fix = image_mount.describe(kind, SIF)
     assert kind == image_mount.SQUASHFUSE
     assert status == "WARN" and "squashfuse" in detail and SIF in detail
-    assert "apptainer build --sandbox" in fix and "apptainer#665" in fix
+    assert "APPTAINER_UNSQUASH=1" in fix and "apptainer#665" in fix
+    assert "SIGBUS" in detail
 
 
 def test_a_loop_device_backed_by_the_sif_is_the_kernels_squashfs():
@@ -44,6 +45,12 @@ def test_neither_means_a_temporary_sandbox():
 
 def test_out_of_sight_of_the_runtime_parent_it_is_unknown_not_guessed():
     assert image_mount.classify(_facts(runtime_parent_seen=False)) == image_mount.UNKNOWN
+
+
+def test_apptainer_unsquash_runs_a_temporary_sandbox_directory():
+    facts = _facts(image="/tmp/rootfs-3162123955/root", image_is_dir=True)
+
+    assert image_mount.classify(facts) == image_mount.TEMPORARY_SANDBOX
 
 
 def test_a_sandbox_directory_is_reported_as_such():
