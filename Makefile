@@ -35,7 +35,8 @@ data: venv
 	$(VENV)/bin/ddp-train --download --data-dir $(DATA_DIR)
 
 # Debian packages the tests use; installed only when missing and we are root.
-# ch-image, ch-run (charliecloud) and debootstrap build and run the e2e image.
+# debootstrap builds the e2e tests' Debian sid root (the real Apptainer, SLURM) and test
+# base; ch-image, ch-run (charliecloud) build and run the RunAI pods' image.
 SYSDEPS_CMDS := bats shellcheck slurmctld slurmd munged ip ch-image ch-run debootstrap
 sysdeps:
 	@missing=""; for c in $(SYSDEPS_CMDS); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
@@ -61,8 +62,8 @@ test-unit: venv
 test-e2e: venv sysdeps
 	$(VPY) -m pytest tests/e2e
 
-# The e2e tests' image (ch-image, from containers/Dockerfile on a cached Debian + torch base);
-# the tests build it themselves when needed, this only does it ahead of them.
+# The e2e RunAI pods' image (ch-image, from containers/Dockerfile on a cached Debian + torch
+# base); the tests build it themselves when needed, this only does it ahead of them.
 e2e-image: venv sysdeps
 	$(VPY) tests/e2e/e2e_image.py build
 
