@@ -40,7 +40,7 @@ class TrainConfig:
     batch_size: Optional[int] = None  # global, split evenly across ranks; None: default_batch_size()
     epochs: int = 5
     base_lr: float = 0.01  # per-GPU learning rate; see lr_scaling
-    lr_scaling: str = "world-size"  # lr = base_lr * world_size (linear scaling rule, seed 001)
+    lr_scaling: str = "world-size"  # lr = base_lr * world_size (the linear scaling rule)
     target_accuracy: float = 0.85
     patience: int = 2  # early stop when the last `patience` epochs all reach the target
     precision: str = "auto"  # auto: bf16 on GPUs that support it, fp32 on CPU
@@ -77,9 +77,22 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# The seed guide's plain recipe, kept for like-for-like comparisons.
+# The Olivia guide's train_ddp.py, value for value, so a run compares with it like for like
+# (https://documentation.sigma2.no/code_development/guides/pytorch_olivia/PyTorchMultiGpu.html):
+# its argparse defaults (global --batch-size 512, --epochs 5, --base-lr 0.01, --target-accuracy
+# 0.85, --patience 2); SGD(lr=args.base_lr, momentum=0.9, weight_decay=5e-4), the LR passed
+# unscaled whatever the GPU count (its job scripts raise --base-lr by hand instead);
+# nn.CrossEntropyLoss() without smoothing; no schedule, warm-up, EMA or TTA; fp16 autocast with a
+# GradScaler (torch.amp.autocast('cuda') is float16); the model's dropout 0.01.
 GUIDE_RECIPE: Mapping[str, Any] = {
+    "batch_size": 512,
+    "epochs": 5,
     "base_lr": 0.01,
+    "lr_scaling": "none",
+    "target_accuracy": 0.85,
+    "patience": 2,
+    "momentum": 0.9,
+    "weight_decay": 5e-4,
     "nesterov": False,
     "label_smoothing": 0.0,
     "warmup_epochs": 0.0,
@@ -87,7 +100,7 @@ GUIDE_RECIPE: Mapping[str, Any] = {
     "ema_decay": 0.0,
     "tta": False,
     "dropout": 0.01,
-    "lr_scaling": "world-size",
+    "precision": "fp16",
 }
 # Standard, cheap CIFAR improvements (airbench / hlb-CIFAR10 / WRN practice), each a flag.
 IMPROVED_RECIPE: Mapping[str, Any] = {
@@ -144,14 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--epochs", type=int, help="number of epochs (default: 5)")
     add("--base-lr", type=float, help="per-GPU learning rate (guide: 0.01, improved: 0.05)")
     add("--lr-scaling", choices=LR_SCALINGS,
-        help=f"world-size: lr = base_lr * world size (guide); batch: lr = base_lr * batch-size / "
-             f"{LR_REFERENCE_BATCH} (improved); none: lr = base_lr")
+        help=f"world-size: lr = base_lr * world size; batch: lr = base_lr * batch-size / "
+             f"{LR_REFERENCE_BATCH} (improved); none: lr = base_lr (guide)")
     add("--target-accuracy", type=float, help="early-stop accuracy (default: 0.85)")
     add("--patience", type=int, help="epochs that must all reach the target (default: 2)")
     add("--precision", choices=PRECISIONS, help="default auto: bf16 on capable GPUs, fp32 on CPU")
     add("--width-scale", type=float, help="multiply the WideResNet widths (default: 1.0)")
     add("--dropout", type=float, help="dropout inside residual blocks (guide: 0.01, improved: 0)")
-    add("--recipe", choices=tuple(RECIPES), help="guide: the seed's plain SGD; improved (default)")
+    add("--recipe", choices=tuple(RECIPES),
+        help="guide: the Olivia guide's train_ddp.py exactly (plain SGD, unscaled LR, fp16, "
+             "batch 512); improved (default)")
     add("--momentum", type=float, help="SGD momentum (default: 0.9)")
     add("--nesterov", action=argparse.BooleanOptionalAction, help="Nesterov momentum")
     add("--weight-decay", type=float, help="SGD weight decay (default: 5e-4)")
@@ -277,11 +292,12 @@ def check_world(config: TrainConfig, world_size: int) -> None:
 
 
 def peak_lr(config: TrainConfig, world_size: int) -> float:
-    """The linear scaling rule (Goyal et al. 2017, seed 001), from the batch it is stated for.
+    """The linear scaling rule (Goyal et al. 2017), from the batch it is stated for.
 
-    world-size (the guide's): lr = base_lr * world_size, base_lr being one GPU's LR.
+    world-size: lr = base_lr * world_size, base_lr being one GPU's LR.
     batch (the improved recipe): lr = base_lr * batch_size / LR_REFERENCE_BATCH, so the LR is a
     function of the global batch alone: 512 -> base_lr, 8 GPUs x 1024 -> 16 * base_lr.
+    none (the guide's code): lr = base_lr, on any number of GPUs.
     """
     if config.lr_scaling == "world-size":
         return config.base_lr * world_size
