@@ -25,6 +25,7 @@ LR_SCALINGS = ("world-size", "batch", "none")
 # torch.compile modes: "reduce-overhead" adds CUDA graphs; see COMPILE_MODE_AUTO.
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 GRAD_COMPRESSIONS = ("none", "bf16")
+BACKENDS = ("auto", "nccl", "gloo")
 # The global batch at which base_lr is given under --lr-scaling batch: the guide's single-GPU batch.
 LR_REFERENCE_BATCH = 512
 # Per-GPU batch when --batch-size is not given on CUDA. Issue 11, one H100, full model, compiled:
@@ -63,6 +64,7 @@ class TrainConfig:
     compile_mode: str = "auto"
     compile_cache_dir: str = ""  # "" : <run-dir>/compile-cache (see speed.compile_cache_dir)
     grad_compression: str = "none"  # "bf16": DDP's bf16_compress_hook for slow fabrics
+    backend: str = "auto"  # the process group's backend; see resolve_backend
     bucket_cap_mb: float = 25.0  # DDP's default; checked in benchmarks/ddp_buckets.py
     seed: int = 0
     demo: bool = False
@@ -189,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compile-cache-dir", help="persistent compile cache (default: <run-dir>/compile-cache)")
     add("--grad-compression", choices=GRAD_COMPRESSIONS,
         help="bf16: halve the gradient all-reduce bytes (slow fabrics; NCCL or gloo)")
+    add("--backend", choices=BACKENDS,
+        help="process-group backend; auto: nccl on GPUs, gloo on CPU; gloo also trains on GPUs "
+             "(gradients all-reduced over TCP, for nodes where NCCL does not work)")
     add("--bucket-cap-mb", type=float, help="DDP gradient bucket size in MB (default: 25)")
     add("--seed", type=int, help="random seed (default: 0)")
     add("--demo", action="store_true",
@@ -333,6 +338,24 @@ def resolve_compile_mode(config: TrainConfig, device_type: str) -> str:
     if config.compile_mode != "auto":
         return config.compile_mode
     return "reduce-overhead" if device_type == "cuda" else "default"
+
+
+def resolve_backend(requested: str, device_type: str) -> str:
+    """The process group's backend for this device.
+
+    The torch.distributed backend table (https://pytorch.org/docs/stable/distributed.html#backends)
+    gives gloo broadcast and all_reduce on CUDA tensors, which is all DDP's gradient sync needs,
+    so gloo trains on GPUs too (the usual path where NCCL is missing or broken); NCCL has no CPU
+    collectives at all, so it is refused on CPU here instead of failing in the first all-reduce.
+    """
+    if requested == "auto":
+        return "nccl" if device_type == "cuda" else "gloo"
+    if requested not in BACKENDS:
+        raise TrainError(f"unknown --backend {requested!r}: use one of {', '.join(BACKENDS)}")
+    if requested == "nccl" and device_type != "cuda":
+        raise TrainError("--backend nccl needs CUDA GPUs (NCCL has no CPU collectives) and this run is on "
+                         "the CPU: use --backend gloo, or run on GPU nodes (apptainer run --nv)")
+    return requested
 
 
 def resolve_precision(requested: str, device_type: str, bf16_supported: bool) -> str:

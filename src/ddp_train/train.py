@@ -9,6 +9,7 @@ syncs the GPU inside an epoch: the stop-signal vote is read one check after it s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -20,7 +21,8 @@ import torch
 from ddp_train import data, distributed, metrics, rundir, speed
 from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Checkpointer, Progress
-from ddp_train.config import TrainConfig, check_world, compile_by_default, for_device, resolve_precision
+from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, resolve_backend,
+                              resolve_precision)
 from ddp_train.distributed import DistEnv
 from ddp_train.ema import update_ema
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
@@ -51,9 +53,10 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     with seen_by(Seen.BY_EVERY_RANK_OF_NODE):
         precision = resolve_precision(config.precision, device.type,
                                       device.type == "cuda" and torch.cuda.is_bf16_supported())
+        config = dataclasses.replace(config, backend=resolve_backend(config.backend, device.type))  # recorded
     stop = StopFlag().install()
     try:
-        distributed.init_process_group(dist_env, device, config.dist_timeout_s)
+        distributed.init_process_group(dist_env, device, config.dist_timeout_s, config.backend)
         return train(config, env, dist_env, device, precision, stop)
     finally:
         distributed.destroy_process_group()
@@ -84,7 +87,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
 
     # The run record and the header.
     world_facts = distributed.describe_world(dist_env, device)
-    distributed.announce_network_transport(env, device, dist_env.local_rank)
+    distributed.announce_network_transport(env, device, dist_env.local_rank, config.backend)
     steps = plan_steps(len(train_set), config.batch_size, world, config.epochs, config.warmup_epochs)
     start = metrics.RunStart(world_facts, config, precision, learner.lr_peak, fast.compile_mode, steps,
                              len(train_set), len(test_set), resumed)
