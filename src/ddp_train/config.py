@@ -65,6 +65,7 @@ class TrainConfig:
     compile_cache_dir: str = ""  # "" : <run-dir>/compile-cache (see speed.compile_cache_dir)
     grad_compression: str = "none"  # "bf16": DDP's bf16_compress_hook for slow fabrics
     backend: str = "auto"  # the process group's backend; see resolve_backend
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (accumulation.py)
     bucket_cap_mb: float = 25.0  # DDP's default; checked in benchmarks/ddp_buckets.py
     seed: int = 0
     demo: bool = False
@@ -194,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--backend", choices=BACKENDS,
         help="process-group backend; auto: nccl on GPUs, gloo on CPU; gloo also trains on GPUs "
              "(gradients all-reduced over TCP, for nodes where NCCL does not work)")
+    add("--grad-accum-steps", type=int,
+        help="split each rank's share of --batch-size into N micro-batches, one gradient all-reduce "
+             "per step (when the share does not fit in GPU memory; default: 1)")
     add("--bucket-cap-mb", type=float, help="DDP gradient bucket size in MB (default: 25)")
     add("--seed", type=int, help="random seed (default: 0)")
     add("--demo", action="store_true",
@@ -227,6 +231,7 @@ def check_config(config: TrainConfig) -> None:
         "--patience": config.patience,
         "--eval-batch-size": config.eval_batch_size,
         "--stop-check-every": config.stop_check_every,
+        "--grad-accum-steps": config.grad_accum_steps,
     }
     for flag, value in positive_ints.items():
         if value < 1:
@@ -289,11 +294,17 @@ def check_limits(config: TrainConfig) -> None:
 
 
 def check_world(config: TrainConfig, world_size: int) -> None:
-    """The global batch must split evenly so every rank runs the same number of steps."""
+    """The global batch must split evenly so every rank runs the same number of steps, and each
+    rank's share into equal micro-batches, so the accumulated gradient is the batch's mean."""
     if config.batch_size is not None and config.batch_size % world_size:
         raise TrainError(
             f"--batch-size {config.batch_size} is not divisible by the world size {world_size}: "
             f"it is the global batch, pass a multiple of {world_size}")
+    parts = world_size * config.grad_accum_steps
+    if config.batch_size is not None and config.batch_size % parts:
+        raise TrainError(
+            f"--batch-size {config.batch_size} is not divisible by the world size {world_size} times "
+            f"--grad-accum-steps {config.grad_accum_steps}: pass a multiple of {parts}")
 
 
 def peak_lr(config: TrainConfig, world_size: int) -> float:

@@ -19,6 +19,7 @@ from typing import Mapping, Optional
 import torch
 
 from ddp_train import data, distributed, metrics, rundir, speed
+from ddp_train.accumulation import accumulate_gradients
 from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Checkpointer, Progress
 from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, resolve_backend,
@@ -40,11 +41,11 @@ def say(dist_env: DistEnv, *lines: str) -> None:
 
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     dist_env = DistEnv.from_env(env)
-    with seen_by(Seen.BY_EVERY_RANK):  # the same flags and world size on every rank: rank 0 tells
-        check_world(config, dist_env.world_size)
     with seen_by(Seen.BY_EVERY_RANK_OF_NODE):  # the same GPUs for every rank of a node
         device = distributed.pick_device(config.device, dist_env)
     config = for_device(config, device.type, dist_env.world_size)
+    with seen_by(Seen.BY_EVERY_RANK):  # the same flags and world size on every rank: rank 0 tells
+        check_world(config, dist_env.world_size)  # after for_device: the default batch is checked too
     if compile_by_default(config, device.type):
         # Before torch writes its /tmp default into os.environ (creating an optimizer does). Inductor
         # reads its cache directory from the process environment: written there, not read from it.
@@ -98,19 +99,22 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     if resumed:
         say(dist_env, f"Resumed from {checkpoints.path} at epoch {progress.epoch + 1}, step {progress.step}")
 
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if fast.cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are done
+            torch.compiler.cudagraph_mark_step_begin()  # the previous pass's graph outputs are done
         with torch.autocast(device.type, dtype=learner.autocast_dtype or torch.float32,
                             enabled=learner.autocast_dtype is not None):
-            loss = learner.criterion(fast.forward(x), y)
-        scaler.scale(loss).backward()
+            return learner.criterion(fast.forward(x), y)
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = accumulate_gradients(x, y, config.grad_accum_steps, fast.ddp, loss_of,
+                                    lambda micro_loss: scaler.scale(micro_loss).backward())
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         if ema is not None:
             update_ema(ema, model, config.ema_decay)
-        return loss.detach()
+        return loss
 
     # Warm-up, off the clock: compile, autotune and record graphs on a real batch, then restore.
     batches = TrainBatches(train_set, config.batch_size, config.seed, rank, world)
