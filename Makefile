@@ -7,6 +7,8 @@ VENV      ?= .venv
 VPY       := $(VENV)/bin/python
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DATA_DIR  ?= data
+# make data CIFAR_URL=...: a mirror of the official CIFAR-100 tarball (its MD5 is still checked)
+CIFAR_URL ?=
 RUN_DIR   ?= runs/demo
 
 .PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench bench-gpu e2e-image
@@ -31,8 +33,10 @@ venv: $(VENV)/.installed
 demo: venv
 	$(VENV)/bin/ddp-launch --mode local --cpu-workers 2 -- --demo --data-dir $(DATA_DIR) --run-dir $(RUN_DIR)
 
-data: venv
-	$(VENV)/bin/ddp-train --download --data-dir $(DATA_DIR)
+# The login node's own python3 is enough (3.6 on SLES 15): a standard-library downloader, no venv,
+# no torch. Inside the image instead: apptainer exec IMAGE.sif ddp-train --download --data-dir DIR
+data:
+	PYTHONPATH="$(CURDIR)/entrypoints" $(PYTHON) -m ddp_contract download "$(DATA_DIR)" $(if $(CIFAR_URL),--url "$(CIFAR_URL)")
 
 # Debian packages the tests use; installed only when missing and we are root.
 # ch-image, ch-run (charliecloud) and debootstrap build and run the e2e image.
