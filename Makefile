@@ -107,8 +107,20 @@ GPU_DEF          := containers/gpu.def
 OLIVIA_ARGS      := --build-arg ARCH=arm64 --build-arg SITE=olivia
 X86_ARGS         := --build-arg ARCH=amd64
 
+# Apptainer keeps pulled layers in ~/.apptainer/cache and unpacks builds in /tmp unless
+# APPTAINER_CACHEDIR / APPTAINER_TMPDIR say otherwise (apptainer.org/docs/user/latest/build_env.html);
+# the NGC base is ~20 GB unpacked and home quotas are small (apptainer#546: a 56 GB ~/.apptainer).
+# Where they are unset, builds use BUILD_SCRATCH: $$USERWORK (Sigma2's work area), else $$SCRATCH,
+# else SIF_DIR; containers/build-space.sh names them and checks the free space first.
+BUILD_SCRATCH     ?= $(or $(USERWORK),$(SCRATCH),$(SIF_DIR))/.apptainer-build
+BUILD_MIN_FREE_GB ?= 40
+build-cpu: BUILD_MIN_FREE_GB = 8
+build-olivia build-x86 build-cpu: export APPTAINER_CACHEDIR := $(or $(APPTAINER_CACHEDIR),$(abspath $(BUILD_SCRATCH))/cache)
+build-olivia build-x86 build-cpu: export APPTAINER_TMPDIR := $(or $(APPTAINER_TMPDIR),$(abspath $(BUILD_SCRATCH))/tmp)
+
 define need_apptainer
 	@command -v $(APPTAINER) >/dev/null 2>&1 || { echo "error: '$(APPTAINER)' not found on PATH; on a cluster run 'module load apptainer', elsewhere install it (https://apptainer.org/docs/admin/main/installation.html)" >&2; exit 127; }
+	@$(CURDIR)/containers/build-space.sh "$(BUILD_MIN_FREE_GB)"
 endef
 
 # %test runs inside the image, so it is skipped when building arm64 on an x86_64 login node.
