@@ -53,7 +53,7 @@ sysdeps:
 	fi
 
 lint: venv sysdeps
-	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh
+	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh containers/*.sh
 	cd entrypoints && $(abspath $(VENV))/bin/vermin --target=3.6- --violations --no-tips $$(grep -v '^#' host-modules.txt)
 
 test-bats: sysdeps

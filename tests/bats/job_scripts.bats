@@ -54,6 +54,31 @@ setup() {
     assert_output "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --nv ${DDP_IMAGE} --site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 256 --base-lr 0.01"
 }
 
+@test "raven single GPU and one node: the same task-per-GPU step, 32 images per GPU as on 2 nodes" {
+    run bash "${REPO}/slurm/raven-1gpu.sh"
+    assert_success
+    run _train_call
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --nv ${DDP_IMAGE} --site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 32 --base-lr 0.01"
+
+    : > "${CALLS}"
+    run bash "${REPO}/slurm/raven-1node-4gpu.sh"
+    assert_success
+    run _train_call
+    assert_output --partial "--site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 128 "
+}
+
+@test "raven's three scripts ask SLURM for 1, 4 and 2x4 A100s, one task and 18 cores per GPU" {
+    # MPCDF Raven: 4 A100 and 72 cores per GPU node, GPUs requested as --gres=gpu:a100:N
+    # (the Raven user guide's example GPU job scripts, https://docs.mpcdf.mpg.de/doc/computing/raven-user-guide.html).
+    local script
+    for script in raven-1gpu:1:1 raven-1node-4gpu:1:4 raven-task-per-gpu:2:4; do
+        IFS=: read -r name nodes gpus <<< "${script}"
+        run grep -E '^#SBATCH --(nodes|ntasks-per-node|gres|cpus-per-task)=' "${REPO}/slurm/${name}.sh"
+        assert_output "$(printf '%s\n' "#SBATCH --nodes=${nodes}" "#SBATCH --ntasks-per-node=${gpus}" \
+            "#SBATCH --cpus-per-task=18" "#SBATCH --gres=gpu:a100:${gpus}")"
+    done
+}
+
 @test "raven task mode: rank 0's log streams into the job output while the step runs, every line" {
     # srun --output=...%t gives each task its own file (srun(1), "filename pattern"), so
     # the job's .out shows only what the batch script copies there. This srun writes
