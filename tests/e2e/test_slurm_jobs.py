@@ -68,9 +68,10 @@ def test_task_per_gpu_script_runs_two_ranks_on_each_of_two_nodes(cluster, job_en
 
 @pytest.mark.parametrize("script,tasks", [("slurm/raven-1gpu.sh", 1), ("slurm/raven-1node-4gpu.sh", 2)])
 def test_raven_one_node_scripts_run_one_rank_per_task_and_stream_rank_0(cluster, job_env, tmp_path, script, tasks):
-    # The single-GPU and one-node rows of the scaling table, as 1 and 2 CPU tasks on one node.
+    # The single-GPU and one-node rows of the scaling table, as 1 and 2 CPU tasks on one node;
+    # one short epoch (trainer flags after the script win), since the layout is what is tested.
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=1", f"--ntasks-per-node={tasks}", "--gres=none"),
-                             script], env=job_env)
+                             script, "--epochs", "1", "--limit-train", "256"], env=job_env)
 
     job = cluster.wait(job_id, timeout=240)
 
