@@ -362,6 +362,11 @@ def check_interface(ctx: DoctorContext) -> Check:
             return Check("interface", status, finding.text, "unset NCCL_SOCKET_IFNAME or name an interface from `ip -br link`")
     if not value:
         return Check("interface", OK, "NCCL_SOCKET_IFNAME unset; NCCL picks the interface")
+    if value.lstrip("=").split(",")[0] == "lo":
+        # Rank 0 advertises this interface's address to the other nodes: loopback reaches none.
+        return Check("interface", FAIL if ctx.multi_node else WARN,
+                     f"NCCL_SOCKET_IFNAME={value} is loopback: no other node can reach this one through it",
+                     "unset NCCL_SOCKET_IFNAME or name the interface of the nodes' network (`ip -br addr`)")
     if interfaces is None:
         return Check("interface", SKIP, f"NCCL_SOCKET_IFNAME={value}; /sys/class/net cannot be listed")
     problem = check_socket_ifname(value, interfaces)

@@ -106,7 +106,8 @@ def nccl_debug_file(request: FabricRequest) -> str:
 
 
 def _observe_transport(builder: EnvBuilder, request: FabricRequest, fabric: str) -> None:
-    """Never silently on sockets: log NCCL's net choice to a file the trainer checks."""
+    """Never silently on sockets: log NCCL's net choice to a file the trainer checks
+    (on Ethernet, where sockets are the fabric, the check reports the choice and warns of nothing)."""
     builder.default(EXPECT_FABRIC_VAR, fabric, "the trainer checks NCCL's chosen network against this after the first collective")
     if request.require_fabric:
         builder.default(REQUIRE_FABRIC_VAR, "1", "--require-fabric: a fallback to sockets is an error")
@@ -158,11 +159,13 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
         builder.default(item.name, item.value, item.source)
 
     if request.multi_node:
-        if fabric in HIGH_SPEED_FABRICS:
+        if not request.gloo:
+            # On Ethernet too: sockets are expected there, and the log still says what NCCL
+            # chose and why it failed when it does (the CPU workers' gloo logs nothing to NCCL).
             _observe_transport(builder, request, fabric)
-        elif request.require_fabric and sockets_reason:
+        if request.require_fabric and fabric not in HIGH_SPEED_FABRICS and sockets_reason:
             raise LaunchError(f"--require-fabric contradicts {sockets_reason}: drop one of them")
-        elif request.require_fabric:
+        if request.require_fabric and fabric not in HIGH_SPEED_FABRICS:
             raise LaunchError(
                 "--require-fabric given but no high-speed fabric was found (no /dev/cxi*, /sys/class/cxi "
                 "or /sys/class/infiniband); run on GPU nodes, pass --site, or drop --require-fabric"

@@ -175,6 +175,22 @@ def test_socket_ifname_naming_a_missing_interface_fails(node):
     assert code == 1 and "matches no interface" in checks["interface"]["detail"]
 
 
+def test_loopback_socket_interface_fails_in_a_multi_node_job(node):
+    # Rank 0 advertises NCCL_SOCKET_IFNAME's address to its peers (NCCL environment variables,
+    # NCCL_SOCKET_IFNAME: "the IP interface to use for communication"): loopback reaches no peer.
+    node.net("eth0", "lo")
+    node.route()
+    code, checks, _ = doctor(node, ["--offline"], {**JOB, "NCCL_SOCKET_IFNAME": "lo"})
+    assert code == 1 and checks["interface"]["status"] == "FAIL"
+    assert "loopback" in checks["interface"]["detail"]
+
+
+def test_loopback_socket_interface_outside_a_job_warns(node):
+    node.net("eth0", "lo")
+    _, checks, _ = doctor(node, ["--offline"], {"NCCL_SOCKET_IFNAME": "lo"})
+    assert checks["interface"]["status"] == "WARN" and "is loopback" in checks["interface"]["detail"]
+
+
 def test_head_node_reachable_with_port_closed_is_ok(node):
     fake = FakeProbes(connect="refused")
     _, checks, _ = doctor(node, [], WORKER_POD, fake)
