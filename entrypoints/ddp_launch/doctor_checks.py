@@ -221,6 +221,22 @@ def host_libraries(env: Mapping[str, str]) -> Tuple[HostLibrary, ...]:
     return load_fabric_defaults("slingshot", env).host_libraries
 
 
+def binds_fix(ctx: DoctorContext) -> Optional[str]:
+    """The command that binds the host's fabric libraries, when nothing was bound (APPTAINER_BIND unset).
+
+    Host paths enter the container only through binds (Apptainer user guide, "Bind Paths
+    and Mounts"), and Apptainer sets APPTAINER_BIND inside the container to what was bound
+    (user guide appendix, "Apptainer's environment variables"): unset here means none was.
+    It is read on the host, so the container must be started again.
+    """
+    if ctx.env.get("APPTAINER_BIND") or ctx.env.get("SINGULARITY_BIND"):
+        return None
+    site = ctx.profile.name if ctx.profile else "SITE"
+    return (f'nothing is bound (APPTAINER_BIND is unset): on the host run '
+            f'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site {site})" '
+            f'(PYTHONPATH=<checkout>/entrypoints), then start the container again')
+
+
 def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
     if fabric_expected(ctx) != "slingshot":
         return (Check("host libraries", SKIP, "no Slingshot fabric expected; the image's own NCCL is used"),)
@@ -234,9 +250,11 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
                                 "bind a plugin directory that has libnccl-net.so (the aws-ofi-nccl module provides the link)"))
             continue
         if not hits:
-            # Outside a multi-node job (login node, image %test) a missing host library is not fatal yet.
-            status = FAIL if library.required and ctx.multi_node else WARN
-            checks.append(Check(label, status, f"not found in LD_LIBRARY_PATH ({':'.join(dirs) or 'empty'})", library.fix))
+            # On a Slingshot node, or in a multi-node job, training across nodes cannot work without
+            # it; elsewhere (a login node without CXI, the image's %test) it is not fatal yet.
+            status = FAIL if library.required and (ctx.multi_node or ctx.facts.slingshot_present) else WARN
+            checks.append(Check(label, status, f"not found in LD_LIBRARY_PATH ({':'.join(dirs) or 'empty'})",
+                                binds_fix(ctx) or library.fix))
             continue
         chosen = hits[0]
         shadowed = f"; also {', '.join(hits[1:])} (later on the path, not used)" if len(hits) > 1 else ""

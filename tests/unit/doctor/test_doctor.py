@@ -61,8 +61,9 @@ def doctor(node, argv=(), env=None, fake=None):
     return code, {c["name"]: c for c in report["checks"]}, report
 
 
-def olivia_node(node, plugin=True, cudart=True):
-    node.cxi(4)
+def olivia_node(node, plugin=True, cudart=True, cxi=True):
+    if cxi:
+        node.cxi(4)
     node.file("/opt/host-libs/libcxi.so.1")
     node.file("/opt/libfabric/lib64/libfabric.so.1")
     node.file("/opt/nccl/lib/libnccl.so.2")
@@ -100,16 +101,38 @@ def test_healthy_olivia_node_passes(node):
 
 def test_missing_plugin_fails_in_a_multi_node_job(node):
     olivia_node(node, plugin=False)
-    code, checks, report = doctor(node, ["--site", "olivia", "--offline"], JOB)
+    code, checks, report = doctor(node, ["--site", "olivia", "--offline"], {**JOB, "APPTAINER_BIND": "/opt/cray"})
     assert code == 1 and not report["ok"]
     assert checks["OFI plugin"]["status"] == "FAIL"
     assert "aws-ofi-nccl" in checks["OFI plugin"]["fix"]
 
 
-def test_missing_plugin_outside_a_job_only_warns(node):
-    olivia_node(node, plugin=False)
+def test_missing_plugin_off_a_slingshot_node_outside_a_job_only_warns(node):
+    # A login node without CXI devices, or the image's %test: nothing to train across yet.
+    olivia_node(node, plugin=False, cxi=False)
     code, checks, _ = doctor(node, ["--site", "olivia", "--offline"], {})
-    assert code == 0 and checks["OFI plugin"]["status"] == "WARN"
+    assert checks["OFI plugin"]["status"] == "WARN"
+
+
+def test_nothing_bound_on_a_slingshot_node_fails_and_prints_the_binds_command(node):
+    # `apptainer exec --nv train.sif ddp-launch doctor --site olivia` on a GH200 node without
+    # APPTAINER_BIND: no host library is in the container. Apptainer sets APPTAINER_BIND inside
+    # the container to what was bound (user guide appendix, "Apptainer's environment variables",
+    # https://apptainer.org/docs/user/main/appendix.html), so unset means nothing was.
+    node.cxi(4)
+    out = io.StringIO()
+    code = run(["--root", str(node.root), "--site", "olivia", "--offline"], {}, out, FakeProbes().probes())
+    text = out.getvalue()
+    assert code == 1 and "doctor: no failures" not in text
+    for label in ("libcxi", "libfabric", "OFI plugin"):
+        assert f"FAIL  {label}: not found in LD_LIBRARY_PATH" in text
+    assert 'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site olivia)"' in text
+
+
+def test_with_binds_the_fix_names_the_library_not_the_binds_command(node):
+    node.cxi(4)
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], {"APPTAINER_BIND": "/opt/cray:/opt/cray"})
+    assert checks["libcxi"]["status"] == "FAIL" and "APPTAINER_BIND" not in checks["libcxi"]["fix"]
 
 
 def test_library_that_does_not_load_fails_with_the_loader_message(node):
