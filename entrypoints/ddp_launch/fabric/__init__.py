@@ -149,7 +149,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
     if fabric == "slingshot":
         profile_ifname = profile.env_value("NCCL_SOCKET_IFNAME") if profile else None
         slingshot_defaults(builder, load_fabric_defaults("slingshot", request.env), facts, conditions,
-                           profile_ifname.value if profile_ifname else None)
+                           profile_ifname.value if profile_ifname else None, profile.name if profile else None)
     elif fabric == "infiniband":
         infiniband_defaults(builder, load_fabric_defaults("infiniband", request.env), facts, conditions, request.env)
     elif request.multi_node:
