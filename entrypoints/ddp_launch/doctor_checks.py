@@ -44,6 +44,15 @@ class Check:
     fix: str = ""
 
 
+def real_filesystem_bytes(path: str) -> Optional[int]:
+    """The size of the filesystem at path (statvfs), or None when it cannot be read."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_blocks * stat.f_frsize
+
+
 @dataclass(frozen=True)
 class Probes:
     torch_info: Callable[[], Optional[Dict[str, object]]]
@@ -53,6 +62,7 @@ class Probes:
     which: Callable[[str], Optional[str]] = shutil.which
     # (paths, LD_LIBRARY_PATH) -> ((path, dlopen error or ""), ...), in a fresh process
     load_in_child: Callable[[Sequence[str], str], Tuple[Tuple[str, str], ...]] = load_in_child
+    filesystem_bytes: Callable[[str], Optional[int]] = real_filesystem_bytes
 
 
 @dataclass(frozen=True)
@@ -421,6 +431,27 @@ def check_head_node(ctx: DoctorContext) -> Check:
                  "a firewall or the wrong interface blocks the rendezvous; pick another --rdzv-port or --rdzv-host")
 
 
+# A container runtime's default /dev/shm is 64 MiB (docker run --shm-size; Kubernetes has no
+# field for it, kubernetes#28272); NCCL between a node's GPUs needs more (NCCL troubleshooting,
+# "Shared memory": --shm-size=1g). runai/pod.sh refuses the same size.
+MIN_SHM_BYTES = 1 << 30
+
+
+def check_shm(ctx: DoctorContext) -> Check:
+    info = ctx.probes.torch_info() or {}
+    gpus = info.get("cuda_device_count")
+    gpus = gpus if isinstance(gpus, int) else ctx.facts.gpu_device_files
+    size = ctx.probes.filesystem_bytes(under(ctx.root, "/dev/shm"))
+    if size is None:
+        return Check("/dev/shm", SKIP, "cannot read the size of /dev/shm")
+    detail = f"{size >> 20} MiB"
+    if gpus > 1 and size < MIN_SHM_BYTES:
+        return Check("/dev/shm", FAIL, f"{detail}, and NCCL between the {gpus} GPUs here needs at least 1 GiB",
+                     "RunAI: submit with --large-shm; Docker: --shm-size=1g; Kubernetes: an emptyDir "
+                     "with medium Memory at /dev/shm")
+    return Check("/dev/shm", OK, detail)
+
+
 def check_dataset(ctx: DoctorContext) -> Check:
     folder = os.path.join(ctx.data_dir, DATASET_DIRNAME)
     missing = missing_dataset_files(ctx.data_dir)
@@ -435,7 +466,8 @@ def run_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
               check_fabric_devices(ctx), check_fabric_settings(ctx)]
     checks.extend(check_host_libraries(ctx))
     checks.append(check_library_dependencies(ctx))
-    checks.extend([check_fi_info(ctx), check_interface(ctx), check_head_node(ctx), check_dataset(ctx)])
+    checks.extend([check_fi_info(ctx), check_interface(ctx), check_head_node(ctx), check_shm(ctx),
+                   check_dataset(ctx)])
     return tuple(checks)
 
 

@@ -70,7 +70,13 @@ def ethernet_defaults(builder: EnvBuilder, facts: NodeFacts, head_address: str |
         # Only a loopback answer for the head's own name (Debian's 127.0.1.1 line in /etc/hosts,
         # Debian Reference "The hostname resolution"): the other nodes come by the default route.
         interface = outward_interface(facts.routes)
-        if interface is None and not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= set(builder.env):
+        users = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= set(builder.env)
+        if interface is None and not facts.routes and not users:
+            builder.note("route", "warning",
+                         f"head node {head_address} resolves to loopback {address} here and /proc/net/route lists "
+                         f"no route; socket interface left to NCCL/Gloo")
+            return
+        if interface is None and not users:
             raise LaunchError(
                 f"head node {head_address} resolves to loopback {address} here and no other interface has "
                 f"a default route, so the other nodes could not reach it: map the name to the node's network "

@@ -23,7 +23,8 @@ class FakeProbes:
     """Records what doctor asked for; fails loudly on a library kind it does not know."""
 
     def __init__(self, torch=TORCH, refuse=(), fi_info=(0, "provider: cxi\n    fabric: cxi\n"), connect="refused", which=True,
-                 missing=None):
+                 missing=None, shm=16 << 30):
+        self.shm = shm
         self.torch, self.refuse, self.fi_info, self.connect_result, self.has_fi_info = torch, refuse, fi_info, connect, which
         self.missing = missing or {}  # library file name -> the dependency dlopen cannot find
         self.loaded, self.commands, self.connected, self.child_loads = [], [], [], []
@@ -50,7 +51,8 @@ class FakeProbes:
 
     def probes(self):
         return Probes(lambda: self.torch, self.load, self.run, self.connect,
-                      lambda name: f"/usr/bin/{name}" if self.has_fi_info else None, self.load_in_child)
+                      lambda name: f"/usr/bin/{name}" if self.has_fi_info else None, self.load_in_child,
+                      lambda path: self.shm)
 
 
 def doctor(node, argv=(), env=None, fake=None):
@@ -271,6 +273,21 @@ def test_offline_skips_the_network(node):
     fake = FakeProbes()
     _, checks, _ = doctor(node, ["--offline"], {"MASTER_ADDR": "127.0.0.1"}, fake)
     assert checks["head node"]["status"] == "SKIP" and fake.connected == []
+
+
+def test_a_64_mib_dev_shm_fails_where_several_gpus_share_it(node):
+    # Kubernetes pods get the runtime's 64 MiB /dev/shm (kubernetes#28272); NCCL between GPUs
+    # needs more (NCCL troubleshooting, "Shared memory": --shm-size=1g,
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html).
+    code, checks, _ = doctor(node, ["--offline"], {}, FakeProbes(shm=64 << 20))
+    assert code == 1 and checks["/dev/shm"]["status"] == "FAIL"
+    assert checks["/dev/shm"]["detail"] == "64 MiB, and NCCL between the 4 GPUs here needs at least 1 GiB"
+    assert "--large-shm" in checks["/dev/shm"]["fix"]
+
+
+def test_a_small_dev_shm_with_one_gpu_is_ok(node):
+    _, checks, _ = doctor(node, ["--offline"], {}, FakeProbes(torch=dict(TORCH, cuda_device_count=1), shm=64 << 20))
+    assert checks["/dev/shm"]["status"] == "OK"
 
 
 def test_dataset_present_is_ok(node, tmp_path):
