@@ -84,6 +84,7 @@ class NodeFacts:
     head: Resolved | None = None                # the rendezvous host's lookup, when one was asked
     cuda_problem: str | None = None             # why CUDA cannot be used, when it was asked
     net_plugin: NetPlugin | None = None         # None: not looked for (no CXI, or not asked)
+    loader_dirs: tuple[str, ...] = ()           # of LOADER_DIRS, those that exist (the image's own), when asked
 
     @property
     def slingshot_present(self) -> bool:
@@ -199,12 +200,14 @@ def probe_net_plugin(root: str, directories: Iterable[str]) -> NetPlugin:
 def probe(root: str = "/", directories: Iterable[str] = (), head: str | None = None,
           resolve: Callable[[str], str | None] | None = None,
           cuda: Callable[[], str | None] | None = None, files: Iterable[str] = (),
-          plugin_dirs: Iterable[str] | None = None) -> NodeFacts:
+          plugin_dirs: Iterable[str] | None = None, loader: bool = False) -> NodeFacts:
     """This node, read once. head is looked up with resolve; cuda() runs only when given.
 
     directories are looked for under root; files (the workload's script) as given, from the
     working directory, like the python command line will. On a Slingshot node, the NCCL net
     plugin is looked for in plugin_dirs and the loader's own directories, when plugin_dirs is given.
+    loader: list the loader's trusted directories that exist (where the image's packages put their
+    libraries; not ld.so.conf.d's, where CUDA's compat libcuda would overtake the driver's).
     """
     dev = list_dir(root, "/dev") or ()
     cxi_devices = tuple(name for name in dev if name.startswith("cxi"))
@@ -227,4 +230,5 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: str | None = N
         cuda_problem=cuda() if cuda is not None else None,
         net_plugin=(probe_net_plugin(root, plugin_dirs)
                     if plugin_dirs is not None and (cxi_devices or cxi_class) else None),
+        loader_dirs=tuple(d for d in LOADER_DIRS if os.path.isdir(under(root, d))) if loader else (),
     )

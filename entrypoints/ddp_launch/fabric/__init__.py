@@ -139,7 +139,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
             if item.name == "NCCL_SOCKET_IFNAME":
                 continue  # used only as a fallback when the interfaces cannot be listed
             builder.default(item.name, item.value, f"site {profile.name}: {item.source}")
-        builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs))
+        builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs, facts.loader_dirs))
 
     conditions = {
         "multi_node": request.multi_node,
