@@ -58,7 +58,7 @@ def parse_args() -> argparse.Namespace:
 def run_ours(args: argparse.Namespace, data_dir: Path, run_dir: Path) -> tuple[float, dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "ddp_train", "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-           "--recipe", "guide", "--device", args.device, "--width-scale", str(args.width_scale),
+           "--recipe", "guide", "--precision", "auto", "--device", args.device, "--width-scale", str(args.width_scale),
            "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
            "--limit-train", str(args.train_images), "--limit-test", "1000",
            "--target-accuracy", "2", "--checkpoint-every", "0", "--no-resume"]

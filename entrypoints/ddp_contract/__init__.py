@@ -186,10 +186,14 @@ def check_nccl_transport(
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
-    """`python3 -m ddp_contract dataset DIR`: exit 0 when CIFAR-100 is there, else name what is missing."""
+    """`python3 -m ddp_contract dataset DIR`: exit 0 when CIFAR-100 is there, else name what is missing.
+    `python3 -m ddp_contract download DIR`: fetch it there (ddp_contract.download; `make data`)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["download"]:
+        from ddp_contract import download  # urllib and tarfile only for the download
+        return download.main(args[1:])
     if len(args) != 2 or args[0] != "dataset":
-        print("usage: python3 -m ddp_contract dataset DATA_DIR", file=sys.stderr)
+        print("usage: python3 -m ddp_contract dataset DATA_DIR | download DATA_DIR", file=sys.stderr)
         return EXIT_USAGE
     missing = missing_dataset_files(args[1])
     if missing:

@@ -221,19 +221,41 @@ ddp::train() {
     # first exits 75 or 2, and report their death (143) instead of the code. --wait
     # gives them DDP_STEP_WAIT seconds to end on their own after the first task ends
     # (srun(1): -K overrides -W), which still bounds a hang behind a crashed node.
+    local -a step=(srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${srun_args[@]}"
+        apptainer "${apptainer_args[@]}" "${DDP_IMAGE}"
+        "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}"
+        -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}"
+        "${DDP_TRAIN_WORDS[@]}" "$@")
     local status=0
-    srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${srun_args[@]}" \
-        apptainer "${apptainer_args[@]}" "${DDP_IMAGE}" \
-        "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" \
-        -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
-        "${DDP_TRAIN_WORDS[@]}" "$@" || status=$?
-
     if [ "${mode}" = task ]; then
-        ddp::log "per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0 says:"
-        tail -n 25 "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node)-rank0.out" 2>/dev/null || true
+        ddp::log "per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0's follows"
+        ddp::run_following "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node)-rank0.out" "${step[@]}" || status=$?
     else
+        "${step[@]}" || status=$?
         ddp::log "per-rank logs: ${log_dir}/${SLURM_JOB_ID:-local}/<node>/<run>/attempt_<N>/<local rank>/"
     fi
+    return "${status}"
+}
+
+# Run a step and copy FILE into the job's output while it runs. In task mode srun writes each
+# rank's output to its own file (--output with %t), so the job's .out would show nothing until
+# the step ended; node mode's torchrun tees to the console instead. GNU tail -F follows the
+# file from its creation (or from its current end: a requeued job's earlier lines are not
+# repeated) and --pid ends it once the step has exited and the file is read to its end
+# (coreutils tail(1), --pid).
+#   ddp::run_following FILE COMMAND...
+ddp::run_following() {
+    local -r file="$1"
+    shift
+    local from=+1
+    [ ! -e "${file}" ] || from=0
+    "$@" &
+    local -r step_pid=$!
+    tail -n "${from}" -F --pid="${step_pid}" -- "${file}" 2>/dev/null &
+    local -r tail_pid=$!
+    local status=0
+    wait "${step_pid}" || status=$?
+    wait "${tail_pid}" || true
     return "${status}"
 }
 

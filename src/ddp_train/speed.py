@@ -91,7 +91,7 @@ class FastModel:
 def accelerate(model: nn.Module, config: TrainConfig, device: torch.device) -> FastModel:
     ddp: nn.Module = model
     if distributed.active():
-        check_compression_backend(config.grad_compression)
+        check_compression_backend(config.grad_compression, device)
         ddp = wrap_ddp(model, device, config.bucket_cap_mb, config.grad_compression)
     compiled = compile_by_default(config, device.type)
     compile_mode = resolve_compile_mode(config, device.type) if compiled else "eager"
@@ -111,12 +111,11 @@ def bucket_layout(ddp: nn.Module) -> Optional[dict[str, Any]]:
             "comm_hook": data.get("comm_hook") or None}
 
 
-def check_compression_backend(grad_compression: str) -> None:
-    """bf16_compress_hook all-reduces bf16 tensors; refuse a backend that cannot (checked once
-    here rather than as a C++ error inside the first backward)."""
+def check_compression_backend(grad_compression: str, device: torch.device) -> None:
+    """bf16_compress_hook all-reduces bf16 tensors on the model's device; refuse a backend that
+    cannot (checked once here rather than as a C++ error inside the first backward)."""
     if grad_compression == "bf16" and dist.is_initialized() and dist.get_world_size() > 1:
-        probe = torch.ones(1, dtype=torch.bfloat16,
-                           device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        probe = torch.ones(1, dtype=torch.bfloat16, device=device)
         try:
             dist.all_reduce(probe)
         except RuntimeError as exc:

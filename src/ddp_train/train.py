@@ -9,6 +9,7 @@ syncs the GPU inside an epoch: the stop-signal vote is read one check after it s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -18,9 +19,11 @@ from typing import Mapping, Optional
 import torch
 
 from ddp_train import data, distributed, metrics, rundir, speed
+from ddp_train.accumulation import accumulate_gradients
 from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Checkpointer, Progress
-from ddp_train.config import TrainConfig, check_world, compile_by_default, for_device, resolve_precision
+from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, resolve_backend,
+                              resolve_precision)
 from ddp_train.distributed import DistEnv
 from ddp_train.ema import update_ema
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
@@ -38,11 +41,11 @@ def say(dist_env: DistEnv, *lines: str) -> None:
 
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     dist_env = DistEnv.from_env(env)
-    with seen_by(Seen.BY_EVERY_RANK):  # the same flags and world size on every rank: rank 0 tells
-        check_world(config, dist_env.world_size)
     with seen_by(Seen.BY_EVERY_RANK_OF_NODE):  # the same GPUs for every rank of a node
         device = distributed.pick_device(config.device, dist_env)
     config = for_device(config, device.type, dist_env.world_size)
+    with seen_by(Seen.BY_EVERY_RANK):  # the same flags and world size on every rank: rank 0 tells
+        check_world(config, dist_env.world_size)  # after for_device: the default batch is checked too
     if compile_by_default(config, device.type):
         # Before torch writes its /tmp default into os.environ (creating an optimizer does). Inductor
         # reads its cache directory from the process environment: written there, not read from it.
@@ -51,9 +54,10 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     with seen_by(Seen.BY_EVERY_RANK_OF_NODE):
         precision = resolve_precision(config.precision, device.type,
                                       device.type == "cuda" and torch.cuda.is_bf16_supported())
+        config = dataclasses.replace(config, backend=resolve_backend(config.backend, device.type))  # recorded
     stop = StopFlag().install()
     try:
-        distributed.init_process_group(dist_env, device, config.dist_timeout_s)
+        distributed.init_process_group(dist_env, device, config.dist_timeout_s, config.backend)
         return train(config, env, dist_env, device, precision, stop)
     finally:
         distributed.destroy_process_group()
@@ -84,7 +88,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
 
     # The run record and the header.
     world_facts = distributed.describe_world(dist_env, device)
-    distributed.announce_network_transport(env, device, dist_env.local_rank)
+    distributed.announce_network_transport(env, device, dist_env.local_rank, config.backend)
     steps = plan_steps(len(train_set), config.batch_size, world, config.epochs, config.warmup_epochs)
     start = metrics.RunStart(world_facts, config, precision, learner.lr_peak, fast.compile_mode, steps,
                              len(train_set), len(test_set), resumed)
@@ -95,19 +99,22 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     if resumed:
         say(dist_env, f"Resumed from {checkpoints.path} at epoch {progress.epoch + 1}, step {progress.step}")
 
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if fast.cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are done
+            torch.compiler.cudagraph_mark_step_begin()  # the previous pass's graph outputs are done
         with torch.autocast(device.type, dtype=learner.autocast_dtype or torch.float32,
                             enabled=learner.autocast_dtype is not None):
-            loss = learner.criterion(fast.forward(x), y)
-        scaler.scale(loss).backward()
+            return learner.criterion(fast.forward(x), y)
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = accumulate_gradients(x, y, config.grad_accum_steps, fast.ddp, loss_of,
+                                    lambda micro_loss: scaler.scale(micro_loss).backward())
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         if ema is not None:
             update_ema(ema, model, config.ema_decay)
-        return loss.detach()
+        return loss
 
     # Warm-up, off the clock: compile, autotune and record graphs on a real batch, then restore.
     batches = TrainBatches(train_set, config.batch_size, config.seed, rank, world)

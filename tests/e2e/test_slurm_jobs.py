@@ -66,6 +66,24 @@ def test_task_per_gpu_script_runs_two_ranks_on_each_of_two_nodes(cluster, job_en
     assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(Path(job_env["DDP_IMAGE"]))
 
 
+@pytest.mark.parametrize("script,tasks", [("slurm/raven-1gpu.sh", 1), ("slurm/raven-1node-4gpu.sh", 2)])
+def test_raven_one_node_scripts_run_one_rank_per_task_and_stream_rank_0(cluster, job_env, tmp_path, script, tasks):
+    # The single-GPU and one-node rows of the scaling table, as 1 and 2 CPU tasks on one node.
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=1", f"--ntasks-per-node={tasks}", "--gres=none"),
+                             script], env=job_env)
+
+    job = cluster.wait(job_id, timeout=240)
+
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    assert f"World size: {tasks}" in output and "Number of nodes: 1" in output
+    logs = sorted(p.name for p in (Path(job_env["DDP_RUN_DIR"]) / "logs").glob("*.out"))
+    assert logs == [f"{job_id}-node1-rank{rank}.out" for rank in range(tasks)]
+    # Rank 0's whole log reached the job's output (streamed), not only its last lines.
+    rank0 = (Path(job_env["DDP_RUN_DIR"]) / "logs" / logs[0]).read_text()
+    assert rank0.splitlines()[0] in output and "Training completed successfully." in output
+
+
 def test_job_script_refuses_to_start_without_staged_data(cluster, job_env, tmp_path):
     job_env = {**job_env, "DDP_DATA_DIR": str(tmp_path / "nowhere")}
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
