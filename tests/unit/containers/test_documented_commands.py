@@ -14,14 +14,17 @@ from definitions_paths import CONTAINERS, REPO
 DOCS = [REPO / "README.md", CONTAINERS / "README.md", CONTAINERS / "gpu.def", *sorted((REPO / "docs").glob("*.md"))]
 DDP_SH = REPO / "slurm" / "lib" / "ddp.sh"
 SRUN_STEP_FLAGS = re.compile(r'--kill-on-bad-exit=(\d)|--wait="?(?:\$\{DDP_STEP_WAIT:-)?(\d+)')
-# `apptainer run|exec [flags] IMAGE`: the GPU images are every SIF but the CPU one.
-APPTAINER_RUN = re.compile(r"apptainer (?:run|exec)((?: +-[-\w=]+)*) +(\S+\.sif)")
+# `apptainer run [flags] IMAGE` (the runscript is ddp-launch) and `apptainer exec [flags] IMAGE
+# ddp-launch`: the GPU images are every SIF but the CPU one. `exec IMAGE ddp-train --download`
+# on a login node needs no GPU.
+APPTAINER_RUN = re.compile(r"apptainer (run|exec)((?: +-[-\w=]+)*) +(\S+\.sif)(?: +(\S+))?")
 
 
 def training_srun_flags() -> dict[str, str]:
     """The --kill-on-bad-exit and --wait values of ddp::train's srun (not the sampler's)."""
     text = DDP_SH.read_text()
-    line = next(line for line in text.splitlines() if line.strip().startswith("srun --kill-on-bad-exit"))
+    line = next(line for line in text.splitlines()
+                if "srun --kill-on-bad-exit" in line and not line.strip().startswith("#"))
     flags = {}
     for kill, wait in SRUN_STEP_FLAGS.findall(line):
         flags.update({"kill-on-bad-exit": kill} if kill else {"wait": wait})
@@ -50,7 +53,8 @@ def test_every_documented_run_of_the_gpu_image_has_nv(doc):
     # Without --nv no GPU enters the container (Apptainer user guide, "GPU Support":
     # https://apptainer.org/docs/user/main/gpu.html), and inside a GPU allocation the launcher
     # refuses the granted GPUs it cannot use (exit 2).
-    runs = [(flags, image) for flags, image in APPTAINER_RUN.findall(doc.read_text()) if "cpu" not in image]
+    runs = [(flags, image) for verb, flags, image, program in APPTAINER_RUN.findall(doc.read_text())
+            if "cpu" not in image and (verb == "run" or program.strip("`") == "ddp-launch")]
     missing = [f"apptainer ...{flags} {image}" for flags, image in runs if "--nv" not in flags.split()]
     assert not missing, f"{doc.name}: add --nv to {missing}"
 
