@@ -24,7 +24,7 @@ EXIT_USAGE = 2      # a mistake the user can fix: one line on stderr, never retr
 EXIT_REQUEUE = 75   # EX_TEMPFAIL: stopped on a signal after a checkpoint; requeue resumes it
 
 # -- variables the launcher sets for the workers -----------------------------------------
-EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband: check NCCL's choice
+EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband | ethernet: check NCCL's choice
 REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"   # "1": a fallback to sockets is an error
 LOG_DIR_VAR = "DDP_LAUNCH_LOG_DIR"          # where NCCL's log goes beside torchrun's
 
@@ -44,9 +44,11 @@ _USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$")
 _LOADED_PLUGIN = re.compile(r"NET/Plugin\s*:?\s*Loaded net plugin (?P<name>.+?)\s*(\(v\d+\))?\s*$")
 _NO_PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(No plugin found|Could not find|Plugin load returned|Failed to find|dlerror)", re.I)
 _OFI_PROBLEM = re.compile(r"NET/OFI.*(Couldn't find|Unable to find|No provider|fi_getinfo|version|failed)", re.I)
+_IB_PROBLEM = re.compile(r"NET/IB\s*:\s*(No device found|.*(failed|error|unable))", re.I)
 _WARN = re.compile(r"NCCL WARN (?P<text>.*)$")
 
 SOCKET_NAMES = ("Socket",)
+SOCKET_FABRICS = ("ethernet",)   # sockets are the fabric: the check reports, never warns
 
 
 class Transport(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login nodes
@@ -55,6 +57,7 @@ class Transport(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login
     plugin_problem: Optional[str]     # NCCL's line saying the plugin was not found
     ofi_problem: Optional[str]        # an OFI/libfabric error line (e.g. version mismatch)
     warnings: Tuple[str, ...]         # NCCL WARN lines
+    ib_problem: Optional[str]         # NCCL's IB verbs transport line saying it found or opened nothing
 
     @property
     def is_socket(self) -> bool:
@@ -62,7 +65,7 @@ class Transport(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login
 
 
 def detect_nccl_transport(lines: Iterable[str]) -> Transport:
-    network = plugin = plugin_problem = ofi_problem = None
+    network = plugin = plugin_problem = ofi_problem = ib_problem = None
     warnings = []
     for raw in lines:
         line = raw.rstrip("\n")
@@ -76,13 +79,38 @@ def detect_nccl_transport(lines: Iterable[str]) -> Transport:
             plugin_problem = line.split("NCCL INFO", 1)[-1].strip()
         if ofi_problem is None and _OFI_PROBLEM.search(line):
             ofi_problem = line.split("NCCL ", 1)[-1].strip()
+        if ib_problem is None and _IB_PROBLEM.search(line):
+            ib_problem = line.split("NCCL ", 1)[-1].strip()
         match = _WARN.search(line)
         if match:
             warnings.append(match.group("text").strip())
-    return Transport(network, plugin, plugin_problem, ofi_problem, tuple(warnings))
+    return Transport(network, plugin, plugin_problem, ofi_problem, tuple(warnings), ib_problem)
 
 
-def likely_cause(transport: Transport, env: Mapping[str, str]) -> str:
+def likely_cause(transport: Transport, env: Mapping[str, str], expected: str = "slingshot") -> str:
+    """Why NCCL fell back to sockets, for the fabric that was expected: each has its own causes."""
+    if expected == "infiniband":
+        return _infiniband_cause(transport, env)
+    return _slingshot_cause(transport, env)
+
+
+def _infiniband_cause(transport: Transport, env: Mapping[str, str]) -> str:
+    """InfiniBand and RoCE go through NCCL's built-in IB verbs transport, no plugin: NCCL logs
+    "NET/Plugin: No plugin found" on every such node, so that line is no cause here."""
+    if env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return "NCCL_IB_DISABLE=1 turns NCCL's IB/RoCE transport off; unset it"
+    if transport.ib_problem and "no device" in transport.ib_problem.lower():
+        return (f"NCCL found no RDMA device in the container ({transport.ib_problem}); on RunAI/Kubernetes "
+                "request one (--extended-resource rdma/rdma=1 and the kube-system/roce network annotation), "
+                "under Apptainer check /dev/infiniband on the node (ddp-launch doctor)")
+    if transport.ib_problem:
+        return (f"NCCL's IB transport did not start ({transport.ib_problem}); check NCCL_IB_HCA and "
+                "NCCL_IB_GID_INDEX against /sys/class/infiniband (ddp-launch doctor)")
+    return "see the NET/IB lines of the NCCL log; NCCL_IB_HCA and NCCL_IB_GID_INDEX must name a live port (ddp-launch doctor)"
+
+
+def _slingshot_cause(transport: Transport, env: Mapping[str, str]) -> str:
+    """Slingshot is reached only through the aws-ofi-nccl plugin and the host's libfabric."""
     if transport.ofi_problem:
         return f"libfabric/OFI error ({transport.ofi_problem}); often a libfabric version the plugin was not built for - rebind the matching module (ddp-launch binds)"
     if transport.plugin_problem or transport.plugin is None:
@@ -94,11 +122,11 @@ def likely_cause(transport: Transport, env: Mapping[str, str]) -> str:
 
 def sockets_warning(transport: Transport, expected: str, env: Mapping[str, str]) -> Optional[str]:
     """A loud message when a fabric was expected but NCCL uses TCP sockets; None when fine."""
-    if not transport.is_socket:
+    if not transport.is_socket or expected in SOCKET_FABRICS:
         return None
     return (
         f"WARNING: NCCL is using TCP sockets although {expected} is expected: "
-        f"all-reduce will be ~20x slower. Cause: {likely_cause(transport, env)}."
+        f"all-reduce will be ~20x slower. Cause: {likely_cause(transport, env, expected)}."
     )
 
 

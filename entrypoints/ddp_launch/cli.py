@@ -39,6 +39,8 @@ def launch(argv: list[str]) -> int:
 
 def execute(plan: LaunchPlan, env: dict[str, str]) -> int:
     """Replace this process with the plan's command; returns only when it cannot run."""
+    if plan.announcement:
+        print(plan.announcement, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -31,6 +31,8 @@ class ProbeQuestions:
     files: tuple[str, ...] = ()             # does each exist (the --script)
     cuda: bool = False                      # can the CUDA driver use the GPUs the scheduler granted
     dns_wait_s: float | None = None         # retry the lookup this long (a pod's DNS record comes late)
+    plugin_dirs: tuple[str, ...] | None = None  # where to look for NCCL's net plugin (on a Slingshot node)
+    loader_dirs: bool = False               # list the image's own library dirs (a site binds host libraries)
 
 
 def questions(argv: Sequence[str], env: Mapping[str, str]) -> ProbeQuestions:
@@ -52,12 +54,16 @@ def ask(options: LaunchOptions, env: Mapping[str, str]) -> ProbeQuestions:
     if name is not None and host_name_problem(name) is not None:
         name = None
     script = options.workload.script
+    directories = tuple(directories_to_probe(options.site, env))
     return ProbeQuestions(
         head=name,
-        directories=tuple(directories_to_probe(options.site, env)),
+        directories=directories,
         files=(script,) if script is not None else (),
         cuda=_granted_gpus_to_check(options, scheduler, env) is not None,
         dns_wait_s=options.dns_timeout_s if scheduler is kubeflow and not options.dry_run else None,
+        # The workers' LD_LIBRARY_PATH is the user's with the site's directories merged in.
+        plugin_dirs=tuple(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d) + directories,
+        loader_dirs=bool(directories),
     )
 
 
@@ -67,7 +73,8 @@ def probe(questions: ProbeQuestions, root: str = "/") -> NodeFacts:
     if questions.dns_wait_s is not None:
         resolve = waiting_resolver(questions.dns_wait_s, lambda line: print(line, file=sys.stderr, flush=True))
     return node.probe(root, questions.directories, questions.head, resolve,
-                      gpus.probe_cuda_driver if questions.cuda else None, questions.files)
+                      gpus.probe_cuda_driver if questions.cuda else None, questions.files,
+                      questions.plugin_dirs, questions.loader_dirs)
 
 
 def plan_launch(options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:

@@ -18,7 +18,7 @@ from conftest import CLUSTER_SH, REPO, SHIM_BIN
 sys.path.insert(0, str(REPO / "containers"))
 sys.path.insert(0, str(REPO / "tests" / "unit" / "fabric"))
 from deffile import sections  # noqa: E402
-from elf_tree import build_fake_olivia_host  # noqa: E402  (helper-1's fake Cray EX host tree)
+from elf_tree import build_fake_olivia_host, build_library  # noqa: E402  (helper-1's fake Cray EX host tree)
 
 pytestmark = pytest.mark.e2e
 
@@ -229,3 +229,39 @@ def container_torch(sif: Path, cwd: Path) -> str:
     done = apptainer(["exec", sif, "python3", "-c", "import torch; print(torch.__version__)"], _host_env(), cwd)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+# --- the host closure does not shadow the image's own libraries ----------------------
+
+ZSTD_PROBE = """\
+import ctypes, json, os, sys
+ctypes.CDLL("libzstd.so.1")
+mapped = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libzstd" in line})
+with open(sys.argv[1], "w") as out:
+    json.dump(mapped, out)
+"""
+
+
+def test_a_worker_loads_the_images_libzstd_not_the_host_closures(sif, tmp_path):
+    # ld.so(8): LD_LIBRARY_PATH is searched before ld.so.cache and the trusted directories, so
+    # a host libzstd.so.1 bound into /opt/host-libs would replace the image's own for every
+    # process unless the launcher puts the image's directories before the closure directory.
+    host = build_fake_olivia_host(tmp_path / "host")
+    lib64 = host["root"] / "usr/lib64"
+    zstd = build_library(lib64 / "libzstd.so.1", "libzstd.so.1", source="int host_zstd_marker(void) { return 1; }\n")
+    build_library(host["root"] / "cluster/work/support/nccl/lib/libfakeextra.so.1", "libfakeextra.so.1", needs=[zstd])
+    done = subprocess.run([sys.executable, "-m", "ddp_launch", "binds", "--site", "olivia", "--root",
+                           str(host["root"])], env=_host_env(PYTHONPATH=str(REPO / "entrypoints")),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    binds = done.stdout.strip()
+    assert ":/opt/host-libs/libzstd.so.1" in binds  # the closure carries the host's copy
+    (tmp_path / "zstd_probe.py").write_text(ZSTD_PROBE)
+
+    run = apptainer(["exec", sif, "ddp-launch", "--site", "olivia", "--mode", "local", "--cpu-workers", "1",
+                     "--script", "zstd_probe.py", "--", str(tmp_path / "zstd.json")],
+                    _host_env(APPTAINER_BIND=binds), tmp_path)
+
+    assert run.returncode == 0, run.stderr
+    mapped = json.loads((tmp_path / "zstd.json").read_text())
+    assert mapped and all(path.startswith(("/usr/lib/", "/lib/")) for path in mapped), mapped
