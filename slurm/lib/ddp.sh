@@ -207,8 +207,12 @@ ddp::partition_nodes() {
 }
 
 # Requeue without the nodes in the run directory's quarantine record, within DDP_MAX_REQUEUES.
-# ExcNodeList is set before the requeue, which ends the running job (scontrol(1): "update"
-# ExcNodeList=<nodes>, "requeue"; https://slurm.schedmd.com/scontrol.html). Returns 0 when requeued.
+# SLURM refuses ExcNodeList for a running job ("Job is no longer pending execution"), so the job
+# is requeued held, given ExcNodeList while pending, then released (scontrol(1): requeuehold,
+# update ExcNodeList=<nodes>, release; https://slurm.schedmd.com/scontrol.html). The requeue
+# ends this script with SIGTERM, then SIGKILL after KillWait (slurm.conf(5)): the three calls
+# ignore TERM, which their scontrol processes inherit, to finish well inside KillWait.
+# Returns 0 when requeued.
 ddp::requeue_elsewhere() {
     local -r run_dir="$1"
     local -r restarts="${SLURM_RESTART_COUNT:-0}" max="${DDP_MAX_REQUEUES:-3}"
@@ -226,8 +230,12 @@ ddp::requeue_elsewhere() {
         return 1
     fi
     ddp::log "bad node(s) ${excluded}: requeuing job ${SLURM_JOB_ID} without them (restart $((restarts + 1)) of ${max}, exit ${DDP_EXIT_BAD_NODE})"
-    scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"
-    scontrol requeue "${SLURM_JOB_ID}"
+    (
+        trap '' TERM
+        scontrol requeuehold "${SLURM_JOB_ID}"
+        scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"
+        scontrol release "${SLURM_JOB_ID}"
+    )
 }
 
 # The nodes excluded so far, and why, in the job output.

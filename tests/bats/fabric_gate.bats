@@ -46,7 +46,7 @@ _gate_report_naming() {
     assert_output "1"
 }
 
-@test "a node the gate names is recorded, excluded with scontrol update, and the job requeued with exit 76" {
+@test "a node the gate names is recorded, the job requeued held, given ExcNodeList, released, exit 76" {
     _gate_report_naming node2
     export GATE_STATUS=76 PARTITION_NODES="node1 node2 node3"
 
@@ -55,9 +55,10 @@ _gate_report_naming() {
     assert_failure 76
     assert_output --partial "excluded node2 (named by the gate in job 42, restart 0): 15 wrong element(s) (expected 0 wrong); likely cause: a faulty NIC"
     assert_output --partial "bad node(s) node2: requeuing job 42 without them (restart 1 of 3, exit 76)"
-    run grep '^scontrol \(update\|requeue\)' "${CALLS}"
-    assert_output "scontrol update JobId=42 ExcNodeList=node2
-scontrol requeue 42"
+    run grep '^scontrol \(update\|requeue\|release\)' "${CALLS}"
+    assert_output "scontrol requeuehold 42
+scontrol update JobId=42 ExcNodeList=node2
+scontrol release 42"
     run grep -c -- ' -- --data-dir ' "${CALLS}"
     assert_output "0"  # no training on a bad node
 }

@@ -56,7 +56,7 @@ esac
 exit "${SRUN_STATUS:-0}"'
     _stub scontrol '
 case "${1-} ${2-}" in
-    "requeue "[0-9]*) [ "$#" -eq 2 ] ;;
+    "requeue "[0-9]* | "requeuehold "[0-9]* | "release "[0-9]*) [ "$#" -eq 2 ] ;;
     "update JobId="[0-9]*) [ "$#" -eq 3 ] && [ "${3%%=*}" = ExcNodeList ] ;;
     "show hostnames") printf "%s\n" ${PARTITION_NODES:-node1 node2} ;;
     *) echo "scontrol stub: unknown arguments $*" >&2; exit 2 ;;
