@@ -256,10 +256,12 @@ ddp::preflight() {
     local -r dir="${DDP_RUN_DIR}/preflight/${SLURM_JOB_ID:-local}"
     mkdir -p "${dir}"
     rm -f "${dir}"/doctor-*.json
+    local -r started="${SECONDS}"
     srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
         --output="${dir}/doctor-%N.json" --error="${dir}/doctor-%N.err" \
         apptainer "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
         doctor --json --site "${DDP_SITE}" --data-dir "${DDP_DATA_DIR}" || true
+    ddp::log "preflight step: $((SECONDS - started)) s"
     local status=0
     ddp::on_host ddp_contract.quarantine add --by doctor --job "${SLURM_JOB_ID:-local}" \
         --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${dir}"/doctor-*.json >&2 || status=$?
@@ -278,9 +280,11 @@ ddp::gate() {
         return 0
     fi
     rm -f "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt"
+    local -r started="${SECONDS}"
     local status=0
     ddp::launch_step "${mode}" gate --module ddp_train.gate \
         -- --run-dir "${DDP_RUN_DIR}" --site "${DDP_SITE}" || status=$?
+    ddp::log "fabric gate step (launch included): $((SECONDS - started)) s"
     if [ "${mode}" = task ] && [ -f "${DDP_RUN_DIR}/gate.txt" ]; then
         cat "${DDP_RUN_DIR}/gate.txt" >&2
     fi
