@@ -172,7 +172,7 @@ class Fault:
 CORRUPT_CAUSE = ("the all-reduce returned wrong data: a faulty GPU or NIC, or a protocol bug "
                  "(LL128 on GH200 with Slingshot, NVIDIA/nccl#2001)")
 SLOW_CAUSE = ("a slow NIC or link on that node, a fallback to TCP sockets there "
-              "(no net plugin or HCA on one node: NVIDIA/nccl#1634, #2428), or a congested port")
+              "(no net plugin or HCA on one node: NVIDIA/nccl#1634, NVIDIA/nccl#2428), or a congested port")
 
 
 def corrupt_faults(groups: Iterable[GroupResult]) -> list[Fault]:
