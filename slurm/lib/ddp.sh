@@ -225,7 +225,9 @@ ddp::requeue_elsewhere() {
     local -a nodes=()
     mapfile -t nodes < <(ddp::partition_nodes)
     local short
-    if ! short="$(ddp::on_host ddp_contract.quarantine enough "${run_dir}" "${SLURM_JOB_NUM_NODES:-1}" "${nodes[@]}")"; then
+    # sinfo said nothing (no partition): SLURM itself then decides whether the job can start.
+    if [ "${#nodes[@]}" -gt 0 ] \
+        && ! short="$(ddp::on_host ddp_contract.quarantine enough "${run_dir}" "${SLURM_JOB_NUM_NODES:-1}" "${nodes[@]}")"; then
         ddp::log "${short}"
         return 1
     fi

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -23,7 +24,7 @@ from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR
 
 from ddp_train import distributed
 from ddp_train.distributed import DistEnv
-from ddp_train.errors import EXIT_FAILURE, EXIT_OK, TrainError
+from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, TrainError
 from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
                                    SizeResult, decide, expectation_from_profile, needs_narrowing, pair_rounds,
                                    write_report)
@@ -188,9 +189,19 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return EXIT_BAD_NODE if report.bad_nodes else EXIT_FAILURE
 
 
+def stop_requests_exit_75() -> None:
+    """A stop signal (USR2 before the time limit, TERM on preemption, forwarded by ddp-launch) during
+    the gate: nothing to save, so every rank leaves at once with 75 and the job script requeues."""
+    def leave(signum, frame):
+        os._exit(EXIT_REQUEUE)
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(signum, leave)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from ddp_train.cli import _leave_now, one_line
     from ddp_train.errors import EXIT_USAGE
+    stop_requests_exit_75()
     try:
         code = gate(parse_args(argv), os.environ)
     except TrainError as error:

@@ -122,3 +122,14 @@ scontrol release 42"
     run grep -c '^scontrol \(update\|requeue\)' "${CALLS}"
     assert_output "0"
 }
+
+@test "a stop signal during the gate (exit 75) requeues like one during training, with no training step" {
+    export GATE_STATUS=75
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "requeuing job 42 (restart 1 of 3)"
+    run grep -c -- ' -- --data-dir ' "${CALLS}"
+    assert_output "0"
+}
