@@ -259,8 +259,10 @@ ddp::preflight() {
     mkdir -p "${dir}"
     rm -f "${dir}"/doctor-*.json
     local -r started="${SECONDS}"
-    srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
-        --output="${dir}/doctor-%N.json" --error="${dir}/doctor-%N.err" \
+    # --ntasks as well: a step inherits the job's task count (SLURM_NTASKS), which would
+    # override --ntasks-per-node and run two doctors into one node's file.
+    srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 \
+        --kill-on-bad-exit=0 --output="${dir}/doctor-%N.json" --error="${dir}/doctor-%N.err" \
         apptainer "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
         doctor --json --site "${DDP_SITE}" --data-dir "${DDP_DATA_DIR}" || true
     ddp::log "preflight step: $((SECONDS - started)) s"

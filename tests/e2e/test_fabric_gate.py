@@ -1,5 +1,5 @@
 """The fabric gate and the quarantine on the real cluster: the slurm/ job scripts, sbatch, srun, the
-image, gloo over the nodes' veth links. Needs DDP_E2E_NODES=4 (a 3-node job and a spare).
+image, gloo over the nodes' veth links. A 3-node job and a spare: DDP_E2E_NODES=4 (conftest's default).
 """
 import json
 from pathlib import Path

@@ -29,7 +29,7 @@ _write_stubs() {
     _stub srun '
 for arg in "$@"; do
     case "${arg}" in
-        --overlap|--nodes=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*) ;;
+        --overlap|--nodes=*|--ntasks=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*) ;;
         --output=*) output="${arg#--output=}" ;;
         -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
         *) break ;;
