@@ -26,8 +26,8 @@ from ddp_train import distributed
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, TrainError
 from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
-                                   SizeResult, decide, expectation_from_profile, needs_narrowing, pair_rounds,
-                                   write_report)
+                                   SizeResult, decide, expectation_from_profile, expected_period, needs_narrowing,
+                                   pair_rounds, write_report)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -84,7 +84,6 @@ class Runner:
         return values
 
     def expected(self, members: Sequence[int], count: int) -> torch.Tensor:
-        from ddp_train.fabric_gate import expected_period
         period = torch.tensor(expected_period(members), dtype=torch.float32, device=self.device)
         return period[torch.arange(count, device=self.device) % PATTERN_PERIOD]
 
