@@ -82,7 +82,8 @@ def test_a_healthy_gate_passes_with_its_figures_in_the_job_output_and_the_json(c
 
 def test_a_corrupting_rank_is_named_with_its_wrong_element_count(cluster, job_env, tmp_path):
     job_env = {**job_env, "DDP_GATE_TEST_CORRUPT": "node2:1:7", "DDP_MAX_REQUEUES": "0"}
-    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodelist=node1,node2"), "slurm/olivia-multinode.sh"],
+                            env=job_env)
 
     job = cluster.wait(job_id, timeout=300)
 
@@ -104,7 +105,8 @@ def test_a_slow_node_is_named_by_the_pair_rounds(cluster, job_env, tmp_path, rat
     _needs_nodes(cluster, 3)
     rate_limited("node3")
     job_env = {**job_env, "DDP_MAX_REQUEUES": "0"}
-    job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=3"), "slurm/olivia-multinode.sh"], env=job_env)
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=3", "--nodelist=node1,node2,node3"),
+                             "slurm/olivia-multinode.sh"], env=job_env)
 
     job = cluster.wait(job_id, timeout=400)
 
