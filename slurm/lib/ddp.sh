@@ -289,9 +289,6 @@ ddp::gate() {
     ddp::launch_step "${mode}" gate --module ddp_train.gate \
         -- --run-dir "${DDP_RUN_DIR}" --site "${DDP_SITE}" || status=$?
     ddp::log "fabric gate step (launch included): $((SECONDS - started)) s"
-    if [ "${mode}" = task ] && [ -f "${DDP_RUN_DIR}/gate.txt" ]; then
-        cat "${DDP_RUN_DIR}/gate.txt" >&2
-    fi
     if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
         ddp::on_host ddp_contract.quarantine add --by gate --job "${SLURM_JOB_ID:-local}" \
             --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${DDP_RUN_DIR}/gate.json" >&2 || true
