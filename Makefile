@@ -77,6 +77,7 @@ test: venv sysdeps lint test-bats
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py
 	$(VPY) benchmarks/trainer_throughput.py
+	$(VPY) benchmarks/fabric_gate_cost.py
 
 # On a GPU node: eager, compiled and CUDA graphs by batch, beside the guide's pipeline.
 bench-gpu: venv

@@ -22,11 +22,19 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Tuple
 # -- exit codes (sysexits.h names) -------------------------------------------------------
 EXIT_USAGE = 2      # a mistake the user can fix: one line on stderr, never retried
 EXIT_REQUEUE = 75   # EX_TEMPFAIL: stopped on a signal after a checkpoint; requeue resumes it
+EXIT_BAD_NODE = 76  # EX_PROTOCOL ("the remote system returned something not possible"): the fabric gate
+                    # or the preflight named a bad node; the job script requeues without it
 
 # -- variables the launcher sets for the workers -----------------------------------------
 EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband | ethernet: check NCCL's choice
 REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"   # "1": a fallback to sockets is an error
 LOG_DIR_VAR = "DDP_LAUNCH_LOG_DIR"          # where NCCL's log goes beside torchrun's
+
+# -- the fabric gate (src/ddp_train/gate.py) and the quarantine (ddp_contract/quarantine.py) --
+FABRIC_GATE_VAR = "DDP_FABRIC_GATE"         # "0": the job scripts skip the gate (default 1)
+PREFLIGHT_VAR = "DDP_PREFLIGHT"             # "0": the job scripts skip the per-node doctor (default 1)
+# Test-only: "HOST:LOCAL_RANK:COUNT" makes that rank add 1 to COUNT elements of its gate contribution.
+GATE_TEST_CORRUPT_VAR = "DDP_GATE_TEST_CORRUPT"
 
 # -- CIFAR-100 on disk (torchvision's layout) -------------------------------------------
 DATASET_DIRNAME = "cifar-100-python"

@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from ddp_contract import EXIT_REQUEUE, EXIT_USAGE
+from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE
 from ddp_launch.worker import PARENT_PID_VARIABLE
 
 # The stop requests the trainer turns into "checkpoint, then exit 75". torchrun
@@ -35,8 +35,9 @@ TORCHRUN_HANDLED_SIGNALS = ("SIGINT", "SIGHUP", "SIGQUIT")
 
 EXIT_CRASH = 1
 EXIT_RENDEZVOUS = 1  # what torchrun itself returns for a failed rendezvous
-# A restart cannot fix a usage error, and a stop request must stay stopped.
-NOT_RETRIED = frozenset({EXIT_USAGE, EXIT_REQUEUE})
+# A restart cannot fix a usage error, a stop request must stay stopped, and a bad node
+# (the fabric gate's verdict) is fixed only by running elsewhere.
+NOT_RETRIED = frozenset({EXIT_USAGE, EXIT_REQUEUE, EXIT_BAD_NODE})
 
 
 
@@ -74,12 +75,16 @@ def launcher_exit_code(codes: Sequence[int]) -> int:
     """The launcher's exit code for the failed workers' codes (negative: killed by a signal).
 
     Any crash makes the run a crash (1); otherwise a usage error (2) wins over a
-    signal-stop (75), because requeueing cannot fix it.
+    bad node (76), and that over a signal-stop (75): requeueing cannot fix a usage
+    error, and a bad node needs a requeue without it.
     """
     codes = own_exit_codes(codes)
     if not codes or any(code not in NOT_RETRIED for code in codes):
         return EXIT_CRASH
-    return EXIT_USAGE if EXIT_USAGE in codes else EXIT_REQUEUE
+    for code in (EXIT_USAGE, EXIT_BAD_NODE):
+        if code in codes:
+            return code
+    return EXIT_REQUEUE
 
 
 def all_stopped_for_requeue(exit_codes: Sequence[int]) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ddp_bench.errors import ReportError
+from ddp_bench.gate_table import gate_table
 from ddp_train.metrics import METRICS_NAME
 
 
@@ -191,7 +192,7 @@ def plot(rows: Sequence[Row], path: Path) -> bool:
 
 def report(run_dirs: Sequence[Path], out_dir: Path) -> str:
     rows = scaling_rows([load_run(path) for path in run_dirs])
-    table = markdown_table(rows)
+    table = markdown_table(rows) + gate_table(run_dirs)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "report.md").write_text(table, encoding="utf-8")

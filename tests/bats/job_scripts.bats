@@ -248,7 +248,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_failure 1
-    assert_output --partial "training step failed with exit status 1; per-rank logs are in ${DDP_RUN_DIR}/logs"
+    assert_output --partial "job failed with exit status 1; per-rank logs are in ${DDP_RUN_DIR}/logs"
     run grep -c '^scontrol' "${CALLS}"
     assert_output "0"
 }
