@@ -29,6 +29,7 @@ EXIT_BAD_NODE = 76  # EX_PROTOCOL ("the remote system returned something not pos
 EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband | ethernet: check NCCL's choice
 REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"   # "1": a fallback to sockets is an error
 LOG_DIR_VAR = "DDP_LAUNCH_LOG_DIR"          # where NCCL's log goes beside torchrun's
+ENV_SOURCES_VAR = "DDP_ENV_SOURCES"         # JSON {name: "who: why"} of what the launcher set
 
 # -- the fabric gate (src/ddp_train/gate.py) and the quarantine (ddp_contract/quarantine.py) --
 FABRIC_GATE_VAR = "DDP_FABRIC_GATE"         # "0": the job scripts skip the gate (default 1)

@@ -10,11 +10,14 @@ This module imports torch: it runs only after the exec, never in the launcher.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
 
 from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE
+from ddp_contract.heartbeat import HEARTBEAT_DIR_VAR
+from ddp_launch.watchdog import Watchdog, heartbeat_directory
 from ddp_launch.worker import PARENT_PID_VARIABLE
 
 # The stop requests the trainer turns into "checkpoint, then exit 75". torchrun
@@ -220,15 +223,11 @@ def _import_torch_quietly() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import logging
-    import socket
 
     _import_torch_quietly()
-    from torch.distributed import DistError
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 
     def stop_now(signum: int) -> None:
         raise SignalException(f"ddp-launch got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
@@ -240,6 +239,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in WORKER_END_LOGGERS:
         logging.getLogger(name).addFilter(_DropWorkerEndRecords)
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # the workers inherit it (worker.py)
+    heartbeats = heartbeat_directory()
+    os.environ[HEARTBEAT_DIR_VAR] = heartbeats  # the workers' heartbeats (watchdog.py)
+    watchdog = Watchdog(heartbeats).start()
+    try:
+        return _run_torchrun(torchrun, argv)
+    finally:
+        watchdog.stop()
+        shutil.rmtree(heartbeats, ignore_errors=True)
+
+
+def _run_torchrun(torchrun, argv: list[str] | None) -> int:
+    import socket
+
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     if hasattr(args, "signals_to_handle"):

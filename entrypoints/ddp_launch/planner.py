@@ -16,6 +16,7 @@ from ddp_launch import facts as node, gpus
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, directories_to_probe, plan_fabric
 from ddp_launch.facts import NodeFacts
+from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.options import LaunchOptions, read_options
 from ddp_launch.plan import LaunchPlan
 from ddp_launch.rendezvous import host_name_problem, lookup_ipv4, waiting_resolver
@@ -98,7 +99,9 @@ def plan_launch(options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts
         gloo=options.cpu_workers is not None,
         log_dir=options.log_dir,
     ), facts)
-    return replace(launch, fabric=fabric)
+    # Inside a torchrun we did not start, the workload runs as that torchrun set it up.
+    forensics = flight_recorder_env(env) if scheduler is not torchrun else ()
+    return replace(launch, fabric=fabric, env_changes=launch.env_changes + forensics)
 
 
 def _granted_gpus_to_check(options: LaunchOptions, scheduler: ModuleType,
