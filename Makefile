@@ -7,6 +7,8 @@ VENV      ?= .venv
 VPY       := $(VENV)/bin/python
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DATA_DIR  ?= data
+# make data CIFAR_URL=...: a mirror of the official CIFAR-100 tarball (its MD5 is still checked)
+CIFAR_URL ?=
 RUN_DIR   ?= runs/demo
 
 .PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench bench-gpu e2e-image
@@ -31,8 +33,10 @@ venv: $(VENV)/.installed
 demo: venv
 	$(VENV)/bin/ddp-launch --mode local --cpu-workers 2 -- --demo --data-dir $(DATA_DIR) --run-dir $(RUN_DIR)
 
-data: venv
-	$(VENV)/bin/ddp-train --download --data-dir $(DATA_DIR)
+# The login node's own python3 is enough (3.6 on SLES 15): a standard-library downloader, no venv,
+# no torch. Inside the image instead: apptainer exec IMAGE.sif ddp-train --download --data-dir DIR
+data:
+	PYTHONPATH="$(CURDIR)/entrypoints" $(PYTHON) -m ddp_contract download "$(DATA_DIR)" $(if $(CIFAR_URL),--url "$(CIFAR_URL)")
 
 # Debian packages the tests use; installed only when missing and we are root.
 # debootstrap builds the e2e tests' Debian sid root (the real Apptainer, SLURM) and test
@@ -50,7 +54,7 @@ sysdeps:
 	fi
 
 lint: venv sysdeps
-	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh
+	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh containers/*.sh
 	cd entrypoints && $(abspath $(VENV))/bin/vermin --target=3.6- --violations --no-tips $$(grep -v '^#' host-modules.txt)
 
 test-bats: sysdeps
@@ -74,6 +78,7 @@ test: venv sysdeps lint test-bats
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py
 	$(VPY) benchmarks/trainer_throughput.py
+	$(VPY) benchmarks/fabric_gate_cost.py
 
 # On a GPU node: eager, compiled and CUDA graphs by batch, beside the guide's pipeline.
 bench-gpu: venv
@@ -112,11 +117,23 @@ CPU_BASE         ?=
 # ("Templating cannot handle empty values", apptainer#1584).
 APPTAINER_MIN    := 1.3
 
+# Apptainer keeps pulled layers in ~/.apptainer/cache and unpacks builds in /tmp unless
+# APPTAINER_CACHEDIR / APPTAINER_TMPDIR say otherwise (apptainer.org/docs/user/latest/build_env.html);
+# the NGC base is ~20 GB unpacked and home quotas are small (apptainer#546: a 56 GB ~/.apptainer).
+# Where they are unset, builds use BUILD_SCRATCH: $$USERWORK (Sigma2's work area), else $$SCRATCH,
+# else SIF_DIR; containers/build-space.sh names them and checks the free space first.
+BUILD_SCRATCH     ?= $(or $(USERWORK),$(SCRATCH),$(SIF_DIR))/.apptainer-build
+BUILD_MIN_FREE_GB ?= 40
+build-cpu: BUILD_MIN_FREE_GB = 8
+build-olivia build-x86 build-cpu: export APPTAINER_CACHEDIR := $(or $(APPTAINER_CACHEDIR),$(abspath $(BUILD_SCRATCH))/cache)
+build-olivia build-x86 build-cpu: export APPTAINER_TMPDIR := $(or $(APPTAINER_TMPDIR),$(abspath $(BUILD_SCRATCH))/tmp)
+
 define need_apptainer
 	@command -v $(APPTAINER) >/dev/null 2>&1 || { echo "error: '$(APPTAINER)' not found on PATH; on a cluster run 'module load apptainer', elsewhere install it (https://apptainer.org/docs/admin/main/installation.html)" >&2; exit 127; }
 	@v="$$($(APPTAINER) --version 2>/dev/null | sed -n 's/^[a-z]* version \([0-9][0-9.]*\).*/\1/p')"; \
 	 [ -n "$$v" ] && [ "$$(printf '%s\n' $(APPTAINER_MIN) "$$v" | sort -V | head -n 1)" = $(APPTAINER_MIN) ] \
 	 || { echo "error: $(APPTAINER) $${v:-of unknown version} is older than $(APPTAINER_MIN), which containers/*.def need (apptainer#1584): 'module load apptainer/$(APPTAINER_MIN)' or newer" >&2; exit 2; }
+	@$(CURDIR)/containers/build-space.sh "$(BUILD_MIN_FREE_GB)"
 endef
 
 # %test runs inside the image, so it is skipped when building arm64 on an x86_64 login node.

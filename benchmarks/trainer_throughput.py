@@ -9,6 +9,10 @@ process: torchvision CIFAR100 + DataLoader(workers, shuffle) with per-image Rand
 RandomHorizontalFlip, ToTensor, Normalize; fp16 autocast + GradScaler on GPU (fp32 on CPU); a
 fresh DataLoader iterator each epoch, timed from iterator creation as the seed does. Both time
 training only (no evaluation) and skip the first (warm-up) epoch.
+
+"forensics on/off" runs two gloo CPU workers under ddp-launch with the heartbeat, the step
+clock and its comm hook on (the default) and off (DDP_FORENSICS=0), interleaved, and times
+the per-step heartbeat and clock marks alone: the cost of hang and straggler forensics.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ def parse_args() -> argparse.Namespace:
                    help="DataLoader workers for the seed side (the guide uses 8)")
     p.add_argument("--data-dir", help="use this CIFAR-100 instead of generating one")
     p.add_argument("--json", action="store_true", help="also print one JSON line with the figures")
+    p.add_argument("--forensics-repeats", type=int, default=3,
+                   help="on/off pairs of 2-worker runs for the forensics overhead (0: skip)")
+    p.add_argument("--forensics-only", action="store_true", help="only the forensics on/off comparison")
     args = p.parse_args()
     cuda = args.device == "cuda"
     args.width_scale = args.width_scale or (1.0 if cuda else 1 / 16)
@@ -58,7 +65,7 @@ def parse_args() -> argparse.Namespace:
 def run_ours(args: argparse.Namespace, data_dir: Path, run_dir: Path) -> tuple[float, dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "ddp_train", "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-           "--recipe", "guide", "--device", args.device, "--width-scale", str(args.width_scale),
+           "--recipe", "guide", "--precision", "auto", "--device", args.device, "--width-scale", str(args.width_scale),
            "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
            "--limit-train", str(args.train_images), "--limit-test", "1000",
            "--target-accuracy", "2", "--checkpoint-every", "0", "--no-resume"]
@@ -113,6 +120,67 @@ def run_seed_pipeline(args: argparse.Namespace, data_dir: Path) -> float:
     return statistics.mean(rates[1:])
 
 
+def forensics_marks_us(buckets: int = 8, steps: int = 20000) -> float:
+    """Microseconds per step of the heartbeat and step-clock marks a DDP step makes."""
+    from ddp_contract import heartbeat as hb
+    from ddp_train.heartbeat import Forensics
+    from ddp_train.steptime import StepClock
+
+    with tempfile.TemporaryDirectory(prefix="hb-bench-") as beats:
+        forensics = Forensics.start({hb.HEARTBEAT_DIR_VAR: beats}, 0, 0, beats, 600.0)
+        beat, clock = forensics.heartbeat, StepClock(torch.device("cpu"))
+        start = time.perf_counter()
+        for step in range(steps):
+            beat.step(step)
+            clock.begin()
+            clock.forward_started()
+            for _ in range(buckets):
+                beat.bucket()
+                clock.bucket()
+            clock.backward_done()
+            beat.phase(hb.OPTIMIZER)
+            clock.end()
+        elapsed = time.perf_counter() - start
+        forensics.stop()
+    return elapsed / steps * 1e6
+
+
+def run_launched(args: argparse.Namespace, data_dir: Path, run_dir: Path, forensics: bool) -> tuple[float, float]:
+    """(steady images/s, median step ms) of two CPU workers under ddp-launch."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["DDP_FORENSICS"] = "1" if forensics else "0"
+    cmd = [sys.executable, "-m", "ddp_launch", "--cpu-workers", "2", "--", "--data-dir", str(data_dir),
+           "--run-dir", str(run_dir), "--recipe", "guide", "--device", "cpu", "--width-scale",
+           str(args.width_scale), "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
+           "--limit-train", str(args.train_images), "--limit-test", "256", "--target-accuracy", "2",
+           "--checkpoint-every", "0", "--no-resume"]
+    if not args.data_dir:
+        cmd.append("--allow-unverified-data")
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    epochs = [r for r in records if r["type"] == "epoch"][1:]
+    steady = sum(e["images"] for e in epochs) / sum(e["epoch_time_s"] for e in epochs)
+    summary = [r for r in records if r["type"] == "summary"][-1]
+    step_ms = statistics.median(r["step_ms"] for r in summary.get("step_times") or [{"step_ms": 0.0}])
+    return steady, step_ms
+
+
+def forensics_overhead(args: argparse.Namespace, data_dir: Path, tmp: Path) -> dict:
+    """Interleaved on/off pairs, so a busy machine's drift falls on both sides alike."""
+    on, off, step_ms = [], [], []
+    for i in range(args.forensics_repeats):
+        for enabled in ((True, False) if i % 2 == 0 else (False, True)):
+            rate, ms = run_launched(args, data_dir, tmp / f"fr-{i}-{int(enabled)}", enabled)
+            (on if enabled else off).append(rate)
+            if enabled:
+                step_ms.append(ms)
+    marks_us = forensics_marks_us()
+    return {"on_images_per_s": statistics.median(on), "off_images_per_s": statistics.median(off),
+            "on_off_ratio": statistics.median(a / b for a, b in zip(on, off)),
+            "pairs": len(on), "marks_us_per_step": marks_us, "step_ms": statistics.median(step_ms),
+            "marks_share": marks_us / 1000 / statistics.median(step_ms) if step_ms[0] else None}
+
+
 def main() -> int:
     args = parse_args()
     with tempfile.TemporaryDirectory(prefix="trainer-bench-") as tmp:
@@ -121,6 +189,12 @@ def main() -> int:
             write_dataset(data_dir, train=args.train_images, test=1000, seed=0)
         elif not has_dataset(data_dir):
             sys.exit(f"trainer_throughput: no CIFAR-100 in {data_dir}")
+        forensics = forensics_overhead(args, data_dir, Path(tmp)) if args.forensics_repeats > 0 else None
+        if args.forensics_only:
+            print_forensics(forensics)
+            if args.json:
+                print(json.dumps({"forensics": forensics}))
+            return 0
         ours, run = run_ours(args, data_dir, Path(tmp) / "run")
         seed = run_seed_pipeline(args, data_dir)
     what = run["gpu_model"] or f"CPU, {torch.get_num_threads()} threads"
@@ -130,11 +204,22 @@ def main() -> int:
     print(f"  ours (ddp-train: uint8 tensor on device, batched augment) : {ours:10,.1f} images/s")
     print(f"  seed (torchvision + DataLoader, {args.workers} workers, per-image) : {seed:10,.1f} images/s")
     print(f"  ratio ours/seed: {ours / seed:.2f}x")
+    print_forensics(forensics)
     if args.json:
         print(json.dumps({"device": args.device, "model": what, "width_scale": args.width_scale,
                           "batch_size": args.batch_size, "ours_images_per_s": ours,
-                          "seed_images_per_s": seed, "ratio": ours / seed}))
+                          "seed_images_per_s": seed, "ratio": ours / seed, "forensics": forensics}))
     return 0
+
+
+def print_forensics(f: dict | None) -> None:
+    if f:
+        print(f"  forensics on  (heartbeat, step clock, comm hook; 2 gloo workers) : "
+              f"{f['on_images_per_s']:10,.1f} images/s")
+        print(f"  forensics off (DDP_FORENSICS=0)                                 : "
+              f"{f['off_images_per_s']:10,.1f} images/s")
+        print(f"  on/off: {f['on_off_ratio']:.4f} (median of {f['pairs']} interleaved pairs); marks alone "
+              f"{f['marks_us_per_step']:.1f} us per step = {f['marks_share']:.4%} of a {f['step_ms']:.1f} ms step")
 
 
 if __name__ == "__main__":

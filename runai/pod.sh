@@ -10,11 +10,29 @@ pod::log() {
     printf 'pod: %s\n' "$*" >&2
 }
 
+# NCCL's shared-memory transport between the GPUs of one pod needs more than the 64 MiB
+# /dev/shm a container runtime gives by default (NCCL troubleshooting, "Shared memory":
+# "--shm-size=1g"; kubernetes#28272), and fails mid-run with "unhandled system error".
+readonly POD_MIN_SHM_KIB=$((1024 * 1024))
+
+pod::check_shm() {
+    local -r gpus="${RUNAI_NUM_OF_GPUS:-1}"
+    [[ "${gpus}" =~ ^[0-9]+$ ]] && [ "${gpus}" -gt 1 ] || return 0
+    local size_kib
+    size_kib="$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $2 }')" || true
+    [[ "${size_kib}" =~ ^[0-9]+$ ]] || { pod::log "warning: cannot read the size of /dev/shm"; return 0; }
+    if [ "${size_kib}" -lt "${POD_MIN_SHM_KIB}" ]; then
+        pod::log "error: /dev/shm is $((size_kib / 1024)) MiB, and NCCL between the ${gpus} GPUs of this pod needs at least 1 GiB: submit with runai's --large-shm (runai/submit.sh adds it unless RUNAI_LARGE_SHM=0)"
+        exit 2
+    fi
+}
+
 main() {
     local -r data_dir="${DDP_DATA_DIR:-/mnt/data}"
     local -r run_dir="${DDP_RUN_DIR:-/mnt/runs/${HOSTNAME%-*-[0-9]*}}"
     pod::log "pod ${HOSTNAME:-?}: rank ${RANK:-?} of ${PET_NNODES:-?} pods, ${RUNAI_NUM_OF_GPUS:-?} GPUs each," \
         "rendezvous ${MASTER_ADDR:-?}:${MASTER_PORT:-?}"
+    pod::check_shm
     # The trainer's own list of files decides (ddp_contract.DATASET_FILES, on the image's PYTHONPATH).
     local missing
     missing="$(python3 -m ddp_contract dataset "${data_dir}")" \

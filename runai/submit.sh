@@ -8,13 +8,24 @@
 # Settings (environment): RUNAI_JOB_NAME, RUNAI_IMAGE, RUNAI_WORKERS (pods besides the
 # master), RUNAI_GPUS (per pod), RUNAI_RDMA (1: RoCE annotation and rdma resource),
 # RUNAI_POD_SCRIPT (runai/pod.sh as the pod sees it: the image or a mounted checkout),
-# RUNAI_EXTRA_ARGS (more runai flags, e.g. "--pvc name:/mnt/data", split on spaces),
+# RUNAI_DATA_PVC (required: the PVC that holds cifar-100-python/) mounted at RUNAI_DATA_DIR
+# (default /mnt/data), RUNAI_RUN_PVC (required: the PVC for checkpoints, metrics and logs;
+# it may be the same claim) mounted at RUNAI_RUN_DIR (default /mnt/runs; each job writes
+# RUNAI_RUN_DIR/RUNAI_JOB_NAME), RUNAI_EXTRA_ARGS (more runai flags, split on spaces),
 # RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default).
 set -euo pipefail
 
 runai_submit::err() {
     printf 'runai/submit.sh: error: %s\n' "$*" >&2
-    exit 1
+    exit 2
+}
+
+# A volume setting: the name of an existing PVC and its mount point in every pod.
+runai_submit::check_volume() {
+    local -r setting="$1" claim="$2" dir_setting="$3" dir="$4" what="$5"
+    [ -n "${claim}" ] || runai_submit::err "${setting} is unset: name the PVC that holds ${what} (kubectl get pvc lists yours), e.g. ${setting}=my-scratch"
+    [[ "${claim}" =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || runai_submit::err "${setting}=${claim} is not a PVC name (lower-case letters, digits, '-' and '.', as Kubernetes names objects)"
+    [[ "${dir}" = /* && "${dir}" != *,* ]] || runai_submit::err "${dir_setting}=${dir} must be an absolute path without ',' (the mount point in the pod)"
 }
 
 main() {
@@ -23,9 +34,15 @@ main() {
     local -r workers="${RUNAI_WORKERS:-1}"
     local -r gpus="${RUNAI_GPUS:-4}"
     local -r pod_script="${RUNAI_POD_SCRIPT:-/opt/ddp/runai/pod.sh}"
+    local -r data_dir="${RUNAI_DATA_DIR:-/mnt/data}" run_dir="${RUNAI_RUN_DIR:-/mnt/runs}"
     [ -n "${image}" ] || runai_submit::err "RUNAI_IMAGE is unset: push the image built by 'make dockerfile' and set RUNAI_IMAGE=registry/name:tag"
     [[ "${workers}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_WORKERS=${workers} is not a number of worker pods"
     [[ "${gpus}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_GPUS=${gpus} is not a number of GPUs per pod"
+    runai_submit::check_volume RUNAI_DATA_PVC "${RUNAI_DATA_PVC:-}" RUNAI_DATA_DIR "${data_dir}" \
+        "cifar-100-python/ (stage it with make data DATA_DIR=... from a pod that mounts it)"
+    runai_submit::check_volume RUNAI_RUN_PVC "${RUNAI_RUN_PVC:-}" RUNAI_RUN_DIR "${run_dir}" \
+        "the runs: checkpoints, metrics, logs (it may be the data PVC)"
+    [ "${run_dir}" != "${data_dir}" ] || runai_submit::err "RUNAI_RUN_DIR and RUNAI_DATA_DIR are both ${run_dir}: give each volume its own mount point"
     command -v runai >/dev/null || runai_submit::err "runai CLI not found: install it from your RunAI cluster's web UI (version 2.13 or newer)"
 
     # --command: without it RunAI appends what follows `--` to the image's ENTRYPOINT
@@ -43,6 +60,12 @@ main() {
     if [ "${RUNAI_RDMA:-1}" = 1 ]; then
         args+=(--annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1)
     fi
+    # Existing PVCs: --existing-pvc claimname=NAME,path=PATH (Run:ai CLI reference, runai
+    # submit-dist pytorch; --pvc instead creates a new claim from a storage class). pod.sh
+    # reads DDP_DATA_DIR and DDP_RUN_DIR (-e NAME=VALUE: a variable in every pod).
+    args+=(--existing-pvc "claimname=${RUNAI_DATA_PVC},path=${data_dir}"
+        --existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}"
+        -e "DDP_DATA_DIR=${data_dir}" -e "DDP_RUN_DIR=${run_dir}/${name}")
     local -a extra=()
     local -
     set -f

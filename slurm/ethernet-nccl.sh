@@ -11,6 +11,8 @@
 # (NCCL_IB_DISABLE=1) and the socket interface is chosen per node by ddp-launch from
 # the route to the rendezvous host (the generic site profile), so nodes whose NICs
 # have different names (ens1f1, ens1f0np0, ...) need no per-rank case statement.
+# The Gloo variant on the same GPUs: sbatch slurm/ethernet-nccl.sh --backend gloo
+# (gloo all-reduces the CUDA gradients over TCP on GLOO_SOCKET_IFNAME's interface).
 # Submit from the repository root: sbatch [--nodes=N] slurm/ethernet-nccl.sh [trainer flags...]
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.

@@ -22,11 +22,20 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Tuple
 # -- exit codes (sysexits.h names) -------------------------------------------------------
 EXIT_USAGE = 2      # a mistake the user can fix: one line on stderr, never retried
 EXIT_REQUEUE = 75   # EX_TEMPFAIL: stopped on a signal after a checkpoint; requeue resumes it
+EXIT_BAD_NODE = 76  # EX_PROTOCOL ("the remote system returned something not possible"): the fabric gate
+                    # or the preflight named a bad node; the job script requeues without it
 
 # -- variables the launcher sets for the workers -----------------------------------------
-EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband: check NCCL's choice
+EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband | ethernet: check NCCL's choice
 REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"   # "1": a fallback to sockets is an error
 LOG_DIR_VAR = "DDP_LAUNCH_LOG_DIR"          # where NCCL's log goes beside torchrun's
+ENV_SOURCES_VAR = "DDP_ENV_SOURCES"         # JSON {name: "who: why"} of what the launcher set
+
+# -- the fabric gate (src/ddp_train/gate.py) and the quarantine (ddp_contract/quarantine.py) --
+FABRIC_GATE_VAR = "DDP_FABRIC_GATE"         # "0": the job scripts skip the gate (default 1)
+PREFLIGHT_VAR = "DDP_PREFLIGHT"             # "0": the job scripts skip the per-node doctor (default 1)
+# Test-only: "HOST:LOCAL_RANK:COUNT" makes that rank add 1 to COUNT elements of its gate contribution.
+GATE_TEST_CORRUPT_VAR = "DDP_GATE_TEST_CORRUPT"
 
 # -- CIFAR-100 on disk (torchvision's layout) -------------------------------------------
 DATASET_DIRNAME = "cifar-100-python"
@@ -44,9 +53,11 @@ _USING_NETWORK = re.compile(r"NCCL INFO Using network (?P<name>.+?)\s*$")
 _LOADED_PLUGIN = re.compile(r"NET/Plugin\s*:?\s*Loaded net plugin (?P<name>.+?)\s*(\(v\d+\))?\s*$")
 _NO_PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(No plugin found|Could not find|Plugin load returned|Failed to find|dlerror)", re.I)
 _OFI_PROBLEM = re.compile(r"NET/OFI.*(Couldn't find|Unable to find|No provider|fi_getinfo|version|failed)", re.I)
+_IB_PROBLEM = re.compile(r"NET/IB\s*:\s*(No device found|.*(failed|error|unable))", re.I)
 _WARN = re.compile(r"NCCL WARN (?P<text>.*)$")
 
 SOCKET_NAMES = ("Socket",)
+SOCKET_FABRICS = ("ethernet",)   # sockets are the fabric: the check reports, never warns
 
 
 class Transport(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login nodes
@@ -55,6 +66,7 @@ class Transport(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login
     plugin_problem: Optional[str]     # NCCL's line saying the plugin was not found
     ofi_problem: Optional[str]        # an OFI/libfabric error line (e.g. version mismatch)
     warnings: Tuple[str, ...]         # NCCL WARN lines
+    ib_problem: Optional[str]         # NCCL's IB verbs transport line saying it found or opened nothing
 
     @property
     def is_socket(self) -> bool:
@@ -62,7 +74,7 @@ class Transport(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login
 
 
 def detect_nccl_transport(lines: Iterable[str]) -> Transport:
-    network = plugin = plugin_problem = ofi_problem = None
+    network = plugin = plugin_problem = ofi_problem = ib_problem = None
     warnings = []
     for raw in lines:
         line = raw.rstrip("\n")
@@ -76,13 +88,38 @@ def detect_nccl_transport(lines: Iterable[str]) -> Transport:
             plugin_problem = line.split("NCCL INFO", 1)[-1].strip()
         if ofi_problem is None and _OFI_PROBLEM.search(line):
             ofi_problem = line.split("NCCL ", 1)[-1].strip()
+        if ib_problem is None and _IB_PROBLEM.search(line):
+            ib_problem = line.split("NCCL ", 1)[-1].strip()
         match = _WARN.search(line)
         if match:
             warnings.append(match.group("text").strip())
-    return Transport(network, plugin, plugin_problem, ofi_problem, tuple(warnings))
+    return Transport(network, plugin, plugin_problem, ofi_problem, tuple(warnings), ib_problem)
 
 
-def likely_cause(transport: Transport, env: Mapping[str, str]) -> str:
+def likely_cause(transport: Transport, env: Mapping[str, str], expected: str = "slingshot") -> str:
+    """Why NCCL fell back to sockets, for the fabric that was expected: each has its own causes."""
+    if expected == "infiniband":
+        return _infiniband_cause(transport, env)
+    return _slingshot_cause(transport, env)
+
+
+def _infiniband_cause(transport: Transport, env: Mapping[str, str]) -> str:
+    """InfiniBand and RoCE go through NCCL's built-in IB verbs transport, no plugin: NCCL logs
+    "NET/Plugin: No plugin found" on every such node, so that line is no cause here."""
+    if env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return "NCCL_IB_DISABLE=1 turns NCCL's IB/RoCE transport off; unset it"
+    if transport.ib_problem and "no device" in transport.ib_problem.lower():
+        return (f"NCCL found no RDMA device in the container ({transport.ib_problem}); on RunAI/Kubernetes "
+                "request one (--extended-resource rdma/rdma=1 and the kube-system/roce network annotation), "
+                "under Apptainer check /dev/infiniband on the node (ddp-launch doctor)")
+    if transport.ib_problem:
+        return (f"NCCL's IB transport did not start ({transport.ib_problem}); check NCCL_IB_HCA and "
+                "NCCL_IB_GID_INDEX against /sys/class/infiniband (ddp-launch doctor)")
+    return "see the NET/IB lines of the NCCL log; NCCL_IB_HCA and NCCL_IB_GID_INDEX must name a live port (ddp-launch doctor)"
+
+
+def _slingshot_cause(transport: Transport, env: Mapping[str, str]) -> str:
+    """Slingshot is reached only through the aws-ofi-nccl plugin and the host's libfabric."""
     if transport.ofi_problem:
         return f"libfabric/OFI error ({transport.ofi_problem}); often a libfabric version the plugin was not built for - rebind the matching module (ddp-launch binds)"
     if transport.plugin_problem or transport.plugin is None:
@@ -94,11 +131,11 @@ def likely_cause(transport: Transport, env: Mapping[str, str]) -> str:
 
 def sockets_warning(transport: Transport, expected: str, env: Mapping[str, str]) -> Optional[str]:
     """A loud message when a fabric was expected but NCCL uses TCP sockets; None when fine."""
-    if not transport.is_socket:
+    if not transport.is_socket or expected in SOCKET_FABRICS:
         return None
     return (
         f"WARNING: NCCL is using TCP sockets although {expected} is expected: "
-        f"all-reduce will be ~20x slower. Cause: {likely_cause(transport, env)}."
+        f"all-reduce will be ~20x slower. Cause: {likely_cause(transport, env, expected)}."
     )
 
 
@@ -158,10 +195,14 @@ def check_nccl_transport(
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
-    """`python3 -m ddp_contract dataset DIR`: exit 0 when CIFAR-100 is there, else name what is missing."""
+    """`python3 -m ddp_contract dataset DIR`: exit 0 when CIFAR-100 is there, else name what is missing.
+    `python3 -m ddp_contract download DIR`: fetch it there (ddp_contract.download; `make data`)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["download"]:
+        from ddp_contract import download  # urllib and tarfile only for the download
+        return download.main(args[1:])
     if len(args) != 2 or args[0] != "dataset":
-        print("usage: python3 -m ddp_contract dataset DATA_DIR", file=sys.stderr)
+        print("usage: python3 -m ddp_contract dataset DATA_DIR | download DATA_DIR", file=sys.stderr)
         return EXIT_USAGE
     missing = missing_dataset_files(args[1])
     if missing:

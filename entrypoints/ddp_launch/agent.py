@@ -10,11 +10,14 @@ This module imports torch: it runs only after the exec, never in the launcher.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from ddp_contract import EXIT_REQUEUE, EXIT_USAGE
+from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE
+from ddp_contract.heartbeat import HEARTBEAT_DIR_VAR
+from ddp_launch.watchdog import Watchdog, heartbeat_directory
 from ddp_launch.worker import PARENT_PID_VARIABLE
 
 # The stop requests the trainer turns into "checkpoint, then exit 75". torchrun
@@ -35,8 +38,9 @@ TORCHRUN_HANDLED_SIGNALS = ("SIGINT", "SIGHUP", "SIGQUIT")
 
 EXIT_CRASH = 1
 EXIT_RENDEZVOUS = 1  # what torchrun itself returns for a failed rendezvous
-# A restart cannot fix a usage error, and a stop request must stay stopped.
-NOT_RETRIED = frozenset({EXIT_USAGE, EXIT_REQUEUE})
+# A restart cannot fix a usage error, a stop request must stay stopped, and a bad node
+# (the fabric gate's verdict) is fixed only by running elsewhere.
+NOT_RETRIED = frozenset({EXIT_USAGE, EXIT_REQUEUE, EXIT_BAD_NODE})
 
 
 
@@ -74,12 +78,16 @@ def launcher_exit_code(codes: Sequence[int]) -> int:
     """The launcher's exit code for the failed workers' codes (negative: killed by a signal).
 
     Any crash makes the run a crash (1); otherwise a usage error (2) wins over a
-    signal-stop (75), because requeueing cannot fix it.
+    bad node (76), and that over a signal-stop (75): requeueing cannot fix a usage
+    error, and a bad node needs a requeue without it.
     """
     codes = own_exit_codes(codes)
     if not codes or any(code not in NOT_RETRIED for code in codes):
         return EXIT_CRASH
-    return EXIT_USAGE if EXIT_USAGE in codes else EXIT_REQUEUE
+    for code in (EXIT_USAGE, EXIT_BAD_NODE):
+        if code in codes:
+            return code
+    return EXIT_REQUEUE
 
 
 def all_stopped_for_requeue(exit_codes: Sequence[int]) -> bool:
@@ -215,15 +223,11 @@ def _import_torch_quietly() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import logging
-    import socket
 
     _import_torch_quietly()
-    from torch.distributed import DistError
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 
     def stop_now(signum: int) -> None:
         raise SignalException(f"ddp-launch got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
@@ -235,6 +239,23 @@ def main(argv: list[str] | None = None) -> int:
     for name in WORKER_END_LOGGERS:
         logging.getLogger(name).addFilter(_DropWorkerEndRecords)
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # the workers inherit it (worker.py)
+    heartbeats = heartbeat_directory()
+    os.environ[HEARTBEAT_DIR_VAR] = heartbeats  # the workers' heartbeats (watchdog.py)
+    watchdog = Watchdog(heartbeats).start()
+    try:
+        return _run_torchrun(torchrun, argv)
+    finally:
+        watchdog.stop()
+        shutil.rmtree(heartbeats, ignore_errors=True)
+
+
+def _run_torchrun(torchrun, argv: list[str] | None) -> int:
+    import socket
+
+    from torch.distributed import DistError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     if hasattr(args, "signals_to_handle"):

@@ -10,7 +10,9 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from ddp_contract import ENV_SOURCES_VAR
 from ddp_launch import planner
+from ddp_launch.forensics import env_sources
 from ddp_launch.errors import LaunchError, run_main
 from ddp_launch.options import read_options
 from ddp_launch.plan import LaunchPlan
@@ -39,10 +41,14 @@ def launch(argv: list[str]) -> int:
 
 def execute(plan: LaunchPlan, env: dict[str, str]) -> int:
     """Replace this process with the plan's command; returns only when it cannot run."""
+    if plan.announcement:
+        print(plan.announcement, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(plan.argv[0], plan.argv, plan.environment(env))
+        environment = plan.environment(env)
+        environment[ENV_SOURCES_VAR] = env_sources(plan)  # for the run's manifest (provenance)
+        os.execvpe(plan.argv[0], plan.argv, environment)
     except OSError as error:
         print(f"ddp-launch: error: cannot run {plan.argv[0]!r}: {error.strerror}", file=sys.stderr)
     return EXIT_CANNOT_EXEC

@@ -44,6 +44,15 @@ class Check:
     fix: str = ""
 
 
+def real_filesystem_bytes(path: str) -> Optional[int]:
+    """The size of the filesystem at path (statvfs), or None when it cannot be read."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_blocks * stat.f_frsize
+
+
 @dataclass(frozen=True)
 class Probes:
     torch_info: Callable[[], Optional[Dict[str, object]]]
@@ -53,6 +62,7 @@ class Probes:
     which: Callable[[str], Optional[str]] = shutil.which
     # (paths, LD_LIBRARY_PATH) -> ((path, dlopen error or ""), ...), in a fresh process
     load_in_child: Callable[[Sequence[str], str], Tuple[Tuple[str, str], ...]] = load_in_child
+    filesystem_bytes: Callable[[str], Optional[int]] = real_filesystem_bytes
 
 
 @dataclass(frozen=True)
@@ -221,6 +231,22 @@ def host_libraries(env: Mapping[str, str]) -> Tuple[HostLibrary, ...]:
     return load_fabric_defaults("slingshot", env).host_libraries
 
 
+def binds_fix(ctx: DoctorContext) -> Optional[str]:
+    """The command that binds the host's fabric libraries, when nothing was bound (APPTAINER_BIND unset).
+
+    Host paths enter the container only through binds (Apptainer user guide, "Bind Paths
+    and Mounts"), and Apptainer sets APPTAINER_BIND inside the container to what was bound
+    (user guide appendix, "Apptainer's environment variables"): unset here means none was.
+    It is read on the host, so the container must be started again.
+    """
+    if ctx.env.get("APPTAINER_BIND") or ctx.env.get("SINGULARITY_BIND"):
+        return None
+    site = ctx.profile.name if ctx.profile else "SITE"
+    return (f'nothing is bound (APPTAINER_BIND is unset): on the host run '
+            f'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site {site})" '
+            f'(PYTHONPATH=<checkout>/entrypoints), then start the container again')
+
+
 def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
     if fabric_expected(ctx) != "slingshot":
         return (Check("host libraries", SKIP, "no Slingshot fabric expected; the image's own NCCL is used"),)
@@ -234,9 +260,11 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
                                 "bind a plugin directory that has libnccl-net.so (the aws-ofi-nccl module provides the link)"))
             continue
         if not hits:
-            # Outside a multi-node job (login node, image %test) a missing host library is not fatal yet.
-            status = FAIL if library.required and ctx.multi_node else WARN
-            checks.append(Check(label, status, f"not found in LD_LIBRARY_PATH ({':'.join(dirs) or 'empty'})", library.fix))
+            # On a Slingshot node, or in a multi-node job, training across nodes cannot work without
+            # it; elsewhere (a login node without CXI, the image's %test) it is not fatal yet.
+            status = FAIL if library.required and (ctx.multi_node or ctx.facts.slingshot_present) else WARN
+            checks.append(Check(label, status, f"not found in LD_LIBRARY_PATH ({':'.join(dirs) or 'empty'})",
+                                binds_fix(ctx) or library.fix))
             continue
         chosen = hits[0]
         shadowed = f"; also {', '.join(hits[1:])} (later on the path, not used)" if len(hits) > 1 else ""
@@ -362,6 +390,11 @@ def check_interface(ctx: DoctorContext) -> Check:
             return Check("interface", status, finding.text, "unset NCCL_SOCKET_IFNAME or name an interface from `ip -br link`")
     if not value:
         return Check("interface", OK, "NCCL_SOCKET_IFNAME unset; NCCL picks the interface")
+    if value.lstrip("=").split(",")[0] == "lo":
+        # Rank 0 advertises this interface's address to the other nodes: loopback reaches none.
+        return Check("interface", FAIL if ctx.multi_node else WARN,
+                     f"NCCL_SOCKET_IFNAME={value} is loopback: no other node can reach this one through it",
+                     "unset NCCL_SOCKET_IFNAME or name the interface of the nodes' network (`ip -br addr`)")
     if interfaces is None:
         return Check("interface", SKIP, f"NCCL_SOCKET_IFNAME={value}; /sys/class/net cannot be listed")
     problem = check_socket_ifname(value, interfaces)
@@ -398,6 +431,27 @@ def check_head_node(ctx: DoctorContext) -> Check:
                  "a firewall or the wrong interface blocks the rendezvous; pick another --rdzv-port or --rdzv-host")
 
 
+# A container runtime's default /dev/shm is 64 MiB (docker run --shm-size; Kubernetes has no
+# field for it, kubernetes#28272); NCCL between a node's GPUs needs more (NCCL troubleshooting,
+# "Shared memory": --shm-size=1g). runai/pod.sh refuses the same size.
+MIN_SHM_BYTES = 1 << 30
+
+
+def check_shm(ctx: DoctorContext) -> Check:
+    info = ctx.probes.torch_info() or {}
+    gpus = info.get("cuda_device_count")
+    gpus = gpus if isinstance(gpus, int) else ctx.facts.gpu_device_files
+    size = ctx.probes.filesystem_bytes(under(ctx.root, "/dev/shm"))
+    if size is None:
+        return Check("/dev/shm", SKIP, "cannot read the size of /dev/shm")
+    detail = f"{size >> 20} MiB"
+    if gpus > 1 and size < MIN_SHM_BYTES:
+        return Check("/dev/shm", FAIL, f"{detail}, and NCCL between the {gpus} GPUs here needs at least 1 GiB",
+                     "RunAI: submit with --large-shm; Docker: --shm-size=1g; Kubernetes: an emptyDir "
+                     "with medium Memory at /dev/shm")
+    return Check("/dev/shm", OK, detail)
+
+
 def check_dataset(ctx: DoctorContext) -> Check:
     folder = os.path.join(ctx.data_dir, DATASET_DIRNAME)
     missing = missing_dataset_files(ctx.data_dir)
@@ -419,7 +473,8 @@ def run_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
               check_fabric_devices(ctx), check_fabric_settings(ctx)]
     checks.extend(check_host_libraries(ctx))
     checks.append(check_library_dependencies(ctx))
-    checks.extend([check_fi_info(ctx), check_interface(ctx), check_head_node(ctx), check_dataset(ctx)])
+    checks.extend([check_fi_info(ctx), check_interface(ctx), check_head_node(ctx), check_shm(ctx),
+                   check_dataset(ctx)])
     return tuple(checks)
 
 

@@ -17,6 +17,14 @@ from dataclasses import dataclass, field
 IPV4_MAPPED_PREFIX = "0000:0000:0000:0000:0000:ffff:"
 RTF_UP = 0x1
 _GPU_DEVICE_FILE = re.compile(r"nvidia[0-9]+")
+# What NCCL dlopens for a net plugin when NCCL_NET_PLUGIN is unset (NCCL's ext-net/README.md).
+NET_PLUGIN_FILE = "libnccl-net.so"
+# Where dlopen looks after LD_LIBRARY_PATH: ld.so.cache, built from /etc/ld.so.conf(.d), and the
+# trusted directories (ld.so(8), "Shared libraries are searched ..."), with Debian's multiarch ones.
+LOADER_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64",
+               "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
+               "/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+LD_SO_CONF_DIR = "/etc/ld.so.conf.d"
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,14 @@ class Resolved:
 
 
 @dataclass(frozen=True)
+class NetPlugin:
+    """Where NCCL's net plugin (libnccl-net.so) lies on this node, looked for on a Slingshot node."""
+
+    in_dirs: tuple[str, ...]    # of the directories asked about (LD_LIBRARY_PATH, the site's)
+    by_loader: bool             # in a directory dlopen searches by itself (ld.so.cache, /usr/lib...)
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     python: str = "python3"                     # sys.executable: workers run the launcher's interpreter
     cpu_count: int = 1                          # CPUs this process may run on (sched_getaffinity)
@@ -67,6 +83,8 @@ class NodeFacts:
     cwd: str = "/"                              # os.getcwd(): where a relative --script is looked for
     head: Resolved | None = None                # the rendezvous host's lookup, when one was asked
     cuda_problem: str | None = None             # why CUDA cannot be used, when it was asked
+    net_plugin: NetPlugin | None = None         # None: not looked for (no CXI, or not asked)
+    loader_dirs: tuple[str, ...] = ()           # of LOADER_DIRS, those that exist (the image's own), when asked
 
     @property
     def slingshot_present(self) -> bool:
@@ -163,22 +181,44 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def loader_dirs(root: str) -> tuple[str, ...]:
+    """The directories dlopen searches without LD_LIBRARY_PATH: /etc/ld.so.conf.d's, then the trusted ones."""
+    listed = []
+    for name in list_dir(root, LD_SO_CONF_DIR) or ():
+        if name.endswith(".conf"):
+            text = read_text(root, f"{LD_SO_CONF_DIR}/{name}") or ""
+            listed.extend(line.split("#")[0].strip() for line in text.splitlines())
+    return tuple(d for d in listed if d.startswith("/")) + LOADER_DIRS
+
+
+def probe_net_plugin(root: str, directories: Iterable[str]) -> NetPlugin:
+    def holds(directory: str) -> bool:
+        return os.path.isfile(under(root, os.path.join(directory, NET_PLUGIN_FILE)))
+    return NetPlugin(tuple(d for d in directories if holds(d)), any(holds(d) for d in loader_dirs(root)))
+
+
 def probe(root: str = "/", directories: Iterable[str] = (), head: str | None = None,
           resolve: Callable[[str], str | None] | None = None,
-          cuda: Callable[[], str | None] | None = None, files: Iterable[str] = ()) -> NodeFacts:
+          cuda: Callable[[], str | None] | None = None, files: Iterable[str] = (),
+          plugin_dirs: Iterable[str] | None = None, loader: bool = False) -> NodeFacts:
     """This node, read once. head is looked up with resolve; cuda() runs only when given.
 
     directories are looked for under root; files (the workload's script) as given, from the
-    working directory, like the python command line will.
+    working directory, like the python command line will. On a Slingshot node, the NCCL net
+    plugin is looked for in plugin_dirs and the loader's own directories, when plugin_dirs is given.
+    loader: list the loader's trusted directories that exist (where the image's packages put their
+    libraries; not ld.so.conf.d's, where CUDA's compat libcuda would overtake the driver's).
     """
     dev = list_dir(root, "/dev") or ()
+    cxi_devices = tuple(name for name in dev if name.startswith("cxi"))
+    cxi_class = list_dir(root, "/sys/class/cxi") is not None
     return NodeFacts(
         python=sys.executable,
         cpu_count=cpu_count(),
         machine=os.uname().machine,  # not the platform module: importing it costs ~1.5 ms per launch
         gpu_device_files=sum(1 for name in dev if _GPU_DEVICE_FILE.fullmatch(name)),
-        cxi_devices=tuple(name for name in dev if name.startswith("cxi")),
-        cxi_class=list_dir(root, "/sys/class/cxi") is not None,
+        cxi_devices=cxi_devices,
+        cxi_class=cxi_class,
         rdma_devices=tuple(probe_rdma_device(root, name)
                            for name in list_dir(root, "/sys/class/infiniband") or ()),
         net_interfaces=list_dir(root, "/sys/class/net"),
@@ -188,4 +228,7 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: str | None = N
         cwd=os.getcwd(),
         head=Resolved(head, resolve(head)) if head is not None and resolve is not None else None,
         cuda_problem=cuda() if cuda is not None else None,
+        net_plugin=(probe_net_plugin(root, plugin_dirs)
+                    if plugin_dirs is not None and (cxi_devices or cxi_class) else None),
+        loader_dirs=tuple(d for d in LOADER_DIRS if os.path.isdir(under(root, d))) if loader else (),
     )

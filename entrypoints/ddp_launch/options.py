@@ -7,6 +7,7 @@ the scheduler's environment (read by each scheduler module) > default.
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -214,7 +215,27 @@ def split_workload(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
     return list(argv), ()
 
 
+def command_given_to_the_entrypoint(launcher_argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """The error for a command (not a flag) handed to ddp-launch in a pod, where RunAI put it.
+
+    The image's ENTRYPOINT is ddp-launch; a pod's command line is ENTRYPOINT + args unless
+    the command is overridden (Kubernetes, "Define a Command and Arguments for a Container":
+    args alone keep the image's ENTRYPOINT), and RunAI passes what follows `--` as args
+    unless --command is given (Run:ai CLI reference, runai submit-dist pytorch, --command).
+    KUBERNETES_SERVICE_HOST is set in every pod (Kubernetes, "Accessing the Service").
+    """
+    if not launcher_argv or launcher_argv[0].startswith("-") or "KUBERNETES_SERVICE_HOST" not in env:
+        return None
+    command = shlex.join(launcher_argv)
+    return (f"`{command}` reached ddp-launch, the image's ENTRYPOINT, as its arguments: to run it in the pod "
+            f"add RunAI's --command (runai submit-dist pytorch ... --command -- {command}); "
+            f"to train, give only trainer flags after RunAI's --")
+
+
 def read_options(argv: Sequence[str], env: Mapping[str, str]) -> LaunchOptions:
     """ddp-launch's argv (without the program name) and environment as LaunchOptions."""
     launcher_argv, workload_args = split_workload(argv)
+    problem = command_given_to_the_entrypoint(launcher_argv, env)
+    if problem:
+        raise LaunchError(problem)
     return merge_options(build_parser().parse_args(launcher_argv), workload_args, env)

@@ -60,6 +60,9 @@ class LaunchPlan:
     nodes: int = 1
     rendezvous: Endpoint | None = None      # None: torchrun --standalone picks its own port
     fabric: FabricPlan | None = None
+    # One line for the job's output, printed before exec by the node (or rank) that hosts the
+    # rendezvous only: which node is the head and at what address, as job scripts echo it.
+    announcement: str | None = None
 
     @property
     def changes(self) -> tuple[EnvChange, ...]:

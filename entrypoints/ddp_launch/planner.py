@@ -16,6 +16,7 @@ from ddp_launch import facts as node, gpus
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, directories_to_probe, plan_fabric
 from ddp_launch.facts import NodeFacts
+from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.options import LaunchOptions, read_options
 from ddp_launch.plan import LaunchPlan
 from ddp_launch.rendezvous import host_name_problem, lookup_ipv4, waiting_resolver
@@ -31,6 +32,8 @@ class ProbeQuestions:
     files: tuple[str, ...] = ()             # does each exist (the --script)
     cuda: bool = False                      # can the CUDA driver use the GPUs the scheduler granted
     dns_wait_s: float | None = None         # retry the lookup this long (a pod's DNS record comes late)
+    plugin_dirs: tuple[str, ...] | None = None  # where to look for NCCL's net plugin (on a Slingshot node)
+    loader_dirs: bool = False               # list the image's own library dirs (a site binds host libraries)
 
 
 def questions(argv: Sequence[str], env: Mapping[str, str]) -> ProbeQuestions:
@@ -52,12 +55,16 @@ def ask(options: LaunchOptions, env: Mapping[str, str]) -> ProbeQuestions:
     if name is not None and host_name_problem(name) is not None:
         name = None
     script = options.workload.script
+    directories = tuple(directories_to_probe(options.site, env))
     return ProbeQuestions(
         head=name,
-        directories=tuple(directories_to_probe(options.site, env)),
+        directories=directories,
         files=(script,) if script is not None else (),
         cuda=_granted_gpus_to_check(options, scheduler, env) is not None,
         dns_wait_s=options.dns_timeout_s if scheduler is kubeflow and not options.dry_run else None,
+        # The workers' LD_LIBRARY_PATH is the user's with the site's directories merged in.
+        plugin_dirs=tuple(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d) + directories,
+        loader_dirs=bool(directories),
     )
 
 
@@ -67,7 +74,8 @@ def probe(questions: ProbeQuestions, root: str = "/") -> NodeFacts:
     if questions.dns_wait_s is not None:
         resolve = waiting_resolver(questions.dns_wait_s, lambda line: print(line, file=sys.stderr, flush=True))
     return node.probe(root, questions.directories, questions.head, resolve,
-                      gpus.probe_cuda_driver if questions.cuda else None, questions.files)
+                      gpus.probe_cuda_driver if questions.cuda else None, questions.files,
+                      questions.plugin_dirs, questions.loader_dirs)
 
 
 def plan_launch(options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
@@ -92,7 +100,9 @@ def plan_launch(options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts
         gloo=options.cpu_workers is not None,
         log_dir=options.log_dir,
     ), facts)
-    return replace(launch, fabric=fabric)
+    # Inside a torchrun we did not start, the workload runs as that torchrun set it up.
+    forensics = flight_recorder_env(env) if scheduler is not torchrun else ()
+    return replace(launch, fabric=fabric, env_changes=launch.env_changes + forensics)
 
 
 def _granted_gpus_to_check(options: LaunchOptions, scheduler: ModuleType,

@@ -101,7 +101,12 @@ def check_host_name(host: str, source: str) -> str:
 
 
 def lookup_ipv4(host: str) -> str | None:
-    """The first IPv4 address of host, or None when it does not resolve."""
+    """host's first IPv4 address that is not loopback (else its first), or None when it does not resolve.
+
+    Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts (Debian Reference,
+    "The hostname resolution"), so on the head node itself getaddrinfo can answer
+    ['127.0.1.1', '192.168.20.15']: the other nodes can reach only the second.
+    """
     try:
         ipaddress.IPv4Address(host)
         return host
@@ -112,7 +117,12 @@ def lookup_ipv4(host: str) -> str | None:
         infos = socket.getaddrinfo(dns_name(host), None, socket.AF_INET, socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return None
-    return infos[0][4][0] if infos else None
+    return first_routable([info[4][0] for info in infos])
+
+
+def first_routable(addresses: list[str]) -> str | None:
+    """The first address that is not loopback, else the first one, else None."""
+    return next((a for a in addresses if not ipaddress.ip_address(a).is_loopback), addresses[0] if addresses else None)
 
 
 def waiting_resolver(

@@ -71,6 +71,7 @@ class SiteProfile(NamedTuple):
     env: Tuple[EnvDefault, ...]
     path: str
     closure: Optional[ClosureSpec] = None
+    fabric_gate: Optional[Dict[str, object]] = None  # the bus bandwidth the fabric gate expects, with its source
 
     def env_value(self, name: str) -> Optional[EnvDefault]:
         for item in self.env:
@@ -135,7 +136,7 @@ def parse_profile(data: object, path: str) -> SiteProfile:
 
     if not isinstance(data, dict):
         raise fail("the top level must be a JSON object")
-    allowed = {"schema", "name", "description", "fabric", "gpu", "binds", "env", "closure"}
+    allowed = {"schema", "name", "description", "fabric", "gpu", "binds", "env", "closure", "fabric_gate"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise fail(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
@@ -172,7 +173,34 @@ def parse_profile(data: object, path: str) -> SiteProfile:
         env=env,
         path=path,
         closure=_closure(data.get("closure"), binds, fail),
+        fabric_gate=_fabric_gate(data.get("fabric_gate"), fail),
     )
+
+
+# The fabric gate's expectation: a published all-reduce bus bandwidth at one size, the share of it
+# below which the gate fails, and where the figure comes from (src/ddp_train/fabric_gate.py).
+_GATE_NUMBERS = ("size_bytes", "busbw_gbps", "floor_fraction")
+
+
+def _fabric_gate(item: object, fail) -> Optional[Dict[str, object]]:
+    if item is None:
+        return None
+    if not isinstance(item, dict):
+        raise fail("'fabric_gate' must be an object with size_bytes, busbw_gbps, floor_fraction and source")
+    allowed = set(_GATE_NUMBERS) | {"source", "sockets_busbw_gbps"}
+    unknown = sorted(set(item) - allowed)
+    if unknown:
+        raise fail(f"fabric_gate has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    for key in _GATE_NUMBERS + ("sockets_busbw_gbps",):
+        value = item.get(key)
+        if key in _GATE_NUMBERS or value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise fail(f"fabric_gate.{key} must be a positive number, got {value!r}")
+    if not 0 < item["floor_fraction"] <= 1:
+        raise fail(f"fabric_gate.floor_fraction must be in (0, 1], got {item['floor_fraction']!r}")
+    if not isinstance(item.get("source"), str) or not item["source"]:
+        raise fail("fabric_gate.source must say where the figure comes from")
+    return dict(item)
 
 
 def _closure(item: object, binds: Sequence[BindSpec], fail) -> Optional[ClosureSpec]:

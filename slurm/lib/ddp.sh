@@ -24,10 +24,14 @@
 #   DDP_MONITOR_INTERVAL  GPU sampling period in seconds (0 disables the sampler)
 #   DDP_MAX_REQUEUES      requeues after a stop signal, counted by SLURM_RESTART_COUNT
 #   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
+#   DDP_PREFLIGHT         1 runs `ddp-launch doctor` on every node first (default), 0 skips it
+#   DDP_FABRIC_GATE       1 runs the fabric gate before training (default), 0 skips it
 set -euo pipefail
 
 # ddp_contract.EXIT_REQUEUE (entrypoints/ddp_contract): every worker checkpointed on a stop signal.
 readonly DDP_EXIT_REQUEUE=75
+# ddp_contract.EXIT_BAD_NODE: the preflight or the fabric gate named a node; requeue without it.
+readonly DDP_EXIT_BAD_NODE=76
 
 ddp::log() {
     printf '%s: %s\n' "${DDP_LOG_TAG:-ddp}" "$*" >&2
@@ -127,9 +131,11 @@ except ValueError as error:
 sys.stdout.write("".join(word + "\0" for word in words) + "\0")
 '
 
-# DDP_LAUNCH_ARGS and DDP_TRAIN_ARGS as words, split once before the job does anything.
+# DDP_LAUNCH_ARGS and DDP_TRAIN_ARGS as words, split once before the job does anything;
+# `apptainer run` and its options, shared by every step.
 DDP_LAUNCH_WORDS=()
 DDP_TRAIN_WORDS=()
+DDP_APPTAINER_ARGS=(run)
 
 #   ddp::split_words ARRAY_NAME VARIABLE_NAME
 ddp::split_words() {
@@ -178,8 +184,12 @@ ddp::monitor_stop() {
 ddp::maybe_requeue() {
     local -r status="$1" run_dir="$2"
     local -r restarts="${SLURM_RESTART_COUNT:-0}" max="${DDP_MAX_REQUEUES:-3}"
-    # 75 is the launcher's "every worker checkpointed on a stop signal"; anything else
-    # (a crash, a usage error, a kill) is not retried.
+    # 75 is the launcher's "every worker checkpointed on a stop signal", 76 "a node was named
+    # bad"; anything else (a crash, a usage error, a kill) is not retried.
+    if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
+        ddp::requeue_elsewhere "${run_dir}"
+        return
+    fi
     [ "${status}" -eq "${DDP_EXIT_REQUEUE}" ] || return 1
     if [ "${restarts}" -ge "${max}" ]; then
         ddp::log "stopped with a checkpoint, but already requeued ${restarts} times (DDP_MAX_REQUEUES=${max}): not requeuing"
@@ -189,52 +199,190 @@ ddp::maybe_requeue() {
     scontrol requeue "${SLURM_JOB_ID}"
 }
 
-# The training step: one srun, the image's runscript (ddp-launch), trainer flags last.
-#   ddp::train MODE TRAIN_ARGS...
-# MODE node: torchrun per node; per-rank logs from torchrun in $DDP_RUN_DIR/logs/<job>/<node>.
-# MODE task: one srun task per GPU (ddp-launch --mode slurm-task), one log file per rank from srun.
-ddp::train() {
+# The nodes of the job's partition, one per line.
+ddp::partition_nodes() {
+    local list
+    list="$(sinfo -h -p "${SLURM_JOB_PARTITION:-}" -o %N 2>/dev/null | paste -sd, -)" || return 0
+    [ -z "${list}" ] || scontrol show hostnames "${list}"
+}
+
+# Requeue without the nodes in the run directory's quarantine record, within DDP_MAX_REQUEUES.
+# SLURM refuses ExcNodeList for a running job ("Job is no longer pending execution"), so the job
+# is requeued held, given ExcNodeList while pending, then released (scontrol(1): requeuehold,
+# update ExcNodeList=<nodes>, release; https://slurm.schedmd.com/scontrol.html). The requeue
+# ends this script with SIGTERM, then SIGKILL after KillWait (slurm.conf(5)): the three calls
+# ignore TERM, which their scontrol processes inherit, to finish well inside KillWait.
+# Returns 0 when requeued.
+ddp::requeue_elsewhere() {
+    local -r run_dir="$1"
+    local -r restarts="${SLURM_RESTART_COUNT:-0}" max="${DDP_MAX_REQUEUES:-3}"
+    local excluded
+    excluded="$(ddp::on_host ddp_contract.quarantine exclude "${run_dir}")"
+    if [ "${restarts}" -ge "${max}" ]; then
+        ddp::log "bad node(s) ${excluded} named, but already requeued ${restarts} times (DDP_MAX_REQUEUES=${max}): not requeuing"
+        return 1
+    fi
+    local -a nodes=()
+    mapfile -t nodes < <(ddp::partition_nodes)
+    local short
+    # sinfo said nothing (no partition): SLURM itself then decides whether the job can start.
+    if [ "${#nodes[@]}" -gt 0 ] \
+        && ! short="$(ddp::on_host ddp_contract.quarantine enough "${run_dir}" "${SLURM_JOB_NUM_NODES:-1}" "${nodes[@]}")"; then
+        ddp::log "${short}"
+        return 1
+    fi
+    ddp::log "bad node(s) ${excluded}: requeuing job ${SLURM_JOB_ID} without them (restart $((restarts + 1)) of ${max}, exit ${DDP_EXIT_BAD_NODE})"
+    (
+        trap '' TERM
+        scontrol requeuehold "${SLURM_JOB_ID}"
+        scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"
+        scontrol release "${SLURM_JOB_ID}"
+    )
+}
+
+# The nodes excluded so far, and why, in the job output.
+ddp::show_quarantine() {
+    local line
+    while IFS= read -r line; do
+        ddp::log "${line}"
+    done < <(ddp::on_host ddp_contract.quarantine show "${DDP_RUN_DIR}")
+}
+
+# The preflight: `ddp-launch doctor --json` on every node at once, one report per node
+# (preflight/<job>/doctor-<node>.json); a node with a FAIL goes into the quarantine record.
+ddp::preflight() {
+    if [ "${DDP_PREFLIGHT:-1}" = 0 ]; then
+        ddp::log "preflight skipped (DDP_PREFLIGHT=0)"
+        return 0
+    fi
+    local -r dir="${DDP_RUN_DIR}/preflight/${SLURM_JOB_ID:-local}"
+    mkdir -p "${dir}"
+    rm -f "${dir}"/doctor-*.json
+    local -r started="${SECONDS}"
+    # --ntasks as well: a step inherits the job's task count (SLURM_NTASKS), which would
+    # override --ntasks-per-node and run two doctors into one node's file.
+    srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 \
+        --kill-on-bad-exit=0 --output="${dir}/doctor-%N.json" --error="${dir}/doctor-%N.err" \
+        apptainer "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
+        doctor --json --site "${DDP_SITE}" --data-dir "${DDP_DATA_DIR}" || true
+    ddp::log "preflight step: $((SECONDS - started)) s"
+    local status=0
+    ddp::on_host ddp_contract.quarantine add --by doctor --job "${SLURM_JOB_ID:-local}" \
+        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${dir}"/doctor-*.json >&2 || status=$?
+    if [ "${status}" -eq 0 ]; then
+        ddp::log "preflight: ddp-launch doctor passed on every node (${dir})"
+    fi
+    return "${status}"
+}
+
+# The fabric gate (python -m ddp_train.gate, src/ddp_train/gate.py) through ddp-launch, like the
+# training: same ranks, backend and environment. A node it names goes into the quarantine record.
+ddp::gate() {
     local -r mode="$1"
-    shift
-    local -a srun_args=() launch_args=(--site "${DDP_SITE}")
+    if [ "${DDP_FABRIC_GATE:-1}" = 0 ]; then
+        ddp::log "fabric gate skipped (DDP_FABRIC_GATE=0)"
+        return 0
+    fi
+    rm -f "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt"
+    local -r started="${SECONDS}"
+    local status=0
+    ddp::launch_step "${mode}" gate --module ddp_train.gate \
+        -- --run-dir "${DDP_RUN_DIR}" --site "${DDP_SITE}" || status=$?
+    ddp::log "fabric gate step (launch included): $((SECONDS - started)) s"
+    if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
+        ddp::on_host ddp_contract.quarantine add --by gate --job "${SLURM_JOB_ID:-local}" \
+            --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${DDP_RUN_DIR}/gate.json" >&2 || true
+    elif [ "${status}" -ne 0 ]; then
+        ddp::log "fabric gate failed (exit ${status}) without naming a node: see ${DDP_RUN_DIR}/gate.txt and the logs"
+    fi
+    return "${status}"
+}
+
+# One srun step of ddp-launch in the image: the training, or the fabric gate before it.
+#   ddp::launch_step MODE NAME [LAUNCH_ARGS...] -- WORKER_ARGS...
+# MODE node: torchrun per node; per-rank logs from torchrun in $DDP_RUN_DIR/logs/<job>/<node>
+# (the gate's in logs/gate-<job>/). MODE task: one srun task per GPU (ddp-launch --mode
+# slurm-task), one log file per rank from srun (the gate's in logs/gate/).
+ddp::launch_step() {
+    local -r mode="$1" name="$2"
+    shift 2
+    local -a srun_args=() launch_args=(--site "${DDP_SITE}") extra_args=()
+    while [ "$#" -gt 0 ] && [ "$1" != -- ]; do
+        extra_args+=("$1")
+        shift
+    done
+    shift  # --
     if [ -n "${DDP_CPU_WORKERS:-}" ]; then
         launch_args+=(--cpu-workers "${DDP_CPU_WORKERS}")
     fi
 
-    local -r log_dir="${DDP_RUN_DIR}/logs"
-    mkdir -p "${log_dir}"
+    local log_dir="${DDP_RUN_DIR}/logs"
+    local job_logs="${SLURM_JOB_ID:-local}"
+    if [ "${name}" != train ]; then
+        job_logs="${name}-${job_logs}"
+    fi
     case "${mode}" in
-        node) launch_args+=(--log-dir "${log_dir}/${SLURM_JOB_ID:-local}") ;;
+        node) launch_args+=(--log-dir "${log_dir}/${job_logs}") ;;
         task)
+            if [ "${name}" != train ]; then
+                log_dir="${log_dir}/${name}"
+            fi
             srun_args+=(--output="${log_dir}/%j-%N-rank%t.out")
             launch_args+=(--mode slurm-task)
             ;;
-        *) ddp::err "ddp::train: mode '${mode}' is not node or task" ;;
+        *) ddp::err "ddp::launch_step: mode '${mode}' is not node or task" ;;
     esac
-    local -a apptainer_args=(run)
-    if [ "${DDP_GPU:-1}" = 1 ]; then
-        apptainer_args+=(--nv)
-    fi
+    mkdir -p "${log_dir}"
 
     # Every task ends with the same code (a stop is agreed by all ranks), but not at the
     # same instant: with --kill-on-bad-exit=1 srun would kill the others as soon as the
     # first exits 75 or 2, and report their death (143) instead of the code. --wait
     # gives them DDP_STEP_WAIT seconds to end on their own after the first task ends
     # (srun(1): -K overrides -W), which still bounds a hang behind a crashed node.
+    local -a step=(srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${srun_args[@]}"
+        apptainer "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}"
+        "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" "${extra_args[@]}"
+        -- "$@")
     local status=0
-    srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${srun_args[@]}" \
-        apptainer "${apptainer_args[@]}" "${DDP_IMAGE}" \
-        "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" \
-        -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
-        "${DDP_TRAIN_WORDS[@]}" "$@" || status=$?
-
     if [ "${mode}" = task ]; then
-        ddp::log "per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0 says:"
-        tail -n 25 "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node)-rank0.out" 2>/dev/null || true
+        ddp::log "${name}: per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0's follows"
+        ddp::run_following "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node)-rank0.out" "${step[@]}" || status=$?
     else
-        ddp::log "per-rank logs: ${log_dir}/${SLURM_JOB_ID:-local}/<node>/<run>/attempt_<N>/<local rank>/"
+        "${step[@]}" || status=$?
+        ddp::log "${name}: per-rank logs: ${log_dir}/${job_logs}/<node>/<run>/attempt_<N>/<local rank>/"
     fi
     return "${status}"
+}
+
+# Run a step and copy FILE into the job's output while it runs. In task mode srun writes each
+# rank's output to its own file (--output with %t), so the job's .out would show nothing until
+# the step ended; node mode's torchrun tees to the console instead. GNU tail -F follows the
+# file from its creation (or from its current end: a requeued job's earlier lines are not
+# repeated) and --pid ends it once the step has exited and the file is read to its end
+# (coreutils tail(1), --pid).
+#   ddp::run_following FILE COMMAND...
+ddp::run_following() {
+    local -r file="$1"
+    shift
+    local from=+1
+    [ ! -e "${file}" ] || from=0
+    "$@" &
+    local -r step_pid=$!
+    tail -n "${from}" -F --pid="${step_pid}" -- "${file}" 2>/dev/null &
+    local -r tail_pid=$!
+    local status=0
+    wait "${step_pid}" || status=$?
+    wait "${tail_pid}" || true
+    return "${status}"
+}
+
+# The training step: the image's runscript (ddp-launch), trainer flags last.
+#   ddp::train MODE TRAIN_ARGS...
+ddp::train() {
+    local -r mode="$1"
+    shift
+    ddp::launch_step "${mode}" train -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
+        "${DDP_TRAIN_WORDS[@]}" "$@"
 }
 
 ddp::first_node() {
@@ -245,7 +393,8 @@ ddp::first_node() {
     fi
 }
 
-# The whole job: checks, sampler, training step, sampler stopped, requeue or exit.
+# The whole job: checks, the preflight and the fabric gate, sampler, training step, sampler
+# stopped, requeue (after a stop, or without a bad node) or exit.
 #   ddp::run_job MODE TRAIN_ARGS...     (MODE: node | task, see ddp::train)
 ddp::run_job() {
     ddp::split_words DDP_LAUNCH_WORDS DDP_LAUNCH_ARGS
@@ -258,15 +407,30 @@ ddp::run_job() {
     mkdir -p "${DDP_RUN_DIR}"
     ddp::export_binds "${DDP_SITE}" "${DDP_DATA_DIR}" "${DDP_RUN_DIR}"
     ddp::print_job
-    ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
+    DDP_APPTAINER_ARGS=(run)
+    if [ "${DDP_GPU:-1}" = 1 ]; then
+        DDP_APPTAINER_ARGS+=(--nv)
+    fi
+    ddp::show_quarantine
     local status=0
-    ddp::train "$@" || status=$?
-    ddp::monitor_stop
+    ddp::preflight || status=$?
+    if [ "${status}" -eq 0 ]; then
+        ddp::gate "$1" || status=$?
+    fi
+    if [ "${status}" -eq 0 ]; then
+        ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
+        ddp::train "$@" || status=$?
+        ddp::monitor_stop
+    fi
     if ddp::maybe_requeue "${status}" "${DDP_RUN_DIR}"; then
+        # 76 stays this run's code (sacct shows why it ended); a checkpointed stop ends well (0).
+        [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ] && exit "${status}"
         exit 0
     fi
-    if [ "${status}" -ne 0 ]; then
-        ddp::log "training step failed with exit status ${status}; per-rank logs are in ${DDP_RUN_DIR}/logs"
+    if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
+        ddp::log "stopped before training: bad node(s) named above (exit ${status})"
+    elif [ "${status}" -ne 0 ]; then
+        ddp::log "job failed with exit status ${status}; per-rank logs are in ${DDP_RUN_DIR}/logs"
     fi
     exit "${status}"
 }

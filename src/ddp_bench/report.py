@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ddp_bench import run_facts
 from ddp_bench.errors import ReportError
+from ddp_bench.gate_table import gate_table
 from ddp_train.metrics import METRICS_NAME
 
 
@@ -75,6 +77,11 @@ def load_run(run_dir: Path) -> RunResult:
         raise ReportError(f"{path}: the summary says {result.world_size} processes on {result.nodes} "
                           f"nodes; pass metrics.jsonl files written by ddp-train")
     return result
+
+
+def _last_summary(run_dir: Path) -> dict:
+    path = run_dir / METRICS_NAME if run_dir.is_dir() else run_dir
+    return [r for r in read_records(path) if r.get("type") == "summary"][-1]
 
 
 def read_records(path: Path) -> list[dict]:
@@ -191,12 +198,16 @@ def plot(rows: Sequence[Row], path: Path) -> bool:
 
 def report(run_dirs: Sequence[Path], out_dir: Path) -> str:
     rows = scaling_rows([load_run(path) for path in run_dirs])
-    table = markdown_table(rows)
+    # Beside the figures: the fabric gate's results (gate_table.py), step time per rank,
+    # stragglers, what ran and what differed (run_facts.py).
+    facts = [(load_run(path).name, path, _last_summary(path)) for path in run_dirs]
+    table = markdown_table(rows) + gate_table(run_dirs) + run_facts.section(facts)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "report.md").write_text(table, encoding="utf-8")
         (out_dir / "report.csv").write_text(csv_table(rows), encoding="utf-8")
         plot(rows, out_dir / "report.png")
+        run_facts.plot_step_times(facts, out_dir / "step-times.png")
     except OSError as exc:
         raise ReportError(f"--out {out_dir} cannot be written ({exc.strerror}): pass a directory "
                           f"you can write") from None

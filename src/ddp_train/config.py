@@ -25,6 +25,7 @@ LR_SCALINGS = ("world-size", "batch", "none")
 # torch.compile modes: "reduce-overhead" adds CUDA graphs; see COMPILE_MODE_AUTO.
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 GRAD_COMPRESSIONS = ("none", "bf16")
+BACKENDS = ("auto", "nccl", "gloo")
 # The global batch at which base_lr is given under --lr-scaling batch: the guide's single-GPU batch.
 LR_REFERENCE_BATCH = 512
 # Per-GPU batch when --batch-size is not given on CUDA. Issue 11, one H100, full model, compiled:
@@ -40,7 +41,7 @@ class TrainConfig:
     batch_size: Optional[int] = None  # global, split evenly across ranks; None: default_batch_size()
     epochs: int = 5
     base_lr: float = 0.01  # per-GPU learning rate; see lr_scaling
-    lr_scaling: str = "world-size"  # lr = base_lr * world_size (linear scaling rule, seed 001)
+    lr_scaling: str = "world-size"  # lr = base_lr * world_size (the linear scaling rule)
     target_accuracy: float = 0.85
     patience: int = 2  # early stop when the last `patience` epochs all reach the target
     precision: str = "auto"  # auto: bf16 on GPUs that support it, fp32 on CPU
@@ -63,6 +64,8 @@ class TrainConfig:
     compile_mode: str = "auto"
     compile_cache_dir: str = ""  # "" : <run-dir>/compile-cache (see speed.compile_cache_dir)
     grad_compression: str = "none"  # "bf16": DDP's bf16_compress_hook for slow fabrics
+    backend: str = "auto"  # the process group's backend; see resolve_backend
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (accumulation.py)
     bucket_cap_mb: float = 25.0  # DDP's default; checked in benchmarks/ddp_buckets.py
     seed: int = 0
     demo: bool = False
@@ -77,9 +80,22 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# The seed guide's plain recipe, kept for like-for-like comparisons.
+# The Olivia guide's train_ddp.py, value for value, so a run compares with it like for like
+# (https://documentation.sigma2.no/code_development/guides/pytorch_olivia/PyTorchMultiGpu.html):
+# its argparse defaults (global --batch-size 512, --epochs 5, --base-lr 0.01, --target-accuracy
+# 0.85, --patience 2); SGD(lr=args.base_lr, momentum=0.9, weight_decay=5e-4), the LR passed
+# unscaled whatever the GPU count (its job scripts raise --base-lr by hand instead);
+# nn.CrossEntropyLoss() without smoothing; no schedule, warm-up, EMA or TTA; fp16 autocast with a
+# GradScaler (torch.amp.autocast('cuda') is float16); the model's dropout 0.01.
 GUIDE_RECIPE: Mapping[str, Any] = {
+    "batch_size": 512,
+    "epochs": 5,
     "base_lr": 0.01,
+    "lr_scaling": "none",
+    "target_accuracy": 0.85,
+    "patience": 2,
+    "momentum": 0.9,
+    "weight_decay": 5e-4,
     "nesterov": False,
     "label_smoothing": 0.0,
     "warmup_epochs": 0.0,
@@ -87,7 +103,7 @@ GUIDE_RECIPE: Mapping[str, Any] = {
     "ema_decay": 0.0,
     "tta": False,
     "dropout": 0.01,
-    "lr_scaling": "world-size",
+    "precision": "fp16",
 }
 # Standard, cheap CIFAR improvements (airbench / hlb-CIFAR10 / WRN practice), each a flag.
 IMPROVED_RECIPE: Mapping[str, Any] = {
@@ -144,14 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--epochs", type=int, help="number of epochs (default: 5)")
     add("--base-lr", type=float, help="per-GPU learning rate (guide: 0.01, improved: 0.05)")
     add("--lr-scaling", choices=LR_SCALINGS,
-        help=f"world-size: lr = base_lr * world size (guide); batch: lr = base_lr * batch-size / "
-             f"{LR_REFERENCE_BATCH} (improved); none: lr = base_lr")
+        help=f"world-size: lr = base_lr * world size; batch: lr = base_lr * batch-size / "
+             f"{LR_REFERENCE_BATCH} (improved); none: lr = base_lr (guide)")
     add("--target-accuracy", type=float, help="early-stop accuracy (default: 0.85)")
     add("--patience", type=int, help="epochs that must all reach the target (default: 2)")
     add("--precision", choices=PRECISIONS, help="default auto: bf16 on capable GPUs, fp32 on CPU")
     add("--width-scale", type=float, help="multiply the WideResNet widths (default: 1.0)")
     add("--dropout", type=float, help="dropout inside residual blocks (guide: 0.01, improved: 0)")
-    add("--recipe", choices=tuple(RECIPES), help="guide: the seed's plain SGD; improved (default)")
+    add("--recipe", choices=tuple(RECIPES),
+        help="guide: the Olivia guide's train_ddp.py exactly (plain SGD, unscaled LR, fp16, "
+             "batch 512); improved (default)")
     add("--momentum", type=float, help="SGD momentum (default: 0.9)")
     add("--nesterov", action=argparse.BooleanOptionalAction, help="Nesterov momentum")
     add("--weight-decay", type=float, help="SGD weight decay (default: 5e-4)")
@@ -174,6 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compile-cache-dir", help="persistent compile cache (default: <run-dir>/compile-cache)")
     add("--grad-compression", choices=GRAD_COMPRESSIONS,
         help="bf16: halve the gradient all-reduce bytes (slow fabrics; NCCL or gloo)")
+    add("--backend", choices=BACKENDS,
+        help="process-group backend; auto: nccl on GPUs, gloo on CPU; gloo also trains on GPUs "
+             "(gradients all-reduced over TCP, for nodes where NCCL does not work)")
+    add("--grad-accum-steps", type=int,
+        help="split each rank's share of --batch-size into N micro-batches, one gradient all-reduce "
+             "per step (when the share does not fit in GPU memory; default: 1)")
     add("--bucket-cap-mb", type=float, help="DDP gradient bucket size in MB (default: 25)")
     add("--seed", type=int, help="random seed (default: 0)")
     add("--demo", action="store_true",
@@ -207,6 +231,7 @@ def check_config(config: TrainConfig) -> None:
         "--patience": config.patience,
         "--eval-batch-size": config.eval_batch_size,
         "--stop-check-every": config.stop_check_every,
+        "--grad-accum-steps": config.grad_accum_steps,
     }
     for flag, value in positive_ints.items():
         if value < 1:
@@ -269,19 +294,26 @@ def check_limits(config: TrainConfig) -> None:
 
 
 def check_world(config: TrainConfig, world_size: int) -> None:
-    """The global batch must split evenly so every rank runs the same number of steps."""
+    """The global batch must split evenly so every rank runs the same number of steps, and each
+    rank's share into equal micro-batches, so the accumulated gradient is the batch's mean."""
     if config.batch_size is not None and config.batch_size % world_size:
         raise TrainError(
             f"--batch-size {config.batch_size} is not divisible by the world size {world_size}: "
             f"it is the global batch, pass a multiple of {world_size}")
+    parts = world_size * config.grad_accum_steps
+    if config.batch_size is not None and config.batch_size % parts:
+        raise TrainError(
+            f"--batch-size {config.batch_size} is not divisible by the world size {world_size} times "
+            f"--grad-accum-steps {config.grad_accum_steps}: pass a multiple of {parts}")
 
 
 def peak_lr(config: TrainConfig, world_size: int) -> float:
-    """The linear scaling rule (Goyal et al. 2017, seed 001), from the batch it is stated for.
+    """The linear scaling rule (Goyal et al. 2017), from the batch it is stated for.
 
-    world-size (the guide's): lr = base_lr * world_size, base_lr being one GPU's LR.
+    world-size: lr = base_lr * world_size, base_lr being one GPU's LR.
     batch (the improved recipe): lr = base_lr * batch_size / LR_REFERENCE_BATCH, so the LR is a
     function of the global batch alone: 512 -> base_lr, 8 GPUs x 1024 -> 16 * base_lr.
+    none (the guide's code): lr = base_lr, on any number of GPUs.
     """
     if config.lr_scaling == "world-size":
         return config.base_lr * world_size
@@ -317,6 +349,24 @@ def resolve_compile_mode(config: TrainConfig, device_type: str) -> str:
     if config.compile_mode != "auto":
         return config.compile_mode
     return "reduce-overhead" if device_type == "cuda" else "default"
+
+
+def resolve_backend(requested: str, device_type: str) -> str:
+    """The process group's backend for this device.
+
+    The torch.distributed backend table (https://pytorch.org/docs/stable/distributed.html#backends)
+    gives gloo broadcast and all_reduce on CUDA tensors, which is all DDP's gradient sync needs,
+    so gloo trains on GPUs too (the usual path where NCCL is missing or broken); NCCL has no CPU
+    collectives at all, so it is refused on CPU here instead of failing in the first all-reduce.
+    """
+    if requested == "auto":
+        return "nccl" if device_type == "cuda" else "gloo"
+    if requested not in BACKENDS:
+        raise TrainError(f"unknown --backend {requested!r}: use one of {', '.join(BACKENDS)}")
+    if requested == "nccl" and device_type != "cuda":
+        raise TrainError("--backend nccl needs CUDA GPUs (NCCL has no CPU collectives) and this run is on "
+                         "the CPU: use --backend gloo, or run on GPU nodes (apptainer run --nv)")
+    return requested
 
 
 def resolve_precision(requested: str, device_type: str, bf16_supported: bool) -> str:

@@ -95,12 +95,12 @@ def pick_device(requested: str, dist_env: DistEnv) -> torch.device:
     return torch.device("cpu")
 
 
-def init_process_group(dist_env: DistEnv, device: torch.device, timeout_s: float) -> None:
+def init_process_group(dist_env: DistEnv, device: torch.device, timeout_s: float, backend: str) -> None:
+    """backend: config.resolve_backend's answer (nccl, or gloo on CPU or CUDA tensors)."""
     if dist_env.world_size == 1:
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs: dict[str, Any] = {}
-    if device.type == "cuda":
+    if backend == "nccl":
         kwargs["device_id"] = device  # eager NCCL init: the first collective is not slow
     dist.init_process_group(backend=backend, init_method="env://", rank=dist_env.rank,
                             world_size=dist_env.world_size,
@@ -228,7 +228,8 @@ def average_buffers(module: torch.nn.Module) -> None:
             buf.div_(world)
 
 
-def check_network_transport(env: Mapping[str, str], device: torch.device) -> Optional[str]:
+def check_network_transport(env: Mapping[str, str], device: torch.device,
+                            backend: str = "nccl") -> Optional[str]:
     """Which network NCCL chose, read from its log after the first collective.
 
     On Slingshot or InfiniBand a fallback to TCP sockets fails nothing and makes
@@ -237,16 +238,17 @@ def check_network_transport(env: Mapping[str, str], device: torch.device) -> Opt
     --require-fabric (DDP_REQUIRE_FABRIC=1) raises on every rank when any rank
     fell back. The launcher sets DDP_EXPECT_FABRIC and the NCCL log file.
     """
-    if device.type != "cuda" or not env.get(EXPECT_FABRIC_VAR):
-        return None
+    if device.type != "cuda" or backend != "nccl" or not env.get(EXPECT_FABRIC_VAR):
+        return None  # gloo on GPUs writes no NCCL log: there is no NCCL choice to check
     ok, message = check_nccl_transport(env)
     agree_or_raise(None if ok else TrainError(message), device)  # the first failing rank prints
     return message
 
 
-def announce_network_transport(env: Mapping[str, str], device: torch.device, local_rank: int) -> None:
+def announce_network_transport(env: Mapping[str, str], device: torch.device, local_rank: int,
+                               backend: str = "nccl") -> None:
     """check_network_transport, its message on stderr once per node (local rank 0), not per GPU."""
-    message = check_network_transport(env, device)
+    message = check_network_transport(env, device, backend)
     if message and local_rank == 0:
         print(f"[{socket.gethostname()}] {message}", file=sys.stderr, flush=True)
 

@@ -1,28 +1,20 @@
 """`ddp-train --download`: fetch CIFAR-100 once, on a login node, verified and atomic.
 
-Plain urllib + tarfile instead of torchvision's downloader: no torch import, and the
-archive is checked before anything lands in --data-dir, so a broken fetch never
-leaves a half-written dataset that compute nodes then trip over.
+The work is ddp_contract.download, which the login node's own python3 (3.6) also runs as
+`python3 -m ddp_contract download DIR` (`make data`): no torch and no venv needed there.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-import tarfile
-import tempfile
-import urllib.request
 from pathlib import Path
 from typing import Mapping
 
-from ddp_contract import DATASET_DIRNAME, missing_dataset_files
+from ddp_contract import download as contract_download
 
-from ddp_train.layout import OFFICIAL_MD5, file_md5, has_dataset
 from ddp_train.errors import TrainError
 
-ARCHIVE_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"
-ARCHIVE_MD5 = "eb9058c3a382ffc7106e4002c42a8d85"
+ARCHIVE_URL = contract_download.ARCHIVE_URL
+ARCHIVE_MD5 = contract_download.ARCHIVE_MD5
 
 
 def refuse_inside_job(env: Mapping[str, str]) -> None:
@@ -39,39 +31,7 @@ def refuse_inside_job(env: Mapping[str, str]) -> None:
 
 
 def download_cifar100(data_dir: str | Path, url: str = ARCHIVE_URL, archive_md5: str = ARCHIVE_MD5) -> Path:
-    data_dir = Path(data_dir)
-    target = data_dir / DATASET_DIRNAME
-    if has_dataset(data_dir) and all(
-            file_md5(target / name) == md5 for name, md5 in OFFICIAL_MD5.items()):
-        print(f"CIFAR-100 already present and verified in {target}")
-        return target
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TrainError(f"cannot create --data-dir {data_dir} ({exc.strerror}): "
-                         f"pass a directory you can write") from None
-    with tempfile.TemporaryDirectory(prefix=".cifar-download-", dir=data_dir) as tmp:
-        archive = Path(tmp) / "cifar-100-python.tar.gz"
-        print(f"Downloading {url} ...", file=sys.stderr)
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response, open(archive, "wb") as out:
-                shutil.copyfileobj(response, out, 1 << 20)
-        except OSError as exc:
-            raise TrainError(f"could not download {url} ({exc}); check the network "
-                             f"(compute nodes are often offline: run this on a login node)") from None
-        got = file_md5(archive)
-        if got != archive_md5:
-            raise TrainError(f"downloaded archive has md5 {got}, expected {archive_md5}: "
-                             f"the download is corrupt, run `make data` again")
-        extracted = Path(tmp) / "extracted"
-        with tarfile.open(archive, "r:gz") as tar:
-            # The "data" filter refuses absolute paths, links out of the tree and devices.
-            tar.extractall(extracted, filter="data")
-        missing = missing_dataset_files(str(extracted))
-        if missing:
-            raise TrainError(f"{url} did not contain {DATASET_DIRNAME}/{', '.join(missing)}")
-        if target.exists():  # move the old copy aside; the temporary directory removes it
-            os.replace(target, Path(tmp) / "previous")
-        os.replace(extracted / DATASET_DIRNAME, target)  # same filesystem: atomic
-    print(f"CIFAR-100 ready in {target}")
-    return target
+        return Path(contract_download.download(str(data_dir), url, archive_md5))
+    except contract_download.DownloadError as exc:
+        raise TrainError(str(exc)) from None

@@ -10,12 +10,8 @@ import hashlib
 from pathlib import Path
 
 from ddp_contract import DATASET_DIRNAME, missing_dataset_files
-# The official files' checksums, as torchvision's CIFAR100 lists them.
-OFFICIAL_MD5 = {
-    "train": "16019d7e3df5f24257cddd939b257f8d",
-    "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
-    "meta": "7973b15100ade9c7d40fb424638fde48",
-}
+from ddp_contract.download import OFFICIAL_MD5  # noqa: F401  (torchvision's checksums, kept in one place)
+
 NUM_CLASSES = 100
 
 

@@ -68,11 +68,15 @@ class RunStart:
             resumed_from_epoch=resumed.epoch if resumed is not None else None,
             resumed_from_step=resumed.step if resumed is not None else None, config=self.config.to_dict())
 
+    def micro_batches(self) -> str:
+        n = self.config.grad_accum_steps
+        return f" in {n} micro-batches of {self.steps.batch_per_rank // n}" if n > 1 else ""
+
     def header(self) -> str:
         world = self.world
         what = world.gpu_model or f"CPU ({world.threads_per_process} threads per process)"
         return (f"ddp-train: {world.size} process(es) on {world.nodes} node(s), {what}, {self.precision}, "
-                f"global batch {self.config.batch_size} ({self.steps.batch_per_rank} per rank), "
+                f"global batch {self.config.batch_size} ({self.steps.batch_per_rank} per rank{self.micro_batches()}), "
                 f"lr {self.lr:g}, recipe {self.config.recipe}, {self.compile_mode}, "
                 f"{self.steps.per_epoch} steps per epoch")
 

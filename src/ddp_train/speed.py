@@ -5,6 +5,7 @@ hook, and a warm-up pass (compile, autotune, CUDA-graph recording) that leaves t
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,16 +66,30 @@ def uses_cuda_graphs(mode: str) -> bool:
 
 
 def wrap_ddp(model: nn.Module, device: torch.device, bucket_cap_mb: float,
-             grad_compression: str) -> DistributedDataParallel:
-    """DDP with gradients as views of its buckets (no copy into the all-reduce buffers)."""
+             grad_compression: str, on_bucket: Optional[Callable[[], None]] = None) -> DistributedDataParallel:
+    """DDP with gradients as views of its buckets (no copy into the all-reduce buffers).
+
+    on_bucket is called as each gradient bucket is handed to the all-reduce (the heartbeat
+    and the step clock: heartbeat.py, steptime.py), from a comm hook around the reduction.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
         gradient_as_bucket_view=True, bucket_cap_mb=bucket_cap_mb)
     if grad_compression == "bf16":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif grad_compression != "none":
+        hook = default_hooks.bf16_compress_hook
+    elif grad_compression == "none":
+        hook = default_hooks.allreduce_hook
+    else:
         raise TrainError(f"--grad-compression {grad_compression!r}: use none or bf16")
+    if on_bucket is not None:
+        @functools.wraps(hook)  # DDP's record names the hook (bucket_layout): the wrapped one's name
+        def marked(state, bucket):  # unannotated: DDP checks annotations, and ours are strings here
+            on_bucket()
+            return hook(state, bucket)
+        ddp.register_comm_hook(None, marked)
+    elif hook is not default_hooks.allreduce_hook:
+        ddp.register_comm_hook(None, hook)
     return ddp
 
 
@@ -88,11 +103,12 @@ class FastModel:
     cuda_graphs: bool
 
 
-def accelerate(model: nn.Module, config: TrainConfig, device: torch.device) -> FastModel:
+def accelerate(model: nn.Module, config: TrainConfig, device: torch.device,
+               on_bucket: Optional[Callable[[], None]] = None) -> FastModel:
     ddp: nn.Module = model
     if distributed.active():
-        check_compression_backend(config.grad_compression)
-        ddp = wrap_ddp(model, device, config.bucket_cap_mb, config.grad_compression)
+        check_compression_backend(config.grad_compression, device)
+        ddp = wrap_ddp(model, device, config.bucket_cap_mb, config.grad_compression, on_bucket)
     compiled = compile_by_default(config, device.type)
     compile_mode = resolve_compile_mode(config, device.type) if compiled else "eager"
     cuda_graphs = compiled and device.type == "cuda" and uses_cuda_graphs(compile_mode)
@@ -111,12 +127,11 @@ def bucket_layout(ddp: nn.Module) -> Optional[dict[str, Any]]:
             "comm_hook": data.get("comm_hook") or None}
 
 
-def check_compression_backend(grad_compression: str) -> None:
-    """bf16_compress_hook all-reduces bf16 tensors; refuse a backend that cannot (checked once
-    here rather than as a C++ error inside the first backward)."""
+def check_compression_backend(grad_compression: str, device: torch.device) -> None:
+    """bf16_compress_hook all-reduces bf16 tensors on the model's device; refuse a backend that
+    cannot (checked once here rather than as a C++ error inside the first backward)."""
     if grad_compression == "bf16" and dist.is_initialized() and dist.get_world_size() > 1:
-        probe = torch.ones(1, dtype=torch.bfloat16,
-                           device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        probe = torch.ones(1, dtype=torch.bfloat16, device=device)
         try:
             dist.all_reduce(probe)
         except RuntimeError as exc:

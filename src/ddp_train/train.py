@@ -9,6 +9,7 @@ syncs the GPU inside an epoch: the stop-signal vote is read one check after it s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -17,10 +18,14 @@ from typing import Mapping, Optional
 
 import torch
 
-from ddp_train import data, distributed, metrics, rundir, speed
+from ddp_contract import heartbeat as hb
+
+from ddp_train import data, distributed, heartbeat, metrics, provenance, rundir, speed, steptime
+from ddp_train.accumulation import accumulate_gradients
 from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Checkpointer, Progress
-from ddp_train.config import TrainConfig, check_world, compile_by_default, for_device, resolve_precision
+from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, resolve_backend,
+                              resolve_precision)
 from ddp_train.distributed import DistEnv
 from ddp_train.ema import update_ema
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
@@ -38,11 +43,11 @@ def say(dist_env: DistEnv, *lines: str) -> None:
 
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     dist_env = DistEnv.from_env(env)
-    with seen_by(Seen.BY_EVERY_RANK):  # the same flags and world size on every rank: rank 0 tells
-        check_world(config, dist_env.world_size)
     with seen_by(Seen.BY_EVERY_RANK_OF_NODE):  # the same GPUs for every rank of a node
         device = distributed.pick_device(config.device, dist_env)
     config = for_device(config, device.type, dist_env.world_size)
+    with seen_by(Seen.BY_EVERY_RANK):  # the same flags and world size on every rank: rank 0 tells
+        check_world(config, dist_env.world_size)  # after for_device: the default batch is checked too
     if compile_by_default(config, device.type):
         # Before torch writes its /tmp default into os.environ (creating an optimizer does). Inductor
         # reads its cache directory from the process environment: written there, not read from it.
@@ -51,17 +56,37 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     with seen_by(Seen.BY_EVERY_RANK_OF_NODE):
         precision = resolve_precision(config.precision, device.type,
                                       device.type == "cuda" and torch.cuda.is_bf16_supported())
+        config = dataclasses.replace(config, backend=resolve_backend(config.backend, device.type))  # recorded
     stop = StopFlag().install()
+    # Hang forensics before the process group: torch reads the Flight Recorder's variables then.
+    forensics = heartbeat.Forensics.start(env, dist_env.rank, dist_env.local_rank, config.run_dir,
+                                          config.dist_timeout_s) if heartbeat.wanted(env) else heartbeat.Forensics.off()
+    heartbeat.use_run_dir_for_flight_recorder(config.run_dir, env, os.environ)
     try:
-        distributed.init_process_group(dist_env, device, config.dist_timeout_s)
-        return train(config, env, dist_env, device, precision, stop)
+        distributed.init_process_group(dist_env, device, config.dist_timeout_s, config.backend)
+        return train(config, env, dist_env, device, precision, stop, forensics.heartbeat)
     finally:
+        forensics.stop()
         distributed.destroy_process_group()
         stop.uninstall()
 
 
+def record_provenance(config: TrainConfig, dist_env: DistEnv) -> None:
+    """The run's manifest, from every rank's mapped libraries (a collective), and its three lines."""
+    every_rank = distributed.all_gather_objects(provenance.this_process())
+    if not dist_env.is_main:
+        return
+    prefix = hb.flight_recorder_prefix(config.run_dir)
+    trainer_set = {name: "Flight Recorder dumps into <run-dir>/forensics" for name in heartbeat.FR_DUMP_VARS
+                   if os.environ.get(name) == prefix}
+    manifest = provenance.manifest(dataclasses.asdict(config), os.environ, trainer_set, every_rank,
+                                   str(torch.__version__))
+    provenance.write(config.run_dir, manifest)
+    say(dist_env, *provenance.summary_lines(manifest))
+
+
 def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device,
-          precision: str, stop: StopFlag) -> int:
+          precision: str, stop: StopFlag, beat: heartbeat.Heartbeat) -> int:
     wall_start = time.perf_counter()
     rank, world = dist_env.rank, dist_env.world_size
     log = metrics.MetricsWriter(config.run_dir, enabled=dist_env.is_main)
@@ -80,11 +105,24 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     progress = resumed or Progress()
     if dist_env.is_main:
         rundir.warn_if_low_space(Path(config.run_dir), checkpoints.estimated_bytes())
-    fast = speed.accelerate(model, config, device)  # DDP (after the resume: it broadcasts rank 0's weights)
+    clock = steptime.StepClock(device, enabled=distributed.active() and heartbeat.wanted(env))
+
+    def on_bucket() -> None:  # DDP's comm hook, as each gradient bucket goes to the all-reduce
+        beat.bucket()
+        clock.bucket()
+
+    # DDP (after the resume: it broadcasts rank 0's weights), with the comm hook when timing steps.
+    fast = speed.accelerate(model, config, device, on_bucket if clock.enabled else None)
+    clock.enabled = clock.enabled and not fast.cuda_graphs
+    if clock.enabled and not fast.compiled:
+        # After DDP's forward broadcast its buffers: the time before it is waiting for peers.
+        model.register_forward_pre_hook(lambda _module, _inputs: clock.forward_started())
+    slow_s = steptime.slowdown_s_for_tests(env, rank)
 
     # The run record and the header.
     world_facts = distributed.describe_world(dist_env, device)
-    distributed.announce_network_transport(env, device, dist_env.local_rank)
+    distributed.announce_network_transport(env, device, dist_env.local_rank, config.backend)
+    record_provenance(config, dist_env)
     steps = plan_steps(len(train_set), config.batch_size, world, config.epochs, config.warmup_epochs)
     start = metrics.RunStart(world_facts, config, precision, learner.lr_peak, fast.compile_mode, steps,
                              len(train_set), len(test_set), resumed)
@@ -95,19 +133,28 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     if resumed:
         say(dist_env, f"Resumed from {checkpoints.path} at epoch {progress.epoch + 1}, step {progress.step}")
 
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if fast.cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are done
+            torch.compiler.cudagraph_mark_step_begin()  # the previous pass's graph outputs are done
         with torch.autocast(device.type, dtype=learner.autocast_dtype or torch.float32,
                             enabled=learner.autocast_dtype is not None):
-            loss = learner.criterion(fast.forward(x), y)
-        scaler.scale(loss).backward()
+            return learner.criterion(fast.forward(x), y)
+
+    def backward(micro_loss: torch.Tensor) -> None:
+        if slow_s:  # a test-only straggler: slower compute on one rank, after its forward began
+            time.sleep(slow_s / config.grad_accum_steps)
+        scaler.scale(micro_loss).backward()
+
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = accumulate_gradients(x, y, config.grad_accum_steps, fast.ddp, loss_of, backward)
+        clock.backward_done()
+        beat.phase(hb.OPTIMIZER)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         if ema is not None:
             update_ema(ema, model, config.ema_decay)
-        return loss.detach()
+        return loss
 
     # Warm-up, off the clock: compile, autotune and record graphs on a real batch, then restore.
     batches = TrainBatches(train_set, config.batch_size, config.seed, rank, world)
@@ -115,6 +162,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     if passes:
         warm_x, warm_y = batches.batch(batches.permutation(progress.epoch), progress.epoch, progress.step)
         model.train()
+        beat.phase(hb.WARMUP)
         setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, model, optimizer, scaler, device, ema)
         progress.setup_time_s += setup_s
         say(dist_env, f"Warm-up ({fast.compile_mode}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
@@ -138,12 +186,16 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
             x, y = batches.batch(perm, epoch, step)
             lr = lr_at(epoch * steps.per_epoch + step, steps.total, steps.warmup, learner.lr_peak, config.schedule)
             learner.set_lr(lr)
+            beat.step(epoch * steps.per_epoch + step)
+            clock.begin()
             loss_sum += train_step(x, y)
+            clock.end()
             step += 1
             bar.update(step, (step - first_step) * config.batch_size)
         train_loss = loss_sum.item() / max(1, step - first_step)  # .item() waits for the GPU
         epoch_time = time.perf_counter() - t0
         bar.close()
+        clock.epoch_end()
         votes.drain()
         images = (step - first_step) * config.batch_size
         progress.add_training_time(images, epoch_time, warm_up_epoch=first_epoch_here)
@@ -152,6 +204,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
             progress.step = step
             break
 
+        beat.phase(hb.EVAL)
         result = evaluate(learner.for_evaluation(), test_set, rank, world, config.eval_batch_size,
                           learner.autocast_dtype, config.tta)
         progress.epoch, progress.step = epoch + 1, 0
@@ -165,6 +218,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
             break
         stopped_by = votes.at_epoch_end()
         if stopped_by or (config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0):
+            beat.phase(hb.CHECKPOINT)
             checkpoints.save(progress)
         if stopped_by:
             break
@@ -183,12 +237,14 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     else:
         progress.finished = True
         checkpoints.save(progress)
+    beat.phase(hb.DONE)
     digests = distributed.parameter_digests(model)
+    step_times = steptime.gather(clock, rank)
     if len(set(digests)) != 1:
         say(dist_env, f"WARNING: model parameters differ across ranks ({digests}): please report this")
     log.write("summary", **metrics.summary_record(progress, world_facts, digests, speed.bucket_layout(fast.ddp),
-                                                  time.perf_counter() - wall_start))
-    say(dist_env, *metrics.summary_lines(progress, world_facts, log.path))
+                                                  time.perf_counter() - wall_start), **step_times.record())
+    say(dist_env, *metrics.summary_lines(progress, world_facts, log.path), *step_times.lines())
     sys.stdout.flush()
     # Leave together: no rank exits while a peer still waits in a collective. The process then
     # leaves through cli._leave_now, which explains the abort at exit that this barrier alone left.

@@ -54,6 +54,66 @@ setup() {
     assert_output "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --nv ${DDP_IMAGE} --site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 256 --base-lr 0.01"
 }
 
+@test "raven single GPU and one node: the same task-per-GPU step, 32 images per GPU as on 2 nodes" {
+    run bash "${REPO}/slurm/raven-1gpu.sh"
+    assert_success
+    run _train_call
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --nv ${DDP_IMAGE} --site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 32 --base-lr 0.01"
+
+    : > "${CALLS}"
+    run bash "${REPO}/slurm/raven-1node-4gpu.sh"
+    assert_success
+    run _train_call
+    assert_output --partial "--site raven --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 128 "
+}
+
+@test "raven's three scripts ask SLURM for 1, 4 and 2x4 A100s, one task and 18 cores per GPU" {
+    # MPCDF Raven: 4 A100 and 72 cores per GPU node, GPUs requested as --gres=gpu:a100:N
+    # (the Raven user guide's example GPU job scripts, https://docs.mpcdf.mpg.de/doc/computing/raven-user-guide.html).
+    local script
+    for script in raven-1gpu:1:1 raven-1node-4gpu:1:4 raven-task-per-gpu:2:4; do
+        IFS=: read -r name nodes gpus <<< "${script}"
+        run grep -E '^#SBATCH --(nodes|ntasks-per-node|gres|cpus-per-task)=' "${REPO}/slurm/${name}.sh"
+        assert_output "$(printf '%s\n' "#SBATCH --nodes=${nodes}" "#SBATCH --ntasks-per-node=${gpus}" \
+            "#SBATCH --cpus-per-task=18" "#SBATCH --gres=gpu:a100:${gpus}")"
+    done
+}
+
+@test "raven task mode: rank 0's log streams into the job output while the step runs, every line" {
+    # srun --output=...%t gives each task its own file (srun(1), "filename pattern"), so
+    # the job's .out shows only what the batch script copies there. This srun writes
+    # rank 0's file, then waits for its first line to reach the job's output before it
+    # ends: without streaming it gives up after 20 s and fails the step.
+    local -r job_out="${BATS_TEST_TMPDIR}/job.out"
+    _stub srun '
+output=""
+for arg in "$@"; do
+    case "${arg}" in
+        --output=*) output="${arg#--output=}" ;;
+        --overlap|--nodes=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*) ;;
+        -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
+        *) break ;;
+    esac
+done
+case " $* " in *" apptainer "*) ;; *) exit 0 ;; esac
+rank0="$(printf "%s" "${output}" | sed "s/%j/${SLURM_JOB_ID}/; s/%N/node1/; s/%t/0/")"
+echo "Epoch 1/50: step 30/196 (15%)" > "${rank0}"
+for _ in $(seq 200); do
+    grep -q "Epoch 1/50: step 30/196" "'"${job_out}"'" && break
+    sleep 0.1
+done
+grep -q "Epoch 1/50: step 30/196" "'"${job_out}"'" || { echo "srun stub: rank 0 did not stream" >&2; exit 1; }
+seq 1 40 | sed "s/^/line /" >> "${rank0}"'
+
+    bash "${REPO}/slurm/raven-task-per-gpu.sh" > "${job_out}" 2>&1 || { cat "${job_out}"; false; }
+
+    run cat "${job_out}"
+    assert_line "Epoch 1/50: step 30/196 (15%)"
+    assert_line "line 1"   # all of it, not the last 25 lines
+    assert_line "line 40"
+    refute_output --partial "did not stream"
+}
+
 @test "ethernet nccl: InfiniBand disabled, generic site, one torchrun per node" {
     run bash "${REPO}/slurm/ethernet-nccl.sh"
 
@@ -188,7 +248,7 @@ setup() {
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_failure 1
-    assert_output --partial "training step failed with exit status 1; per-rank logs are in ${DDP_RUN_DIR}/logs"
+    assert_output --partial "job failed with exit status 1; per-rank logs are in ${DDP_RUN_DIR}/logs"
     run grep -c '^scontrol' "${CALLS}"
     assert_output "0"
 }

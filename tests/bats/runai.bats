@@ -7,8 +7,9 @@ setup() {
     _common_setup
     _stub runai 'exit 0'
     _stub ddp-launch 'exit 0'
-    unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM
-    export RUNAI_IMAGE=registry.example/ddp-train:0.1
+    unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
+        RUNAI_DATA_DIR RUNAI_RUN_DIR KUBERNETES_SERVICE_HOST
+    export RUNAI_IMAGE=registry.example/ddp-train:0.1 RUNAI_DATA_PVC=scratch RUNAI_RUN_PVC=scratch
     export PYTHONPATH="${REPO}/entrypoints"  # as the image's: pod.sh checks the data with ddp_contract
 }
 
@@ -17,16 +18,42 @@ setup() {
 
     assert_success
     run cat "${CALLS}"
-    assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 -- /opt/ddp/runai/pod.sh --epochs 5"
+    assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train -- /opt/ddp/runai/pod.sh --epochs 5"
 }
 
 @test "runai submit: settings from the environment, no RDMA, extra flags split on spaces" {
-    RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--pvc data:/mnt/data" \
+    RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--node-pools a100 --preemptible" \
+        RUNAI_DATA_PVC=cifar RUNAI_DATA_DIR=/data RUNAI_RUN_PVC=home.user RUNAI_RUN_DIR=/home/u/runs \
         run bash "${REPO}/runai/submit.sh" --batch-size "1 024"
 
     assert_success
     run cat "${CALLS}"
-    assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --pvc data:/mnt/data -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+    assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/wrn --node-pools a100 --preemptible -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+}
+
+# The data and the runs live on PVCs the user names: `--existing-pvc claimname=NAME,path=PATH`
+# (Run:ai CLI reference, runai submit-dist pytorch:
+# https://docs.run.ai/v2.18/Researcher/cli-reference/runai-submit-dist-pytorch/). Without them
+# every pod would stop at the dataset check, so the submit line is refused first.
+@test "runai submit: a missing data or run volume is one error line naming the setting, exit 2, nothing submitted" {
+    RUNAI_DATA_PVC= run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output --regexp "^runai/submit.sh: error: RUNAI_DATA_PVC is unset: name the PVC that holds cifar-100-python/ .*kubectl get pvc"
+    [ "${#lines[@]}" -eq 1 ]
+
+    RUNAI_RUN_PVC= run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output --partial "RUNAI_RUN_PVC is unset"
+
+    RUNAI_DATA_PVC=My_Data run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output --partial "RUNAI_DATA_PVC=My_Data is not a PVC name"
+
+    RUNAI_RUN_DIR=/mnt/data run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output --partial "give each volume its own mount point"
+    run cat "${CALLS}"
+    assert_output ""
 }
 
 @test "runai submit: a missing image or a bad count is one error line and nothing is submitted" {
@@ -69,4 +96,40 @@ setup() {
     assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the PVC"
     run grep -c '^ddp-launch' "${CALLS}"
     assert_output "0"
+}
+
+# A container runtime gives /dev/shm 64 MiB unless told otherwise (docker run --shm-size,
+# default 64m; Kubernetes has no field for it: kubernetes#28272), and NCCL between the GPUs of
+# one pod needs more (NCCL troubleshooting, "Shared memory": --shm-size=1g,
+# https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html).
+_stage_data() {
+    mkdir -p "${BATS_TEST_TMPDIR}/data/cifar-100-python"
+    touch "${BATS_TEST_TMPDIR}/data/cifar-100-python/"{train,test,meta}
+}
+
+@test "pod: a 64 MiB /dev/shm with 4 GPUs stops the pod in one line naming --large-shm, exit 2" {
+    _stage_data
+    _stub df 'printf "Filesystem 1024-blocks Used Available Capacity Mounted on\nshm 65536 0 65536 0%% /dev/shm\n"'
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RUNAI_NUM_OF_GPUS=4 \
+        run bash "${REPO}/runai/pod.sh"
+
+    assert_failure 2
+    assert_line "pod: error: /dev/shm is 64 MiB, and NCCL between the 4 GPUs of this pod needs at least 1 GiB: submit with runai's --large-shm (runai/submit.sh adds it unless RUNAI_LARGE_SHM=0)"
+    run grep -c '^ddp-launch' "${CALLS}"
+    assert_output "0"
+}
+
+@test "pod: a large /dev/shm, or one GPU per pod, goes on to ddp-launch" {
+    _stage_data
+    _stub df 'printf "Filesystem 1024-blocks Used Available Capacity Mounted on\nshm 65536 0 65536 0%% /dev/shm\n"'
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RUNAI_NUM_OF_GPUS=1 \
+        run bash "${REPO}/runai/pod.sh"
+    assert_success
+
+    _stub df 'printf "Filesystem 1024-blocks Used Available Capacity Mounted on\nshm 263174212 0 263174212 0%% /dev/shm\n"'
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RUNAI_NUM_OF_GPUS=8 \
+        run bash "${REPO}/runai/pod.sh"
+    assert_success
+    run grep -c '^ddp-launch' "${CALLS}"
+    assert_output "2"
 }

@@ -31,7 +31,9 @@ STATE = Path(os.environ.get("DDP_E2E_STATE", "/tmp/ddp-e2e-cluster"))
 # cluster.sh's names and addresses; the variables let one cluster per working tree coexist.
 PREFIX = os.environ.get("DDP_E2E_PREFIX", "ddpe2e")
 SUBNET = os.environ.get("DDP_E2E_SUBNET", "10.77.0")
-NODES = int(os.environ.get("DDP_E2E_NODES", "2"))
+# Four: the fabric gate's tests run a 3-node job (a slow node is told apart by comparing pairs)
+# and requeue a 2-node job onto a spare; the other tests use two.
+NODES = int(os.environ.get("DDP_E2E_NODES", "4"))
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -173,6 +175,13 @@ class Cluster:
                 self.run(["scancel", job_id], timeout=30)
                 pytest.fail(f"job {job_id} still {job.state} after {timeout}s:\n{job.output()}")
             time.sleep(0.5)
+
+    def job_nodes(self, job: Job) -> list[str]:
+        """The nodes SLURM gave the job, in order (its first node runs rank 0)."""
+        done = subprocess.run(self.in_root(["scontrol", "show", "hostnames", job.fields["NodeList"]]),
+                              env=self.env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
 
     def wait_for_file(self, path: Path, timeout: float, predicate=lambda p: p.exists()) -> None:
         deadline = time.monotonic() + timeout

@@ -28,7 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DDP_E2E_IMAGE_CACHE", "/var/tmp/ddp-e2e-images"))
 STORAGE = CACHE / "storage"
-IMAGE_NAME = "ddp-e2e-train"
+# One project image per cluster prefix: clusters of several working trees share the cache, and
+# one tree's build must not replace the image another tree's tests are about to copy.
+IMAGE_NAME = f"ddp-e2e-train-{os.environ.get('DDP_E2E_PREFIX', 'ddpe2e')}"
 DEFINITION = "containers/gpu.def"
 DOCKERFILE = "containers/Dockerfile"
 # ch-image is a Python program needing python3-lark, which only Debian's interpreter has.

@@ -15,7 +15,7 @@ import pytest
 from conftest import CLUSTER_SH, REPO, container_versions, user_dir
 
 sys.path.insert(0, str(REPO / "tests" / "unit" / "fabric"))
-from elf_tree import build_fake_olivia_host  # noqa: E402  (helper-1's fake Cray EX host tree)
+from elf_tree import build_fake_olivia_host, build_library  # noqa: E402  (helper-1's fake Cray EX host tree)
 
 pytestmark = pytest.mark.e2e
 
@@ -188,7 +188,7 @@ def test_two_runai_pods_rendezvous_across_two_nodes_and_train(cluster, runai_roo
     master = cluster.address("node1")  # RunAI gives MASTER_ADDR as the master pod's IP
 
     pods = []
-    for rank, node in enumerate(cluster.node_names):
+    for rank, node in enumerate(cluster.node_names[:2]):  # two pods (PET_NNODES=2), whatever the cluster's size
         # A pod's environment is the image's ENV plus what the operator sets: nothing from the host.
         pod_env = {**image_env(root), "HOSTNAME": f"ddp-train-{'master' if rank == 0 else 'worker'}-0",
                    "HOME": "/root", "USER": "root", "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
@@ -221,3 +221,43 @@ def test_two_runai_pods_rendezvous_across_two_nodes_and_train(cluster, runai_roo
     run = [r for r in records if r["type"] == "run"][-1]
     # Built from the same base as the SIF: the same torch.
     assert run["versions"]["torch"] == container_versions(sif)["torch"]
+
+
+# --- the host closure does not shadow the image's own libraries ----------------------
+
+ZSTD_PROBE = """\
+import ctypes, json, os, sys
+ctypes.CDLL("libzstd.so.1")
+mapped = sorted({line.split()[-1] for line in open("/proc/self/maps") if "libzstd" in line})
+with open(sys.argv[1], "w") as out:
+    json.dump(mapped, out)
+"""
+
+
+def test_a_worker_loads_the_images_libzstd_not_the_host_closures(cluster, sif, tmp_path):
+    # ld.so(8): LD_LIBRARY_PATH is searched before ld.so.cache and the trusted directories, so
+    # a host libzstd.so.1 bound into /opt/host-libs would replace the image's own for every
+    # process unless the launcher puts the image's directories before the closure directory.
+    work = user_dir(tmp_path)
+    host = build_fake_olivia_host(work / "host")
+    lib64 = host["root"] / "usr/lib64"
+    zstd = build_library(lib64 / "libzstd.so.1", "libzstd.so.1", source="int host_zstd_marker(void) { return 1; }\n")
+    build_library(host["root"] / "cluster/work/support/nccl/lib/libfakeextra.so.1", "libfakeextra.so.1", needs=[zstd])
+    subprocess.run(["chmod", "-R", "o+rX", str(host["root"])], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDP_"))}
+    done = subprocess.run([sys.executable, "-m", "ddp_launch", "binds", "--site", "olivia", "--root",
+                           str(host["root"])], env={**env, "PYTHONPATH": str(REPO / "entrypoints")},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    binds = done.stdout.strip()
+    assert ":/opt/host-libs/libzstd.so.1" in binds  # the closure carries the host's copy
+    (work / "zstd_probe.py").write_text(ZSTD_PROBE)
+    (work / "zstd_probe.py").chmod(0o644)
+
+    run = apptainer(cluster, ["exec", sif, "ddp-launch", "--site", "olivia", "--mode", "local", "--cpu-workers", "1",
+                              "--script", "zstd_probe.py", "--", str(work / "zstd.json")],
+                    work, {"APPTAINER_BIND": binds})
+
+    assert run.returncode == 0, run.stderr
+    mapped = json.loads((work / "zstd.json").read_text())
+    assert mapped and all(path.startswith(("/usr/lib/", "/lib/")) for path in mapped), mapped

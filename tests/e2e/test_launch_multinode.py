@@ -39,3 +39,27 @@ def test_one_task_per_gpu_mode_runs_each_srun_task_as_a_rank(cluster, tmp_path):
     assert got["local_world_size"] == 2
     assert sorted(got["hosts"]) == ["node1", "node1", "node2", "node2"]
     assert got["under_torchrun"] is False
+
+
+def test_a_head_whose_own_name_is_127_0_1_1_rendezvous_on_its_routable_address(cluster, tmp_path):
+    # Debian and Ubuntu put "127.0.1.1 <hostname>" in /etc/hosts (Debian Reference, "The
+    # hostname resolution": https://www.debian.org/doc/manuals/debian-reference/ch05.en.html),
+    # so on the head node getaddrinfo answers 127.0.1.1 first. Gloo and NCCL on `lo` there
+    # would advertise an address the other node cannot reach.
+    result = tmp_path / "allreduce.json"
+    launch = ["srun", "-N2", "--ntasks-per-node=1", "tests/e2e/workloads/debian_hosts.sh",
+              "ddp-launch", "--cpu-workers", "2", "--rdzv-timeout", "60", "--script", WORKLOAD]
+
+    plans = cluster.run([*launch, "--dry-run"], timeout=180)
+
+    assert plans.returncode == 0, plans.stderr
+    assert "_SOCKET_IFNAME=lo" not in plans.stdout
+    assert plans.stdout.count("GLOO_SOCKET_IFNAME=eth0") == 2, plans.stdout  # both nodes, the cluster's link
+
+    done = cluster.run([*launch, "--", result], timeout=180)
+
+    assert done.returncode == 0, done.stderr
+    assert _result(result)["sum"] == 0 + 1 + 2 + 3
+    head = [line for line in done.stderr.splitlines() if line.startswith("ddp-launch: job ")]
+    assert len(head) == 1, done.stderr  # one line per job, from the head node
+    assert f"head node node1 (first of SLURM_STEP_NODELIST) = {cluster.address('node1')}, port " in head[0]

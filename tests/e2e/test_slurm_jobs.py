@@ -27,12 +27,13 @@ def test_multinode_script_trains_across_two_nodes_to_completion(cluster, job_env
     assert summary and summary[-1]["world_size"] == 4 and summary[-1]["nodes"] == 2
     assert (run_dir / "checkpoint.pt").is_file()
     logs = run_dir / "logs" / job_id
-    for node in cluster.node_names:
+    nodes = cluster.job_nodes(job)
+    for node in nodes:
         streams = sorted(logs.glob(f"{node}/*/attempt_0/*/stdout.log"))
         assert len(streams) == 2, f"{node}: {streams}"  # one per worker on the node
     assert "Training completed successfully." in "".join(
         p.read_text() for p in logs.glob("*/*/attempt_0/*/stdout.log"))
-    assert "node1:rank0: " in output
+    assert f"{nodes[0]}:rank0: " in output
     run = [r for r in _records(run_dir) if r["type"] == "run"][-1]
     assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(Path(job_env["DDP_IMAGE"]))
 
@@ -44,7 +45,7 @@ def test_multinode_script_runs_a_gpu_sampler_on_every_node(cluster, job_env, tmp
 
     assert job.state == "COMPLETED", job.output()
     gpu_dir = Path(job_env["DDP_RUN_DIR"]) / "gpu"
-    for node in cluster.node_names:
+    for node in cluster.job_nodes(job):
         log = (gpu_dir / f"sampler-{node}.log").read_text()
         assert f"nvidia-smi not found on {node}" in log
     assert "GPU sampler stopped" in job.output()
@@ -60,10 +61,30 @@ def test_task_per_gpu_script_runs_two_ranks_on_each_of_two_nodes(cluster, job_en
     assert job.state == "COMPLETED", output
     assert "World size: 4" in output
     logs = sorted(p.name for p in (Path(job_env["DDP_RUN_DIR"]) / "logs").glob("*.out"))
-    assert logs == [f"{job_id}-node1-rank0.out", f"{job_id}-node1-rank1.out",
-                    f"{job_id}-node2-rank2.out", f"{job_id}-node2-rank3.out"]
+    first, second = cluster.job_nodes(job)
+    assert logs == [f"{job_id}-{first}-rank0.out", f"{job_id}-{first}-rank1.out",
+                    f"{job_id}-{second}-rank2.out", f"{job_id}-{second}-rank3.out"]
     run = [r for r in _records(Path(job_env["DDP_RUN_DIR"])) if r["type"] == "run"][-1]
     assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(Path(job_env["DDP_IMAGE"]))
+
+
+@pytest.mark.parametrize("script,tasks", [("slurm/raven-1gpu.sh", 1), ("slurm/raven-1node-4gpu.sh", 2)])
+def test_raven_one_node_scripts_run_one_rank_per_task_and_stream_rank_0(cluster, job_env, tmp_path, script, tasks):
+    # The single-GPU and one-node rows of the scaling table, as 1 and 2 CPU tasks on one node;
+    # one short epoch (trainer flags after the script win), since the layout is what is tested.
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=1", f"--ntasks-per-node={tasks}", "--gres=none"),
+                             script, "--epochs", "1", "--limit-train", "256"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=240)
+
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    assert f"World size: {tasks}" in output and "Number of nodes: 1" in output
+    logs = sorted(p.name for p in (Path(job_env["DDP_RUN_DIR"]) / "logs").glob("*.out"))
+    assert logs == [f"{job_id}-node1-rank{rank}.out" for rank in range(tasks)]
+    # Rank 0's whole log reached the job's output (streamed), not only its last lines.
+    rank0 = (Path(job_env["DDP_RUN_DIR"]) / "logs" / logs[0]).read_text()
+    assert rank0.splitlines()[0] in output and "Training completed successfully." in output
 
 
 def test_job_script_refuses_to_start_without_staged_data(cluster, job_env, tmp_path):

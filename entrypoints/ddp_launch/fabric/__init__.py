@@ -106,7 +106,8 @@ def nccl_debug_file(request: FabricRequest) -> str:
 
 
 def _observe_transport(builder: EnvBuilder, request: FabricRequest, fabric: str) -> None:
-    """Never silently on sockets: log NCCL's net choice to a file the trainer checks."""
+    """Never silently on sockets: log NCCL's net choice to a file the trainer checks
+    (on Ethernet, where sockets are the fabric, the check reports the choice and warns of nothing)."""
     builder.default(EXPECT_FABRIC_VAR, fabric, "the trainer checks NCCL's chosen network against this after the first collective")
     if request.require_fabric:
         builder.default(REQUIRE_FABRIC_VAR, "1", "--require-fabric: a fallback to sockets is an error")
@@ -138,7 +139,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
             if item.name == "NCCL_SOCKET_IFNAME":
                 continue  # used only as a fallback when the interfaces cannot be listed
             builder.default(item.name, item.value, f"site {profile.name}: {item.source}")
-        builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs))
+        builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs, facts.loader_dirs))
 
     conditions = {
         "multi_node": request.multi_node,
@@ -148,7 +149,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
     if fabric == "slingshot":
         profile_ifname = profile.env_value("NCCL_SOCKET_IFNAME") if profile else None
         slingshot_defaults(builder, load_fabric_defaults("slingshot", request.env), facts, conditions,
-                           profile_ifname.value if profile_ifname else None)
+                           profile_ifname.value if profile_ifname else None, profile.name if profile else None)
     elif fabric == "infiniband":
         infiniband_defaults(builder, load_fabric_defaults("infiniband", request.env), facts, conditions, request.env)
     elif request.multi_node:
@@ -158,11 +159,13 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
         builder.default(item.name, item.value, item.source)
 
     if request.multi_node:
-        if fabric in HIGH_SPEED_FABRICS:
+        if not request.gloo:
+            # On Ethernet too: sockets are expected there, and the log still says what NCCL
+            # chose and why it failed when it does (the CPU workers' gloo logs nothing to NCCL).
             _observe_transport(builder, request, fabric)
-        elif request.require_fabric and sockets_reason:
+        if request.require_fabric and fabric not in HIGH_SPEED_FABRICS and sockets_reason:
             raise LaunchError(f"--require-fabric contradicts {sockets_reason}: drop one of them")
-        elif request.require_fabric:
+        if request.require_fabric and fabric not in HIGH_SPEED_FABRICS:
             raise LaunchError(
                 "--require-fabric given but no high-speed fabric was found (no /dev/cxi*, /sys/class/cxi "
                 "or /sys/class/infiniband); run on GPU nodes, pass --site, or drop --require-fabric"

@@ -27,19 +27,30 @@ def _merge(front: Sequence[str], current: str, back: Sequence[str]) -> str:
     return ":".join(ordered)
 
 
-def library_path_changes(profile: SiteProfile, env: Mapping[str, str],
-                         existing_dirs: AbstractSet[str]) -> tuple[EnvChange, ...]:
+def library_path_changes(profile: SiteProfile, env: Mapping[str, str], existing_dirs: AbstractSet[str],
+                         image_dirs: Sequence[str] = ()) -> tuple[EnvChange, ...]:
     """Host plugin dir first (so NCCL dlopens the host libnccl-net.so, not the image's),
-    then libfabric/CXI/NCCL, then the user's entries, then appended extras."""
+    then libfabric/NCCL, then the user's entries, then the image's own library dirs, then
+    the closure dir (libraries the fabric's need: the image's copy of one wins), then extras.
+
+    ld.so searches LD_LIBRARY_PATH before ld.so.cache and its default dirs (ld.so(8)), so a
+    host libcurl or libssl in the closure dir would replace the image's for every process
+    unless the image's dirs come before it on the path.
+    """
+    closure_dir = profile.closure.target if profile.closure is not None else None
     paths = {group: tuple(p for p in listed if p in existing_dirs)
              for group, listed in container_search_paths(profile).items()}
+    front = tuple(p for p in paths["first"] + paths["prepend"] if p != closure_dir)
+    behind_image = tuple(p for p in paths["first"] + paths["prepend"] if p == closure_dir)
     changes = []
     current = env.get("LD_LIBRARY_PATH", "")
-    merged = _merge(paths["first"] + paths["prepend"], current, paths["append"])
+    back = (tuple(image_dirs) if behind_image else ()) + behind_image + paths["append"]
+    merged = _merge(front, current, back)
     if merged != current:
         changes.append(EnvChange(
             "LD_LIBRARY_PATH", merged,
-            f"site {profile.name}: host libraries bound by `ddp-launch binds` (OFI plugin first, your entries kept)",
+            f"site {profile.name}: host libraries bound by `ddp-launch binds` (OFI plugin first, your entries "
+            f"kept, the image's own libraries before the host's closure)",
         ))
     current_cpath = env.get("CPATH", "")
     merged_cpath = _merge(paths["include"], current_cpath, ())

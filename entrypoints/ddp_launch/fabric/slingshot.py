@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ddp_launch.facts import NodeFacts
+from ddp_launch.errors import LaunchError
+from ddp_launch.facts import NET_PLUGIN_FILE, NodeFacts
 from ddp_launch.fabric.common import EnvBuilder
 from ddp_launch.fabric.defaults import FabricDefault, FabricDefaults
 
@@ -25,14 +26,37 @@ def check_socket_ifname(value: str, interfaces: tuple[str, ...]) -> str | None:
     return f"NCCL_SOCKET_IFNAME={value} matches no interface on this node (have: {', '.join(interfaces) or 'none'})"
 
 
-def _nccl_net(builder: EnvBuilder, item: FabricDefault, conditions: Mapping[str, bool]) -> None:
-    """NCCL_NET, unless the user's NCCL_NET_PLUGIN would make NCCL fail to find it (CSCS docs PR #75)."""
+def missing_plugin(builder: EnvBuilder, facts: NodeFacts, site: str | None) -> str | None:
+    """Why NCCL could not load the net plugin that NCCL_NET requires, or None when it can (or was not looked for).
+
+    NCCL dlopens libnccl-net.so (NCCL's ext-net/README.md), so the plugin must lie in the
+    workers' LD_LIBRARY_PATH or in a directory the loader searches by itself (ld.so(8)).
+    """
+    found = facts.net_plugin
+    if found is None or found.by_loader:
+        return None
+    planned = builder.planned("LD_LIBRARY_PATH")
+    path = planned if planned is not None else builder.env.get("LD_LIBRARY_PATH", "")
+    if set(found.in_dirs) & {d for d in path.split(":") if d}:
+        return None
+    return (f"NCCL_NET='AWS Libfabric' needs NCCL's OFI plugin ({NET_PLUGIN_FILE}), but it is neither on "
+            f"LD_LIBRARY_PATH nor in the image's library directories, so NCCL would fail at the first "
+            f"collective on every rank: bind the host's on the host, "
+            f'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site {site or "SITE"})", then srun again')
+
+
+def _nccl_net(builder: EnvBuilder, item: FabricDefault, conditions: Mapping[str, bool],
+              facts: NodeFacts, site: str | None) -> None:
+    """NCCL_NET, unless the user's NCCL_NET_PLUGIN would make NCCL fail to find it (CSCS docs PR #75),
+    and never when the plugin it requires cannot be loaded here."""
     env = builder.env
     if item.when is None or conditions[item.when]:
         if "NCCL_NET_PLUGIN" in env and "NCCL_NET" not in env:
             builder.note("plugin", "info",
                          "NCCL_NET not set because you set NCCL_NET_PLUGIN; with both NCCL cannot find "
                          "'AWS Libfabric' (CSCS docs PR #75). Unset NCCL_NET_PLUGIN to get the fail-fast check")
+        elif "NCCL_NET" not in env and (problem := missing_plugin(builder, facts, site)):
+            raise LaunchError(problem)
         else:
             builder.default(item.name, item.value, item.source)
     if "NCCL_NET_PLUGIN" in env and "NCCL_NET" in env:
@@ -46,10 +70,11 @@ def slingshot_defaults(
     facts: NodeFacts,
     conditions: Mapping[str, bool],
     profile_ifname: str | None,
+    site: str | None = None,
 ) -> None:
     for item in defaults.env:
         if item.name == "NCCL_NET":
-            _nccl_net(builder, item, conditions)
+            _nccl_net(builder, item, conditions, facts, site)
         elif item.when is None or conditions[item.when]:
             builder.default(item.name, item.value, item.source)
     env = builder.env

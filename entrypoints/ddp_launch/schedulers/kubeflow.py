@@ -155,4 +155,7 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
              head_note, port_note, *worker_notes(workers))
     changes = (removed + torchrun_env(env, restarts, log_dir, f"pod{job.node_rank or 0}")
                + workers_env(workers, env, facts.cpu_count))
-    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port))
+    announcement = (f"ddp-launch: {job.max_nodes} pods: {head_note}, port {rdzv_port}"
+                    if multi and is_head else None)
+    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port),
+                      announcement=announcement)

@@ -245,6 +245,13 @@ def _head(slurm: SlurmEnv, options: LaunchOptions, facts: NodeFacts, is_head: bo
     return address, f"head node {name} (first of {slurm.nodes_source}) = {address}"
 
 
+def _announcement(slurm: SlurmEnv, speaks: bool, head_note: str, port: int) -> str | None:
+    """The head node and its address for the job output: one line per job, from the head (or rank 0)."""
+    if not speaks or slurm.num_nodes < 2:
+        return None
+    return f"ddp-launch: job {slurm.job_id}, {slurm.num_nodes} nodes: {head_note}, port {port}"
+
+
 def _port(slurm: SlurmEnv, options: LaunchOptions) -> tuple[int, str]:
     if options.rdzv_port is not None:
         return int(options.rdzv_port.value), f"port from {options.rdzv_port.source}"
@@ -279,7 +286,8 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
              head_note, port_note, *worker_notes(workers))
     node = slurm.node_name or (slurm.nodes[index] if index is not None else slurm.nodes[0])
     changes = torchrun_env(env, restarts, options.log_dir, node) + workers_env(workers, env, facts.cpu_count)
-    return LaunchPlan("slurm-node", argv, changes, notes, slurm.num_nodes, Endpoint(host, port))
+    return LaunchPlan("slurm-node", argv, changes, notes, slurm.num_nodes, Endpoint(host, port),
+                      announcement=_announcement(slurm, is_head, head_note, port))
 
 
 def _node_name(slurm: SlurmEnv, index: int | None) -> str | None:
@@ -330,7 +338,8 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
         notes.append(f"{options.rdzv_timeout.source} is ignored in slurm-task mode (no torchrun): "
                      f"the trainer's --dist-timeout-s bounds the wait for peers")
     return LaunchPlan("slurm-task", options.workload.direct_argv(facts.python), tuple(changes), tuple(notes),
-                      slurm.num_nodes, Endpoint(host, port))
+                      slurm.num_nodes, Endpoint(host, port),
+                      announcement=_announcement(slurm, slurm.proc_id == 0, head_note, port))
 
 
 @dataclass(frozen=True)

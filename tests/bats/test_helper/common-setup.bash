@@ -1,5 +1,5 @@
 # Shared setup for the bats tests: bats-assert, the repository root, and stubs of
-# srun, sbatch, scontrol, apptainer, nvidia-smi and the host launcher helper on PATH.
+# srun, sbatch, scontrol, sinfo, apptainer, nvidia-smi and the host launcher helper on PATH.
 # Every stub appends "name argv..." to $CALLS and rejects options it does not know.
 
 _common_setup() {
@@ -29,7 +29,8 @@ _write_stubs() {
     _stub srun '
 for arg in "$@"; do
     case "${arg}" in
-        --overlap|--nodes=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--output=*) ;;
+        --overlap|--nodes=*|--ntasks=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*) ;;
+        --output=*) output="${arg#--output=}" ;;
         -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
         *) break ;;
     esac
@@ -38,13 +39,29 @@ done
 # Its argv is also kept one word per line, where word boundaries show.
 case " $* " in *" apptainer "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
 printf "srun-env NCCL_IB_DISABLE=%s APPTAINER_BIND=%s\n" "${NCCL_IB_DISABLE-unset}" "${APPTAINER_BIND-unset}" >> "'"${CALLS}"'"
+# The preflight: a doctor report per node, where --output=...%N says; $DOCTOR_FAILS names a failing node.
+case " $* " in *" doctor --json "*)
+    for node in node1 node2; do
+        ok=true; [ "${node}" = "${DOCTOR_FAILS:-}" ] && ok=false
+        printf "{\"ok\": %s, \"checks\": [{\"name\": \"interface\", \"status\": \"%s\", \"detail\": \"eth0 missing\"}]}\n" \
+            "${ok}" "$([ "${ok}" = true ] && echo OK || echo FAIL)" > "${output//%N/${node}}"
+    done
+    exit 0 ;;
+esac
+# The fabric gate: $GATE_REPORT becomes its gate.json, $GATE_STATUS its exit status.
+case " $* " in *" ddp_train.gate "*)
+    [ -z "${GATE_REPORT:-}" ] || cp "${GATE_REPORT}" "${DDP_RUN_DIR}/gate.json"
+    exit "${GATE_STATUS:-0}" ;;
+esac
 exit "${SRUN_STATUS:-0}"'
     _stub scontrol '
 case "${1-} ${2-}" in
-    "requeue "[0-9]*) [ "$#" -eq 2 ] ;;
-    "show hostnames") echo node1; echo node2 ;;
+    "requeue "[0-9]* | "requeuehold "[0-9]* | "release "[0-9]*) [ "$#" -eq 2 ] ;;
+    "update JobId="[0-9]*) [ "$#" -eq 3 ] && [ "${3%%=*}" = ExcNodeList ] ;;
+    "show hostnames") printf "%s\n" ${PARTITION_NODES:-node1 node2} ;;
     *) echo "scontrol stub: unknown arguments $*" >&2; exit 2 ;;
 esac'
+    _stub sinfo '[ "$*" = "-h -p e2e -o %N" ] || { echo "sinfo stub: unknown arguments $*" >&2; exit 2; }; echo "node[1-3]"'
     _stub apptainer 'echo "apptainer stub: must only be reached through srun" >&2; exit 2'
     _stub sbatch 'echo "sbatch stub: job scripts must not submit jobs" >&2; exit 2'
     # The host python3: the binds request is answered with one bind; the dataset check
@@ -53,7 +70,7 @@ esac'
     _stub python3 '
 case "${1-} ${2-} ${3-} $#" in
     "-m ddp_launch.binds --site 4") echo "/host/${4}:/opt/${4}" ;;
-    "-m ddp_contract dataset 4" | "-c "*) exec "'"${real_python3}"'" "$@" ;;
+    "-m ddp_contract dataset 4" | "-m ddp_contract.quarantine "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
     *) echo "python3 stub: unexpected arguments $*" >&2; exit 2 ;;
 esac'
 }
@@ -61,7 +78,9 @@ esac'
 # A minimal environment of a 2-node batch job, with an image and staged data.
 _job_env() {
     export SLURM_JOB_ID=42 SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST='node[1-2]'
-    export SLURM_SUBMIT_DIR="${REPO}" DDP_MONITOR_INTERVAL=5
+    export SLURM_SUBMIT_DIR="${REPO}" DDP_MONITOR_INTERVAL=5 SLURM_JOB_PARTITION=e2e
+    # The training step's own tests: the steps before it have theirs (fabric_gate.bats).
+    export DDP_PREFLIGHT=0 DDP_FABRIC_GATE=0
     export DDP_IMAGE="${BATS_TEST_TMPDIR}/train.sif"
     export DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data"
     export DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run"
@@ -73,5 +92,5 @@ _job_env() {
 
 # The recorded srun call that runs apptainer (the training step).
 _train_call() {
-    grep '^srun .* apptainer ' "${CALLS}"
+    grep '^srun .* apptainer .* -- --data-dir ' "${CALLS}"
 }

@@ -14,6 +14,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 
 import pytest
 from definitions_paths import REPO
@@ -52,7 +53,8 @@ def submitted(tmp_path):
     def submit(*trainer_args: str, **env: str) -> list[str]:
         run_env = {k: v for k, v in os.environ.items() if not k.startswith("RUNAI_")}
         run_env.update(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}",
-                       RUNAI_IMAGE="registry.example/ddp-train:0.1", **env)
+                       RUNAI_IMAGE="registry.example/ddp-train:0.1", RUNAI_DATA_PVC="scratch",
+                       RUNAI_RUN_PVC="scratch", **env)
         done = subprocess.run(["bash", str(SUBMIT), *trainer_args], env=run_env,
                               capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr
@@ -86,3 +88,26 @@ def test_the_rule_itself_appends_to_the_entrypoint_without_command():
     # `ddp-launch /opt/ddp/runai/pod.sh ...`, which ddp-launch rejects with exit 2.
     assert pod_argv(["ddp-launch"], ["submit-dist", "--", "/opt/ddp/runai/pod.sh"]) == \
         ["ddp-launch", "/opt/ddp/runai/pod.sh"]
+
+
+@pytest.mark.parametrize("after", [["bash", "-c", "sleep infinity"], ["/opt/ddp/runai/pod.sh", "--epochs", "5"]])
+def test_a_command_given_without_runais_command_flag_names_that_flag(after):
+    # RCP's own example: `runai submit-dist pytorch ... -- bash -c "sleep infinity"` without
+    # --command. The pod then runs the image's ENTRYPOINT with these words as its arguments.
+    argv = pod_argv(dockerfile_entrypoint(DOCKERFILE.read_text()), ["submit-dist", "pytorch", "--", *after])
+    assert argv[0] == "ddp-launch"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO / "entrypoints"),
+           "KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": "2", "RANK": "0"}  # set in every pod
+    done = subprocess.run([sys.executable, "-m", "ddp_launch", *argv[1:]], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "add RunAI's --command (runai submit-dist pytorch ... --command -- " in done.stderr
+    assert "unrecognized arguments" not in done.stderr
+
+
+def test_outside_a_pod_a_stray_command_is_the_plain_flag_error():
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO / "entrypoints")}
+    done = subprocess.run([sys.executable, "-m", "ddp_launch", "bash", "-c", "true"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unrecognized arguments: bash -c true (put workload arguments after --)" in done.stderr

@@ -23,7 +23,8 @@ class FakeProbes:
     """Records what doctor asked for; fails loudly on a library kind it does not know."""
 
     def __init__(self, torch=TORCH, refuse=(), fi_info=(0, "provider: cxi\n    fabric: cxi\n"), connect="refused", which=True,
-                 missing=None):
+                 missing=None, shm=16 << 30):
+        self.shm = shm
         self.torch, self.refuse, self.fi_info, self.connect_result, self.has_fi_info = torch, refuse, fi_info, connect, which
         self.missing = missing or {}  # library file name -> the dependency dlopen cannot find
         self.loaded, self.commands, self.connected, self.child_loads = [], [], [], []
@@ -50,7 +51,8 @@ class FakeProbes:
 
     def probes(self):
         return Probes(lambda: self.torch, self.load, self.run, self.connect,
-                      lambda name: f"/usr/bin/{name}" if self.has_fi_info else None, self.load_in_child)
+                      lambda name: f"/usr/bin/{name}" if self.has_fi_info else None, self.load_in_child,
+                      lambda path: self.shm)
 
 
 def doctor(node, argv=(), env=None, fake=None):
@@ -61,8 +63,9 @@ def doctor(node, argv=(), env=None, fake=None):
     return code, {c["name"]: c for c in report["checks"]}, report
 
 
-def olivia_node(node, plugin=True, cudart=True):
-    node.cxi(4)
+def olivia_node(node, plugin=True, cudart=True, cxi=True):
+    if cxi:
+        node.cxi(4)
     node.file("/opt/host-libs/libcxi.so.1")
     node.file("/opt/libfabric/lib64/libfabric.so.1")
     node.file("/opt/nccl/lib/libnccl.so.2")
@@ -100,16 +103,38 @@ def test_healthy_olivia_node_passes(node):
 
 def test_missing_plugin_fails_in_a_multi_node_job(node):
     olivia_node(node, plugin=False)
-    code, checks, report = doctor(node, ["--site", "olivia", "--offline"], JOB)
+    code, checks, report = doctor(node, ["--site", "olivia", "--offline"], {**JOB, "APPTAINER_BIND": "/opt/cray"})
     assert code == 1 and not report["ok"]
     assert checks["OFI plugin"]["status"] == "FAIL"
     assert "aws-ofi-nccl" in checks["OFI plugin"]["fix"]
 
 
-def test_missing_plugin_outside_a_job_only_warns(node):
-    olivia_node(node, plugin=False)
+def test_missing_plugin_off_a_slingshot_node_outside_a_job_only_warns(node):
+    # A login node without CXI devices, or the image's %test: nothing to train across yet.
+    olivia_node(node, plugin=False, cxi=False)
     code, checks, _ = doctor(node, ["--site", "olivia", "--offline"], {})
-    assert code == 0 and checks["OFI plugin"]["status"] == "WARN"
+    assert checks["OFI plugin"]["status"] == "WARN"
+
+
+def test_nothing_bound_on_a_slingshot_node_fails_and_prints_the_binds_command(node):
+    # `apptainer exec --nv train.sif ddp-launch doctor --site olivia` on a GH200 node without
+    # APPTAINER_BIND: no host library is in the container. Apptainer sets APPTAINER_BIND inside
+    # the container to what was bound (user guide appendix, "Apptainer's environment variables",
+    # https://apptainer.org/docs/user/main/appendix.html), so unset means nothing was.
+    node.cxi(4)
+    out = io.StringIO()
+    code = run(["--root", str(node.root), "--site", "olivia", "--offline"], {}, out, FakeProbes().probes())
+    text = out.getvalue()
+    assert code == 1 and "doctor: no failures" not in text
+    for label in ("libcxi", "libfabric", "OFI plugin"):
+        assert f"FAIL  {label}: not found in LD_LIBRARY_PATH" in text
+    assert 'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site olivia)"' in text
+
+
+def test_with_binds_the_fix_names_the_library_not_the_binds_command(node):
+    node.cxi(4)
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], {"APPTAINER_BIND": "/opt/cray:/opt/cray"})
+    assert checks["libcxi"]["status"] == "FAIL" and "APPTAINER_BIND" not in checks["libcxi"]["fix"]
 
 
 def test_library_that_does_not_load_fails_with_the_loader_message(node):
@@ -175,6 +200,22 @@ def test_socket_ifname_naming_a_missing_interface_fails(node):
     assert code == 1 and "matches no interface" in checks["interface"]["detail"]
 
 
+def test_loopback_socket_interface_fails_in_a_multi_node_job(node):
+    # Rank 0 advertises NCCL_SOCKET_IFNAME's address to its peers (NCCL environment variables,
+    # NCCL_SOCKET_IFNAME: "the IP interface to use for communication"): loopback reaches no peer.
+    node.net("eth0", "lo")
+    node.route()
+    code, checks, _ = doctor(node, ["--offline"], {**JOB, "NCCL_SOCKET_IFNAME": "lo"})
+    assert code == 1 and checks["interface"]["status"] == "FAIL"
+    assert "loopback" in checks["interface"]["detail"]
+
+
+def test_loopback_socket_interface_outside_a_job_warns(node):
+    node.net("eth0", "lo")
+    _, checks, _ = doctor(node, ["--offline"], {"NCCL_SOCKET_IFNAME": "lo"})
+    assert checks["interface"]["status"] == "WARN" and "is loopback" in checks["interface"]["detail"]
+
+
 def test_head_node_reachable_with_port_closed_is_ok(node):
     fake = FakeProbes(connect="refused")
     _, checks, _ = doctor(node, [], WORKER_POD, fake)
@@ -232,6 +273,21 @@ def test_offline_skips_the_network(node):
     fake = FakeProbes()
     _, checks, _ = doctor(node, ["--offline"], {"MASTER_ADDR": "127.0.0.1"}, fake)
     assert checks["head node"]["status"] == "SKIP" and fake.connected == []
+
+
+def test_a_64_mib_dev_shm_fails_where_several_gpus_share_it(node):
+    # Kubernetes pods get the runtime's 64 MiB /dev/shm (kubernetes#28272); NCCL between GPUs
+    # needs more (NCCL troubleshooting, "Shared memory": --shm-size=1g,
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html).
+    code, checks, _ = doctor(node, ["--offline"], {}, FakeProbes(shm=64 << 20))
+    assert code == 1 and checks["/dev/shm"]["status"] == "FAIL"
+    assert checks["/dev/shm"]["detail"] == "64 MiB, and NCCL between the 4 GPUs here needs at least 1 GiB"
+    assert "--large-shm" in checks["/dev/shm"]["fix"]
+
+
+def test_a_small_dev_shm_with_one_gpu_is_ok(node):
+    _, checks, _ = doctor(node, ["--offline"], {}, FakeProbes(torch=dict(TORCH, cuda_device_count=1), shm=64 << 20))
+    assert checks["/dev/shm"]["status"] == "OK"
 
 
 def test_dataset_present_is_ok(node, tmp_path):

@@ -82,15 +82,15 @@ def _olivia_context(tmp_path, env):
     return make_context(env, str(tmp_path), True, load_site("olivia", env), "data", REAL_PROBES)
 
 
-def test_the_bound_directories_come_before_the_images_own_library_path(tmp_path):
+def test_the_fabric_directories_come_first_and_the_host_closure_last(tmp_path):
     # ld.so reads LD_LIBRARY_PATH at process start only (ld.so(8)): a libfabric that
     # needs the bound libcxi cannot load in a doctor started without the planned path.
     context = _olivia_context(tmp_path, {"LD_LIBRARY_PATH": "/.singularity.d/libs"})
 
     assert library_path_for_workers(context) == \
-        "/opt/libfabric/lib64:/opt/nccl/lib:/opt/host-libs:/.singularity.d/libs"
+        "/opt/libfabric/lib64:/opt/nccl/lib:/.singularity.d/libs:/opt/host-libs"
 
 
 def test_no_relaunch_once_the_process_has_the_planned_path(tmp_path):
-    planned = "/opt/libfabric/lib64:/opt/nccl/lib:/opt/host-libs:/.singularity.d/libs"
+    planned = "/opt/libfabric/lib64:/opt/nccl/lib:/.singularity.d/libs:/opt/host-libs"
     assert library_path_for_workers(_olivia_context(tmp_path, {"LD_LIBRARY_PATH": planned})) is None

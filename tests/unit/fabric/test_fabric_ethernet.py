@@ -105,7 +105,8 @@ def test_ethernet_asked_for_on_a_node_with_an_hca_picks_the_interface_and_expect
     values = {c.name: c.value for c in plan.changes}
     assert plan.fabric == "ethernet"
     assert values["NCCL_SOCKET_IFNAME"] == "ens1f1" and values["GLOO_SOCKET_IFNAME"] == "ens1f1"
-    assert "DDP_EXPECT_FABRIC" not in values  # the trainer must not call sockets a fallback
+    # The trainer must not call sockets a fallback: ethernet expected (NCCL), or nothing (gloo).
+    assert values.get("DDP_EXPECT_FABRIC", "ethernet") == "ethernet"
     assert any(note.startswith(reason) for note in plan.notes)
 
 
@@ -125,3 +126,62 @@ def test_require_fabric_with_ib_disabled_is_a_contradiction(node):
 
     with pytest.raises(LaunchError, match="--require-fabric contradicts NCCL_IB_DISABLE=1"):
         fabric_plan(node, env={"NCCL_IB_DISABLE": "1"}, head_address="192.168.10.1", require_fabric=True)
+
+
+# --- never loopback in a multi-node job ----------------------------------------------------
+# Debian and Ubuntu map the host's own name to 127.0.1.1 in /etc/hosts (Debian Reference,
+# "The hostname resolution": https://www.debian.org/doc/manuals/debian-reference/ch05.en.html#_the_hostname_resolution),
+# so on the head node the head's name can resolve to loopback.
+
+def test_a_head_name_that_resolves_to_127_0_1_1_gets_the_default_routes_interface_not_lo(node):
+    node.route()
+    plan = fabric_plan(node, head_address="master-node", head_lookup=("master-node", "127.0.1.1"))
+    values = {c.name: c for c in plan.changes}
+    assert values["NCCL_SOCKET_IFNAME"].value == "eth0" and values["GLOO_SOCKET_IFNAME"].value == "eth0"
+    assert "loopback 127.0.1.1" in values["NCCL_SOCKET_IFNAME"].reason
+
+
+def test_loopback_head_with_no_other_route_is_refused_in_one_line(node):
+    node.route(PROC_NET_ROUTE.splitlines()[0] + "\nlo\t0000007F\t00000000\t0001\t0\t0\t0\t000000FF\t0\t0\t0\n")
+    with pytest.raises(LaunchError, match=r"^head node master-node resolves to loopback 127\.0\.1\.1 here") as error:
+        fabric_plan(node, head_address="master-node", head_lookup=("master-node", "127.0.1.1"))
+    assert "\n" not in str(error.value) and "/etc/hosts" in str(error.value)
+
+
+def test_loopback_head_is_fine_when_the_user_named_both_interfaces(node):
+    node.route(PROC_NET_ROUTE.splitlines()[0] + "\n")
+    plan = fabric_plan(node, env={"NCCL_SOCKET_IFNAME": "ens1f1", "GLOO_SOCKET_IFNAME": "ens1f1"},
+                       head_address="master-node", head_lookup=("master-node", "127.0.1.1"))
+    assert not {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} & {c.name for c in plan.changes}
+
+
+def test_a_users_loopback_interface_is_an_error_finding(node):
+    node.route()
+    plan = fabric_plan(node, env={"NCCL_SOCKET_IFNAME": "lo"}, head_address="192.168.10.1")
+    assert [(f.topic, f.severity) for f in plan.findings if f.topic == "interface"] == [("interface", "error")]
+
+
+def test_the_lookup_prefers_the_non_loopback_address(monkeypatch):
+    # getaddrinfo on such a head node: the /etc/hosts line first, then DNS.
+    from ddp_launch import rendezvous
+
+    answers = [(2, 1, 6, "", ("127.0.1.1", 0)), (2, 1, 6, "", ("192.168.20.15", 0))]
+    monkeypatch.setattr(rendezvous.socket, "getaddrinfo", lambda *args: answers)
+    assert rendezvous.lookup_ipv4("master-node") == "192.168.20.15"
+    monkeypatch.setattr(rendezvous.socket, "getaddrinfo", lambda *args: answers[:1])
+    assert rendezvous.lookup_ipv4("master-node") == "127.0.1.1"
+
+
+# NCCL_DEBUG=INFO on Ethernet as on the other fabrics: the trainer's transport check reads its log.
+def test_ethernet_logs_nccls_network_choice_like_the_other_fabrics(node):
+    node.route()
+    values = {c.name: c.value for c in fabric_plan(node, head_address="192.168.10.1").changes}
+    assert values["NCCL_DEBUG"] == "INFO" and values["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    assert values["NCCL_DEBUG_FILE"].endswith("nccl-local.%h.%p.log")
+    assert values["DDP_EXPECT_FABRIC"] == "ethernet"
+
+
+def test_ethernet_keeps_the_users_nccl_debug(node):
+    node.route()
+    changes = fabric_plan(node, env={"NCCL_DEBUG": "WARN"}, head_address="192.168.10.1").changes
+    assert "NCCL_DEBUG" not in {c.name for c in changes}

@@ -34,6 +34,10 @@ def host_entries(root: Path, data_dir: Path) -> tuple:
     return (
         HostEntry("ddp_launch.binds", "ddp_launch.binds", ("--site", "olivia", "--root", str(root))),
         HostEntry("ddp_contract", "ddp_contract.__main__", ("dataset", str(data_dir))),
+        # `make data` on the login node; a URL that answers nothing, so the run stops in fetch().
+        HostEntry("ddp_contract", "ddp_contract.__main__",
+                  ("download", str(data_dir / "fetched"), "--url", (data_dir / "absent.tar.gz").as_uri())),
+        HostEntry("ddp_contract.quarantine", "ddp_contract.quarantine", ("show", str(data_dir))),
     )
 
 
@@ -98,14 +102,18 @@ def imported_modules(python: str, entry: HostEntry) -> tuple[subprocess.Complete
 
 def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]:
     """The union over the host entries, each run down its whole path."""
-    binds, dataset = host_entries(root, data_dir)
+    binds, dataset, download, quarantine = host_entries(root, data_dir)
     result, imported = imported_modules(python, binds)
     assert result.returncode == 0, result.stderr
     assert "added " in result.stderr  # the closure ran, so its modules were imported
     result, more = imported_modules(python, dataset)
     assert result.returncode == 1, result.stderr
     assert result.stdout == f"{data_dir}/cifar-100-python lacks test, meta\n"  # it checked and reported
-    return imported | more
+    result, fetched = imported_modules(python, download)
+    assert result.returncode == 1 and "could not download" in result.stderr, result.stderr
+    result, record = imported_modules(python, quarantine)
+    assert result.returncode == 0, result.stderr
+    return imported | more | fetched | record
 
 
 def test_host_entries_import_exactly_the_listed_modules(fake_host, partial_data):

@@ -20,13 +20,26 @@ def changes(node, env=None):
     return {c.name: c.value for c in library_path_changes(OLIVIA, env or {}, existing)}
 
 
-def test_plugin_first_then_host_libraries_then_appended(node):
+def test_plugin_first_then_host_libraries_then_the_closure_behind_the_users_then_appended(node):
     bound(node, "/opt/aws-ofi-nccl/lib", "/opt/libfabric/lib64", "/opt/nccl/lib", "/opt/host-libs", "/opt/nvidia/hpc_sdk/lib")
     value = changes(node, {"LD_LIBRARY_PATH": "/usr/local/cuda/lib64"})["LD_LIBRARY_PATH"]
     assert value.split(":") == [
-        "/opt/aws-ofi-nccl/lib", "/opt/libfabric/lib64", "/opt/nccl/lib", "/opt/host-libs",
-        "/usr/local/cuda/lib64", "/opt/nvidia/hpc_sdk/lib",
+        "/opt/aws-ofi-nccl/lib", "/opt/libfabric/lib64", "/opt/nccl/lib",
+        "/usr/local/cuda/lib64", "/opt/host-libs", "/opt/nvidia/hpc_sdk/lib",
     ]
+
+
+def test_the_images_own_library_dirs_come_before_the_host_closure(node):
+    # ld.so(8): LD_LIBRARY_PATH is searched before ld.so.cache and the trusted directories, so
+    # /opt/host-libs on it would replace the image's libcurl, libssl, libzstd for every process.
+    bound(node, "/opt/libfabric/lib64", "/opt/host-libs", "/usr/lib/aarch64-linux-gnu", "/usr/lib")
+    facts = node_facts(node, site="olivia")
+    from ddp_launch import facts as probe
+    image_dirs = probe.probe(str(node.root), loader=True).loader_dirs
+    assert image_dirs == ("/usr/lib", "/usr/lib/aarch64-linux-gnu")
+    value = {c.name: c.value for c in library_path_changes(OLIVIA, {}, facts.existing_dirs, image_dirs)}
+    assert value["LD_LIBRARY_PATH"].split(":") == [
+        "/opt/libfabric/lib64", "/usr/lib", "/usr/lib/aarch64-linux-gnu", "/opt/host-libs"]
 
 
 def test_only_existing_dirs_are_added(node):

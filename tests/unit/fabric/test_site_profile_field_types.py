@@ -55,6 +55,12 @@ WRONG = [
     (("closure",), [], "'closure' must be"), (("closure",), "x", "'closure' must be"),
     (("closure", "target"), 5, "'closure': 'target' must be"),
     (("closure", "source"), [], "'closure': 'source' must be"),
+    (("fabric_gate",), [], "'fabric_gate' must be an object"),
+    (("fabric_gate", "busbw_gbps"), "122.6", "fabric_gate.busbw_gbps must be a positive number"),
+    (("fabric_gate", "size_bytes"), None, "fabric_gate.size_bytes must be a positive number"),
+    (("fabric_gate", "floor_fraction"), 1.5, "fabric_gate.floor_fraction must be in (0, 1]"),
+    (("fabric_gate", "sockets_busbw_gbps"), "5.4", "fabric_gate.sockets_busbw_gbps must be a positive number"),
+    (("fabric_gate", "source"), 5, "fabric_gate.source must say where the figure comes from"),
 ]
 
 

@@ -108,3 +108,38 @@ def test_check_without_a_log_says_so(tmp_path):
 @pytest.mark.parametrize("host, expected", [("nid1.cluster.org", ("/l/nid1.7", "/l/nid1.cluster.org.7")), ("nid1", ("/l/nid1.7",))])
 def test_log_paths_fill_host_and_pid(host, expected):
     assert nccl_log_paths("/l/%h.%p", host, 7) == expected
+
+
+# A RoCE pod that lost its RDMA device: NCCL's IB verbs transport finds nothing. NCCL logs
+# "No plugin found" on every node without a net plugin, RoCE ones included (the plugin is
+# optional: NCCL's net plugin docs, ext-net/README.md), so that line is no cause on RoCE.
+ROCE_FALLBACK_LOG = """\
+runai-pod-0:77:77 [0] NCCL INFO NET/Plugin: No plugin found (libnccl-net.so)
+runai-pod-0:77:77 [0] NCCL INFO NET/Plugin: Plugin load returned 2 : libnccl-net.so: cannot open shared object file: No such file or directory : when loading libnccl-net.so
+runai-pod-0:77:77 [0] NCCL INFO NET/IB : No device found.
+runai-pod-0:77:77 [0] NCCL INFO NET/Socket : Using [0]eth0:10.244.3.17<0>
+runai-pod-0:77:77 [0] NCCL INFO Using network Socket
+""".splitlines(keepends=True)
+
+
+def test_roce_fallback_names_the_missing_rdma_device_not_the_ofi_plugin():
+    message = sockets_warning(detect_nccl_transport(ROCE_FALLBACK_LOG), "infiniband", {})
+    assert message.startswith("WARNING: NCCL is using TCP sockets although infiniband is expected")
+    assert "NET/IB : No device found" in message and "rdma/rdma=1" in message
+    assert "aws-ofi" not in message and "libnccl-net" not in message and "OFI" not in message
+
+
+def test_roce_fallback_with_ib_disabled_names_the_variable():
+    message = sockets_warning(detect_nccl_transport(ROCE_FALLBACK_LOG), "infiniband", {"NCCL_IB_DISABLE": "1"})
+    assert "NCCL_IB_DISABLE=1" in message and "aws-ofi" not in message
+
+
+def test_slingshot_fallback_still_names_the_plugin():
+    message = sockets_warning(detect_nccl_transport(NO_PLUGIN_LOG), "slingshot", {"NCCL_NET": "AWS Libfabric"})
+    assert "aws-ofi-nccl" in message and "rdma/rdma" not in message
+
+
+def test_on_ethernet_sockets_are_reported_not_warned(tmp_path):
+    (tmp_path / "nccl-9.node1.4242.log").write_text("".join(ROCE_FALLBACK_LOG))
+    env = {"DDP_EXPECT_FABRIC": "ethernet", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": str(tmp_path / "nccl-9.%h.%p.log")}
+    assert check_nccl_transport(env, hostname="node1", pid=4242) == (True, "NCCL network: Socket (ethernet expected)")

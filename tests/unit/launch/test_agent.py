@@ -120,6 +120,8 @@ def test_a_node_that_never_joins_times_the_real_rendezvous_out_in_one_line(tmp_p
     ([2, -15], 2),        # rank 0's usage error; torchrun then TERMs rank 1 and lists it too
     ([75, 75], 75), ([75, -15], 75),
     ([2, 75], 2),         # requeueing cannot fix a usage error
+    ([76, 76], 76), ([76, -15], 76),   # the fabric gate named a bad node: requeue without it
+    ([2, 76], 2), ([76, 75], 76), ([76, 1], 1),
     ([1], 1), ([3], 1), ([2, 1], 1), ([75, 1], 1),
     ([-9], 1), ([75, -9], 1),   # KILL is also the OOM killer: a crash
     ([-15], 1),           # killed by TERM and nothing else failed: a crash
@@ -131,7 +133,7 @@ def test_the_launcher_exits_with_the_workers_own_code_and_any_crash_is_1(codes, 
 
 @pytest.mark.parametrize(("codes", "stop_requested", "retried"), [
     ([1], False, True), ([-11], False, True), ([2, 1], False, True),
-    ([2], False, False), ([75], False, False), ([2, -15], False, False),
+    ([2], False, False), ([75], False, False), ([2, -15], False, False), ([76], False, False),
     ([1], True, False),   # after a stop request nothing starts again
 ])
 def test_only_crashes_are_restarted_and_never_after_a_stop(codes, stop_requested, retried):

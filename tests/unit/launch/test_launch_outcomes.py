@@ -193,7 +193,9 @@ def test_sigterm_while_waiting_for_the_other_nodes_ends_the_launch_with_75_at_on
     err, stopped = term_when_ready(launch, lambda: wait_for_listener(20420, launch))
     assert launch.returncode == 75, err
     assert time.monotonic() - stopped < 30
-    assert lines(err) == ["ddp-launch: stopped by SIGTERM while no worker was running: nothing to save; "
+    assert lines(err) == ["ddp-launch: job 42, 2 nodes: head node localhost "
+                          "resolves to loopback 127.0.0.1 here: passing the name, port 20420",
+                          "ddp-launch: stopped by SIGTERM while no worker was running: nothing to save; "
                           "resubmit or requeue to go on (exit 75)"]
 
 

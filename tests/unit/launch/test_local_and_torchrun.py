@@ -7,6 +7,10 @@ import pytest
 from ddp_launch.errors import LaunchError
 from launch_envs import PYTHON, env_of, plan_for
 
+# What every plan adds where the user set nothing (ddp_launch/forensics.py).
+FLIGHT_RECORDER_ON = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                      "TORCH_NCCL_ENABLE_MONITORING": "1"}
+
 
 def test_local_mode_runs_standalone_torchrun_with_one_worker_per_gpu():
     plan = plan_for({"CUDA_VISIBLE_DEVICES": "0,1"})
@@ -24,7 +28,7 @@ def test_make_demo_command_plans_two_cpu_workers():
     plan = plan_for({}, "--mode", "local", "--cpu-workers", "2", "--", "--demo", "--data-dir", "data")
     assert plan.argv[3:] == ("--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=0",
                              "-m", "ddp_launch.worker", "-m", "ddp_train", "--demo", "--data-dir", "data")
-    assert env_of(plan) == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "36"}
+    assert env_of(plan) == {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "36", **FLIGHT_RECORDER_ON}
 
 
 def test_cpu_workers_from_the_environment():

@@ -59,7 +59,7 @@ AGREE = textwrap.dedent("""
     from ddp_train.errors import TrainError
     rank = int(os.environ["RANK"])
     failing = {int(r) for r in sys.argv[1].split(",") if r}
-    distributed.init_process_group(distributed.DistEnv.from_env(os.environ), torch.device("cpu"), 30)
+    distributed.init_process_group(distributed.DistEnv.from_env(os.environ), torch.device("cpu"), 30, "gloo")
     try:
         distributed.agree_or_raise(TrainError(f"rank {rank} found it") if rank in failing else None,
                                    torch.device("cpu"))

@@ -14,6 +14,20 @@ def test_guide_recipe_is_the_seeds_plain_sgd():
     assert (config.ema_decay, config.tta, config.nesterov) == (0.0, False, False)
 
 
+def test_guide_recipe_is_the_guides_train_ddp_py_value_for_value():
+    # The Olivia guide's train_ddp.py (documentation.sigma2.no, pytorch_olivia/PyTorchMultiGpu):
+    # argparse defaults --batch-size 512 (global, divided by the world size), --epochs 5,
+    # --base-lr 0.01, --target-accuracy 0.85, --patience 2; SGD(lr=args.base_lr, ...) with no
+    # scaling by the GPU count; torch.amp.autocast('cuda'), which is float16, with a GradScaler.
+    config = config_from_args(["--recipe", "guide"])
+    assert (config.batch_size, config.epochs, config.target_accuracy, config.patience) == (512, 5, 0.85, 2)
+    assert config.precision == "fp16" and config.dropout == 0.01
+    for world_size in (1, 4, 8):
+        assert peak_lr(config, world_size) == 0.01
+    # Its 4-GPU job passes --base-lr 0.04 and gets 0.04, not 0.16.
+    assert peak_lr(config_from_args(["--recipe", "guide", "--base-lr", "0.04", "--batch-size", "1024"]), 4) == 0.04
+
+
 def test_improved_recipe_is_the_default_and_each_change_is_a_flag():
     config = config_from_args([])
     assert config.recipe == "improved"
@@ -59,7 +73,7 @@ def test_batch_not_divisible_by_world_size_names_both():
 
 
 def test_lr_scales_linearly_with_world_size_unless_disabled():
-    assert peak_lr(config_from_args(["--base-lr", "0.01", "--recipe", "guide"]), 8) == pytest.approx(0.08)
+    assert peak_lr(config_from_args(["--base-lr", "0.01", "--lr-scaling", "world-size"]), 8) == pytest.approx(0.08)
     assert peak_lr(config_from_args(["--base-lr", "0.01", "--lr-scaling", "none"]), 8) == 0.01
 
 

@@ -1,0 +1,216 @@
+"""`python -m ddp_train.gate`: the fabric gate, run by the job scripts before training, through
+ddp-launch (`--module ddp_train.gate`) on the same ranks, backend and environment as the training.
+
+All-reduce at a few sizes with a known pattern (data checked, bandwidth as nccl-tests reports it);
+on a failure, or where only a comparison can judge, again within each node and between pairs of
+nodes, to name the node or link at fault. Writes gate.json and gate.txt in --run-dir; exit 0 pass,
+76 (ddp_contract.EXIT_BAD_NODE) when it names a node, 1 when it fails without naming one.
+The decisions are in fabric_gate.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Mapping, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR, check_nccl_transport
+
+from ddp_train import distributed
+from ddp_train.distributed import DistEnv
+from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, TrainError
+from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
+                                   SizeResult, decide, expectation_from_profile, expected_period, needs_narrowing,
+                                   pair_rounds, write_report)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m ddp_train.gate", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, help="where gate.json and gate.txt go")
+    parser.add_argument("--site", default=os.environ.get("DDP_LAUNCH_SITE") or None,
+                        help="site profile whose fabric_gate gives the expected bus bandwidth")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--sizes", help="comma-separated sizes in bytes (default: per device, fabric_gate.py)")
+    parser.add_argument("--iters", type=int, help="timed all-reduces per size (default 20 on GPUs, 5 on CPUs)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds any one collective may take")
+    return parser.parse_args(argv)
+
+
+def site_expectation(site: Optional[str], env: Mapping[str, str]) -> Optional[Expectation]:
+    if not site:
+        return None
+    from ddp_launch.errors import LaunchError
+    from ddp_launch.sites import load_site
+    try:
+        return expectation_from_profile(load_site(site, env).fabric_gate)
+    except LaunchError as error:
+        raise TrainError(str(error)) from None
+
+
+def corruption(env: Mapping[str, str], host: str, local_rank: int) -> int:
+    """How many elements this rank perturbs (test only: DDP_GATE_TEST_CORRUPT=HOST:LOCAL_RANK:COUNT)."""
+    raw = env.get(GATE_TEST_CORRUPT_VAR)
+    if not raw:
+        return 0
+    try:
+        node, rank, count = raw.rsplit(":", 2)
+        return int(count) if node == host and int(rank) == local_rank else 0
+    except ValueError:
+        raise TrainError(f"{GATE_TEST_CORRUPT_VAR}={raw!r} is not HOST:LOCAL_RANK:COUNT") from None
+
+
+class Runner:
+    """One rank's side of the gate: its device, its global rank, and every rank's node."""
+
+    def __init__(self, device: torch.device, rank: int, nodes_of_ranks: Sequence[str], corrupt: int, iters: int):
+        self.device, self.rank, self.nodes_of_ranks = device, rank, list(nodes_of_ranks)
+        self.corrupt, self.iters = corrupt, iters
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def pattern(self, count: int) -> torch.Tensor:
+        index = torch.arange(count, device=self.device, dtype=torch.int64)
+        values = ((index + self.rank) % PATTERN_PERIOD + 1).to(torch.float32)
+        if self.corrupt:
+            values[: self.corrupt] += 1
+        return values
+
+    def expected(self, members: Sequence[int], count: int) -> torch.Tensor:
+        period = torch.tensor(expected_period(members), dtype=torch.float32, device=self.device)
+        return period[torch.arange(count, device=self.device) % PATTERN_PERIOD]
+
+    def measure(self, group, members: Sequence[int], round_name: str, sizes: Sequence[int]) -> GroupResult:
+        results = []
+        for size in sizes:
+            count = size // 4
+            data = self.pattern(count)
+            all_reduce(data, group)
+            wrong = int((data != self.expected(members, count)).sum())
+            scratch = torch.zeros(count, device=self.device)
+            all_reduce(scratch, group)  # warm-up: connections and buffers
+            self.sync()
+            all_reduce(torch.zeros(1, device=self.device), group)  # start together
+            self.sync()
+            started = time.perf_counter()
+            for _ in range(self.iters):
+                all_reduce(scratch, group)
+            self.sync()
+            seconds = (time.perf_counter() - started) / self.iters
+            # The slowest member's time and the most wrong elements any member saw: the group's row.
+            worst = torch.tensor([seconds, float(wrong)], dtype=torch.float64 if self.device.type == "cpu"
+                                 else torch.float32, device=self.device)
+            all_reduce(worst, group, dist.ReduceOp.MAX)
+            results.append(SizeResult.measured(size, float(worst[0]), len(members), int(worst[1])))
+        nodes = tuple(dict.fromkeys(self.nodes_of_ranks[r] for r in members))
+        return GroupResult(round_name, nodes, len(members), tuple(results))
+
+    def round(self, round_name: str, groups: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[GroupResult]:
+        """Every group of one round at once (each rank in at most one); every rank gets every result."""
+        handles = [dist.new_group(list(members)) for members in groups]  # every rank creates every group
+        mine = None
+        for members, handle in zip(groups, handles):
+            if self.rank in members:
+                mine = self.measure(handle, members, round_name, sizes)
+        gathered = distributed.all_gather_objects(mine)
+        seen, results = set(), []
+        for result in gathered:
+            if result is not None and result.nodes not in seen:
+                seen.add(result.nodes)
+                results.append(result)
+        return results
+
+
+def all_reduce(tensor: torch.Tensor, group, op=None) -> None:
+    """dist.all_reduce within `group` (None: the world); nothing to do in a world of one."""
+    if distributed.active():
+        dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM, group=group)
+
+
+def node_names(hostnames: Sequence[str]) -> list[str]:
+    """The nodes in rank order (a node is first seen at its lowest rank)."""
+    return list(dict.fromkeys(hostnames))
+
+
+def transport_on_sockets(env: Mapping[str, str], device: torch.device) -> bool:
+    """Whether this rank's NCCL chose TCP sockets where the launcher expects an RDMA fabric."""
+    if device.type != "cuda" or not env.get(EXPECT_FABRIC_VAR):
+        return False
+    ok, message = check_nccl_transport({**env, "DDP_REQUIRE_FABRIC": "1"})
+    return not ok
+
+
+def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    started = time.perf_counter()
+    dist_env = DistEnv.from_env(env)
+    device = distributed.pick_device(args.device, dist_env)
+    expectation = site_expectation(args.site, env)
+    sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES[device.type]
+    iters = args.iters or DEFAULT_ITERS[device.type]
+    host = socket.gethostname().split(".")[0]
+    distributed.init_process_group(dist_env, device, args.timeout)
+    try:
+        hosts = distributed.all_gather_objects(host)
+        nodes = node_names(hosts)
+        runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), iters)
+        everyone = list(range(dist_env.world_size))
+        world = runner.measure(None, everyone, "world", sizes)
+        on_sockets = distributed.all_gather_objects(transport_on_sockets(env, device))
+        sockets = sorted({hosts[r] for r, flag in enumerate(on_sockets) if flag})
+        node_groups, pair_groups, notes = [], [], []
+        if distributed.active() and needs_narrowing(world, expectation, sockets, len(nodes)):
+            ranks_of = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
+            node_groups = runner.round("node", [ranks_of[n] for n in nodes], sizes)
+            for index, pairs in enumerate(pair_rounds(len(nodes)), start=1):
+                groups = [ranks_of[nodes[a]] + ranks_of[nodes[b]] for a, b in pairs]
+                pair_groups += runner.round(f"pairs-{index}", groups, sizes)
+        if expectation is None and len(nodes) < 3:
+            notes.append("no published bus bandwidth for this site and fewer than 3 nodes to compare: "
+                         "bandwidth reported, not judged")
+        report = decide(world, node_groups, pair_groups, expectation, sockets, time.perf_counter() - started,
+                        f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes)
+        if dist_env.is_main:
+            write_report(report, args.run_dir)
+            print(report.text(), flush=True)
+            print(f"fabric gate: report in {os.path.join(args.run_dir, 'gate.json')} and gate.txt", flush=True)
+        distributed.barrier()
+    finally:
+        distributed.destroy_process_group()
+    if report.ok:
+        return EXIT_OK
+    return EXIT_BAD_NODE if report.bad_nodes else EXIT_FAILURE
+
+
+def stop_requests_exit_75() -> None:
+    """A stop signal (USR2 before the time limit, TERM on preemption, forwarded by ddp-launch) during
+    the gate: nothing to save, so every rank leaves at once with 75 and the job script requeues."""
+    def leave(signum, frame):
+        os._exit(EXIT_REQUEUE)
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(signum, leave)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from ddp_train.cli import _leave_now, one_line
+    from ddp_train.errors import EXIT_USAGE
+    stop_requests_exit_75()
+    try:
+        code = gate(parse_args(argv), os.environ)
+    except TrainError as error:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"fabric gate: error: {one_line(str(error))}", file=sys.stderr, flush=True)
+        code = EXIT_USAGE
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        _leave_now(code)  # see cli._leave_now: gloo's threads and interpreter finalization
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

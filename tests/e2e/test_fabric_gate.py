@@ -1,0 +1,142 @@
+"""The fabric gate and the quarantine on the real cluster: the slurm/ job scripts, sbatch, srun, the
+image, gloo over the nodes' veth links. A 3-node job and a spare: DDP_E2E_NODES=4 (conftest's default).
+"""
+import json
+from pathlib import Path
+
+import pytest
+from conftest import sbatch_args
+
+pytestmark = pytest.mark.e2e
+
+
+def _gate(run_dir: Path) -> dict:
+    return json.loads((run_dir / "gate.json").read_text())
+
+
+def _needs_nodes(cluster, count: int) -> None:
+    if cluster.nodes < count:
+        pytest.fail(f"this test needs {count} nodes: run with DDP_E2E_NODES={count}")
+
+
+@pytest.fixture
+def rate_limited(cluster):
+    """Limit one node's egress with a token bucket (tc-tbf(8)) on its eth0, inside its namespace;
+    removed after the test. netem (delay) is not built into this kernel, tbf is."""
+    limited = []
+
+    def limit(node: str, rate: str = "200mbit") -> None:
+        done = cluster.run(["ip", "netns", "exec", cluster.netns(node), "tc", "qdisc", "replace", "dev", "eth0",
+                            "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"], timeout=30)
+        assert done.returncode == 0, done.stderr
+        limited.append(node)
+
+    yield limit
+    for node in limited:
+        cluster.run(["ip", "netns", "exec", cluster.netns(node), "tc", "qdisc", "del", "dev", "eth0", "root"],
+                    timeout=30)
+
+
+@pytest.fixture
+def renamed_nic(cluster):
+    """Give one node's NIC another name (a node whose NIC is ens1f1 where the job says eth0, as in
+    mixed clusters); renamed back after the test. A link is renamed only while down (ip-link(8))."""
+    renamed = []
+
+    def rename(node: str, new: str) -> None:
+        ns = cluster.netns(node)
+        for argv in (["ip", "link", "set", "eth0", "down"], ["ip", "link", "set", "eth0", "name", new],
+                     ["ip", "link", "set", new, "up"]):
+            done = cluster.run(["ip", "netns", "exec", ns, *argv], timeout=30)
+            assert done.returncode == 0, done.stderr
+        renamed.append((node, new))
+
+    yield rename
+    for node, new in renamed:
+        ns = cluster.netns(node)
+        for argv in (["ip", "link", "set", new, "down"], ["ip", "link", "set", new, "name", "eth0"],
+                     ["ip", "link", "set", "eth0", "up"]):
+            cluster.run(["ip", "netns", "exec", ns, *argv], timeout=30)
+
+
+def test_a_healthy_gate_passes_with_its_figures_in_the_job_output_and_the_json(cluster, job_env, tmp_path):
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=300)
+
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    assert "fabric gate: PASS in " in output and "on 2 node(s), 4 ranks: busbw " in output
+    assert "#wrong 0" in output and "algbw" in output
+    assert "preflight: ddp-launch doctor passed on every node" in output
+    report = _gate(Path(job_env["DDP_RUN_DIR"]))
+    assert report["ok"] and report["bad_nodes"] == []
+    assert report["world"]["nodes"] == ["node1", "node2"] and report["world"]["ranks"] == 4
+    sizes = report["world"]["sizes"]
+    assert [s["size_bytes"] for s in sizes] == [65536, 1048576, 4194304]
+    assert all(s["wrong"] == 0 and s["busbw_gbps"] > 0 for s in sizes)
+    # nccl-tests' definition: busbw = algbw * 2(n-1)/n, n = 4 ranks
+    assert all(abs(s["busbw_gbps"] - s["algbw_gbps"] * 1.5) < 1e-9 for s in sizes)
+    assert "Training completed successfully." in output
+
+
+def test_a_corrupting_rank_is_named_with_its_wrong_element_count(cluster, job_env, tmp_path):
+    job_env = {**job_env, "DDP_GATE_TEST_CORRUPT": "node2:1:7", "DDP_MAX_REQUEUES": "0"}
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodelist=node1,node2"), "slurm/olivia-multinode.sh"],
+                            env=job_env)
+
+    job = cluster.wait(job_id, timeout=300)
+
+    output = job.output()
+    assert job.state == "FAILED" and job.exit_code == "76:0", output
+    # 7 elements perturbed at each of the 3 sizes, seen within node2's own all-reduce
+    assert "fabric gate: FAIL in " in output
+    assert "node node2: 21 wrong element(s) in 3 all-reduce(s) within the node" in output
+    report = _gate(Path(job_env["DDP_RUN_DIR"]))
+    assert report["bad_nodes"] == ["node2"]
+    assert [f["kind"] for f in report["faults"]] == ["corrupt"]
+    assert report["world"]["sizes"][0]["wrong"] == 7
+    assert "excluded node2 (named by the gate" in output
+    assert "already requeued 0 times (DDP_MAX_REQUEUES=0): not requeuing" in output
+    assert "Training completed" not in output
+
+
+def test_a_slow_node_is_named_by_the_pair_rounds(cluster, job_env, tmp_path, rate_limited):
+    _needs_nodes(cluster, 3)
+    rate_limited("node3")
+    job_env = {**job_env, "DDP_MAX_REQUEUES": "0"}
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=3", "--nodelist=node1,node2,node3"),
+                             "slurm/olivia-multinode.sh"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=400)
+
+    output = job.output()
+    assert job.exit_code == "76:0", output
+    report = _gate(Path(job_env["DDP_RUN_DIR"]))
+    assert report["bad_nodes"] == ["node3"], report["verdict"]
+    assert [f["kind"] for f in report["faults"]] == ["slow"]
+    assert "fabric gate: FAIL in " in output and "node node3: busbw " in output
+    rounds = {g["round"] for g in report["rounds"]}
+    assert rounds == {"node", "pairs-1", "pairs-2"}  # ceil(log2 3) pair rounds
+
+
+def test_a_node_failing_the_preflight_is_excluded_and_the_job_finishes_elsewhere(cluster, job_env, tmp_path,
+                                                                               renamed_nic):
+    _needs_nodes(cluster, 3)
+    # The job names its interface (as sites do, e.g. NCCL_SOCKET_IFNAME=hsn0); node2's is named
+    # otherwise, so the doctor's interface check FAILs there and nowhere else.
+    renamed_nic("node2", "ens1f1")
+    job_env = {**job_env, "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=500)
+
+    output = job.output()  # the requeued run's output: SLURM rewrites it on the restart
+    assert job.state == "COMPLETED", output
+    assert job.fields.get("Restarts") == "1"
+    assert "node2" not in job.fields["NodeList"] and job.fields["ExcNodeList"] == "node2"
+    assert "excluded node2 (named by the doctor in job" in output and "interface" in output
+    assert "fabric gate: PASS" in output
+    assert "Training completed successfully." in output
+    record = json.loads((Path(job_env["DDP_RUN_DIR"]) / "quarantine.json").read_text())
+    assert [e["node"] for e in record["excluded"]] == ["node2"]
