@@ -242,6 +242,13 @@ def ensure_base(in_root=None, rebuild_base: bool = False) -> BaseRecipe:
 TEST_BUILD_FLAGS = "--fakeroot --mksquashfs-args '-comp lz4'"
 
 
+def build_scratch(directory: Path) -> list[str]:
+    """make's arguments for where Apptainer caches and unpacks (the Makefile's BUILD_SCRATCH,
+    checked by containers/build-space.sh): a directory the test user writes, and the room the
+    test bases need (under 2 GB unpacked), not the NGC base's 40 GB."""
+    return [f"BUILD_SCRATCH={directory}", "BUILD_MIN_FREE_GB=4"]
+
+
 @dataclass(frozen=True)
 class Sifs:
     x86: Path  # make build-x86: containers/gpu.def, ARCH=amd64, SITE empty
@@ -292,9 +299,11 @@ def build_sifs(as_user, in_root, user: int) -> Sifs:
         for target, variable, path in (("build-x86", "X86", sifs.x86), ("build-cpu", "CPU", sifs.cpu)):
             started = time.monotonic()
             _checked(as_user(["make", "--no-print-directory", target, f"{variable}_SIF={partial / path.name}",
-                              f"{variable}_BASE={base}", f"BUILD_FLAGS={TEST_BUILD_FLAGS}"]),
+                              f"{variable}_BASE={base}", f"BUILD_FLAGS={TEST_BUILD_FLAGS}",
+                              *build_scratch(partial / ".apptainer-build")]),
                      f"make {target}", CACHE / "logs" / f"{target}.log")
             _log(f"make {target}: {time.monotonic() - started:.0f} s")
+        shutil.rmtree(partial / ".apptainer-build", ignore_errors=True)
         partial.rename(out)
     return sifs
 

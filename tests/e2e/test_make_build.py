@@ -27,7 +27,8 @@ def test_make_build_olivia_on_x86_64_builds_an_arm64_sif_from_the_prepulled_one(
     sif = out / "train-olivia-arm64.sif"
 
     done = cluster.as_user(["make", "--no-print-directory", "build-olivia", f"OLIVIA_BASE_SIF={base}",
-                            f"OLIVIA_SIF={sif}", f"BUILD_FLAGS={image.TEST_BUILD_FLAGS}"],
+                            f"OLIVIA_SIF={sif}", f"BUILD_FLAGS={image.TEST_BUILD_FLAGS}",
+                            *image.build_scratch(out / ".apptainer-build")],
                            env={"TMPDIR": str(out)}, timeout=900)
 
     assert done.returncode == 0, done.stderr
