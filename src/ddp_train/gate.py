@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR, check_nccl_transport
 
 from ddp_train import distributed
+from ddp_train.config import resolve_backend
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, TrainError
 from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
@@ -155,7 +156,8 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES[device.type]
     iters = args.iters or DEFAULT_ITERS[device.type]
     host = socket.gethostname().split(".")[0]
-    distributed.init_process_group(dist_env, device, args.timeout)
+    # The backend training uses on this device: NCCL's all-reduce on GPUs, gloo's on the CPU.
+    distributed.init_process_group(dist_env, device, args.timeout, resolve_backend("auto", device.type))
     try:
         hosts = distributed.all_gather_objects(host)
         nodes = node_names(hosts)
