@@ -190,6 +190,15 @@ class Cluster:
                 pytest.fail(f"{path} did not appear within {timeout}s")
             time.sleep(0.5)
 
+    def in_netns(self, node: str, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+        """argv in a node's network namespace, run from this host (cluster.sh made the namespaces
+        here: the cluster's root has no /run/netns), as root: tc(8) and ip-link(8) changes."""
+        _log(f"+ [{node}] " + shlex.join(argv))
+        done = subprocess.run(["ip", "netns", "exec", self.netns(node), *argv], capture_output=True, text=True,
+                              timeout=timeout)
+        _log(done.stdout + done.stderr + f"+ exit status: {done.returncode}")
+        return done
+
     def node_exec(self, node: str, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
         return self.run([CLUSTER_SH, "exec", node, *argv], timeout=timeout)
 

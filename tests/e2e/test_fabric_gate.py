@@ -26,15 +26,14 @@ def rate_limited(cluster):
     limited = []
 
     def limit(node: str, rate: str = "200mbit") -> None:
-        done = cluster.run(["ip", "netns", "exec", cluster.netns(node), "tc", "qdisc", "replace", "dev", "eth0",
-                            "root", "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"], timeout=30)
+        done = cluster.in_netns(node, ["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", rate,
+                                       "burst", "256kb", "latency", "50ms"])
         assert done.returncode == 0, done.stderr
         limited.append(node)
 
     yield limit
     for node in limited:
-        cluster.run(["ip", "netns", "exec", cluster.netns(node), "tc", "qdisc", "del", "dev", "eth0", "root"],
-                    timeout=30)
+        cluster.in_netns(node, ["tc", "qdisc", "del", "dev", "eth0", "root"])
 
 
 @pytest.fixture
@@ -44,19 +43,17 @@ def renamed_nic(cluster):
     renamed = []
 
     def rename(node: str, new: str) -> None:
-        ns = cluster.netns(node)
         for argv in (["ip", "link", "set", "eth0", "down"], ["ip", "link", "set", "eth0", "name", new],
                      ["ip", "link", "set", new, "up"]):
-            done = cluster.run(["ip", "netns", "exec", ns, *argv], timeout=30)
+            done = cluster.in_netns(node, argv)
             assert done.returncode == 0, done.stderr
         renamed.append((node, new))
 
     yield rename
     for node, new in renamed:
-        ns = cluster.netns(node)
         for argv in (["ip", "link", "set", new, "down"], ["ip", "link", "set", new, "name", "eth0"],
                      ["ip", "link", "set", "eth0", "up"]):
-            cluster.run(["ip", "netns", "exec", ns, *argv], timeout=30)
+            cluster.in_netns(node, argv)
 
 
 def test_a_healthy_gate_passes_with_its_figures_in_the_job_output_and_the_json(cluster, job_env, tmp_path):
