@@ -251,6 +251,15 @@ cluster::node_main() {
     local -r node="$1"
     shift
     mount --bind "${STATE}/etc/hosts" /etc/hosts
+    # The root's /sys is the host's (rbind): its /sys/class/net lists the host's interfaces. A
+    # sysfs mounted from the node's network namespace lists the node's, as on a real node (sysfs
+    # shows the net devices of the namespace that mounted it; `ip netns exec` remounts /sys the
+    # same way, iproute2's lib/namespace.c netns_switch); the cgroup tree is kept.
+    local -r cgroup="${STATE}/run/cgroup-${node}"
+    mkdir -p "${cgroup}"
+    mount --rbind /sys/fs/cgroup "${cgroup}"
+    mount -t sysfs sysfs /sys
+    mount --move "${cgroup}" /sys/fs/cgroup
     hostname "${node}"
     exec "$@"
 }
