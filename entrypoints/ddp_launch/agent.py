@@ -126,6 +126,19 @@ def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> st
             f"--rdzv-timeout / DDP_LAUNCH_RDZV_TIMEOUT if the head starts late")
 
 
+def log_dir_problem(log_dir: str | None) -> str | None:
+    """Create torchrun's --log-dir now; one line saying why not (torchrun's own makedirs
+    would end in a traceback), or None."""
+    if not log_dir:
+        return None
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as error:
+        return (f"ddp-launch: error: --log-dir {log_dir} cannot be created ({error.strerror or error}): "
+                f"pass a directory you can write, or leave --log-dir out")
+    return None
+
+
 def first_line(error: BaseException) -> str:
     """The innermost cause's first line: the C++ store error, without its stack frames."""
     while error.__cause__ is not None:
@@ -240,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(args, "signals_to_handle"):
         # torchrun would install its own TERM handler over ours in every round.
         args.signals_to_handle = ",".join(TORCHRUN_HANDLED_SIGNALS)
+    problem = log_dir_problem(args.log_dir)
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_USAGE
     try:
         torchrun.run(args)
     except ChildFailedError as failure:
