@@ -158,10 +158,14 @@ def check_nccl_transport(
 
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
-    """`python3 -m ddp_contract dataset DIR`: exit 0 when CIFAR-100 is there, else name what is missing."""
+    """`python3 -m ddp_contract dataset DIR`: exit 0 when CIFAR-100 is there, else name what is missing.
+    `python3 -m ddp_contract run-dir-lock DIR`: exit 2 in one line when another job holds DIR."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) == 2 and args[0] == "run-dir-lock":
+        from ddp_contract import rundir_lock
+        return rundir_lock.main(args[1:])
     if len(args) != 2 or args[0] != "dataset":
-        print("usage: python3 -m ddp_contract dataset DATA_DIR", file=sys.stderr)
+        print("usage: python3 -m ddp_contract dataset DATA_DIR | run-dir-lock RUN_DIR", file=sys.stderr)
         return EXIT_USAGE
     missing = missing_dataset_files(args[1])
     if missing:

@@ -54,7 +54,8 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     stop = StopFlag().install()
     try:
         distributed.init_process_group(dist_env, device, config.dist_timeout_s)
-        return train(config, env, dist_env, device, precision, stop)
+        with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device):
+            return train(config, env, dist_env, device, precision, stop)
     finally:
         distributed.destroy_process_group()
         stop.uninstall()

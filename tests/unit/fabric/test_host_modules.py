@@ -34,6 +34,7 @@ def host_entries(root: Path, data_dir: Path) -> tuple:
     return (
         HostEntry("ddp_launch.binds", "ddp_launch.binds", ("--site", "olivia", "--root", str(root))),
         HostEntry("ddp_contract", "ddp_contract.__main__", ("dataset", str(data_dir))),
+        HostEntry("ddp_contract", "ddp_contract.__main__", ("run-dir-lock", str(data_dir))),
     )
 
 
@@ -98,14 +99,16 @@ def imported_modules(python: str, entry: HostEntry) -> tuple[subprocess.Complete
 
 def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]:
     """The union over the host entries, each run down its whole path."""
-    binds, dataset = host_entries(root, data_dir)
+    binds, dataset, run_dir_lock = host_entries(root, data_dir)
     result, imported = imported_modules(python, binds)
     assert result.returncode == 0, result.stderr
     assert "added " in result.stderr  # the closure ran, so its modules were imported
     result, more = imported_modules(python, dataset)
     assert result.returncode == 1, result.stderr
     assert result.stdout == f"{data_dir}/cifar-100-python lacks test, meta\n"  # it checked and reported
-    return imported | more
+    result, lock = imported_modules(python, run_dir_lock)
+    assert result.returncode == 0, result.stderr  # no lock there: the run dir is free
+    return imported | more | lock
 
 
 def test_host_entries_import_exactly_the_listed_modules(fake_host, partial_data):
