@@ -17,9 +17,9 @@ from typing import Mapping, Optional
 
 import torch
 
-from ddp_train import data, distributed, metrics, rundir, speed
+from ddp_train import data, distributed, metrics, peers, rundir, speed
 from ddp_train.batches import TrainBatches
-from ddp_train.checkpoint import Checkpointer, Progress
+from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
 from ddp_train.config import TrainConfig, check_world, compile_by_default, for_device, resolve_precision
 from ddp_train.distributed import DistEnv
 from ddp_train.ema import update_ema
@@ -54,8 +54,16 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     stop = StopFlag().install()
     try:
         distributed.init_process_group(dist_env, device, config.dist_timeout_s)
+        hosts = peers.hosts_by_rank() if distributed.active() else []
         with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device):
-            return train(config, env, dist_env, device, precision, stop)
+            try:
+                return train(config, env, dist_env, device, precision, stop)
+            except RuntimeError as exc:  # a failed collective: was it a node that went away?
+                lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),
+                                       env.get("MASTER_ADDR", "?")) if hosts else None
+                if lost is None:
+                    raise
+                raise lost from None
     finally:
         distributed.destroy_process_group()
         stop.uninstall()

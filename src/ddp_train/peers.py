@@ -1,0 +1,84 @@
+"""Which node went away when a collective failed: a roll call in the rendezvous store.
+
+A node that drops off the network leaves its peers blocked in a collective until the process
+group's timeout (--dist-timeout-s); one that dies resets their connections at once. Either
+way gloo and NCCL say only that a receive timed out or a connection closed, not whose. So
+every rank whose collective failed writes its name into the store (hosted by torchrun's
+agent on the head node) and waits ROLL_CALL_S for the others: the ranks that never answer
+are on the node that is gone, and the lowest rank that answered says so in one line.
+A rank that cannot reach the store itself has lost the head node, and names it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from typing import Optional, Sequence
+
+import torch.distributed as dist
+
+from ddp_train.errors import PeerLost
+
+ROLL_CALL_S = 15.0  # every live rank fails within this of the first (they share the timeout)
+KEY = "ddp-train/roll-call/{rank}"
+
+
+def hosts_by_rank() -> list[str]:
+    """Every rank's host name, gathered once at the start (a collective)."""
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    return [str(h) for h in hosts]
+
+
+def missing_nodes(hosts: Sequence[str], answered: Sequence[int]) -> dict[str, list[int]]:
+    """{host: its ranks} for the hosts with a rank that did not answer."""
+    silent: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        if rank not in answered:
+            silent.setdefault(host, []).append(rank)
+    return silent
+
+
+def lost_message(silent: dict[str, list[int]], waited_s: float, cause: str, checkpoint: str) -> str:
+    nodes = ", ".join(f"{host} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+                      for host, ranks in silent.items())
+    return (f"lost contact with {nodes}: no answer {waited_s:.0f} s after a collective failed ({cause}); "
+            f"the node dropped off the network or died. The last checkpoint ({checkpoint}) is kept: "
+            f"resubmit or requeue the job to resume from it, on other nodes if that one stays down")
+
+
+def head_lost_message(head: str, cause: str, checkpoint: str) -> str:
+    return (f"lost contact with the head node {head} (its rendezvous store does not answer) after a "
+            f"collective failed ({cause}); the last checkpoint ({checkpoint}) is kept: resubmit or "
+            f"requeue the job to resume from it")
+
+
+def first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:160] if lines else type(exc).__name__
+
+
+def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: str,
+              head: str) -> Optional[PeerLost]:
+    """After a failed collective: PeerLost naming the silent nodes, or None when every rank answered
+    (then the failure is not a lost node and keeps its traceback)."""
+    cause = first_line(exc)
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=ROLL_CALL_S))
+        store.set(KEY.format(rank=rank), "1")
+        started = time.monotonic()
+        answered: list[int] = []
+        while True:
+            answered = [r for r in range(len(hosts)) if store.check([KEY.format(rank=r)])]
+            if len(answered) == len(hosts) or time.monotonic() - started > ROLL_CALL_S:
+                break
+            time.sleep(0.5)
+    except Exception:  # noqa: BLE001 - any store failure means the store's host is out of reach
+        first_here = min(r for r, host in enumerate(hosts) if host == hosts[rank])
+        return PeerLost(head_lost_message(head, cause, checkpoint), prints=rank == first_here)
+    silent = missing_nodes(hosts, answered)
+    if not silent:
+        return None
+    return PeerLost(lost_message(silent, ROLL_CALL_S, cause, checkpoint), prints=rank == min(answered))
