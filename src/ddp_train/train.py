@@ -98,6 +98,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     start = metrics.RunStart(world_facts, config, precision, learner.lr_peak, fast.compile_mode, steps,
                              len(train_set), len(test_set), resumed)
     log.write("run", **start.record())
+    distributed.agree_or_raise(log.failed, device)  # rank 0's write failed (a full disk): every rank stops
     say(dist_env, start.header())
     if data_note:
         say(dist_env, data_note)
@@ -168,6 +169,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         end = metrics.EpochEnd(epoch + 1, config.epochs, epoch_time, images, train_loss, result, lr, warm_up_epoch)
         say(dist_env, end.line())
         log.write("epoch", **end.record())
+        distributed.agree_or_raise(log.failed, device)
         if target_reached(progress.accuracies, config.target_accuracy, config.patience):
             progress.early_stopped = True
             say(dist_env, f"Target accuracy reached. Early stopping after epoch {epoch + 1}.")

@@ -203,3 +203,26 @@ def test_a_write_failure_without_an_oserror_still_names_the_limits(tmp_path):
     line = write_failure.message("checkpoint", tmp_path / "checkpoint.pt", failure, "kept")
     assert "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704" in line
     assert f"MiB free in {tmp_path}" in line and "file-size limit (ulimit -f) " in line
+
+
+def test_a_metrics_record_that_does_not_fit_is_undone_to_the_last_whole_line(tmp_path, monkeypatch):
+    from ddp_train import metrics
+
+    log = metrics.MetricsWriter(tmp_path, enabled=True)
+    log.write("run", note="first")
+    real_write = os.write
+
+    def half_then_full(fd, data):  # a disk that fills mid-line: a short write, then ENOSPC
+        if len(data) > 10:
+            return real_write(fd, data[:10])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(metrics.os, "write", half_then_full)
+    log.write("epoch", note="second")
+    monkeypatch.setattr(metrics.os, "write", real_write)
+
+    assert [r["type"] for r in metrics.read_metrics(log.path)] == ["run"]
+    assert log.path.read_text().endswith("\n")
+    assert "No space left on device" in str(log.failed) and str(tmp_path) in str(log.failed)
+    log.write("summary")  # nothing more after a failure: the trainer stops on it
+    assert [r["type"] for r in metrics.read_metrics(log.path)] == ["run"]
