@@ -40,12 +40,29 @@ def missing_nodes(hosts: Sequence[str], answered: Sequence[int]) -> dict[str, li
     return silent
 
 
-def lost_message(silent: dict[str, list[int]], waited_s: float, cause: str, checkpoint: str) -> str:
-    nodes = ", ".join(f"{host} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
-                      for host, ranks in silent.items())
-    return (f"lost contact with {nodes}: no answer {waited_s:.0f} s after a collective failed ({cause}); "
-            f"the node dropped off the network or died. The last checkpoint ({checkpoint}) is kept: "
-            f"resubmit or requeue the job to resume from it, on other nodes if that one stays down")
+def lost_message(silent: dict[str, list[int]], hosts: Sequence[str], waited_s: float, cause: str,
+                 checkpoint: str) -> str:
+    """A node none of whose ranks answered is lost; a node some of whose ranks answered is up,
+    and its silent ranks died (killed, out of memory): their own logs say why."""
+    def ranks(host: str) -> str:
+        listed = silent[host]
+        return f"rank{'s' if len(listed) > 1 else ''} {', '.join(map(str, listed))}"
+
+    gone = [host for host in silent if len(silent[host]) == list(hosts).count(host)]
+    parts = []
+    if gone:
+        parts.append(f"lost contact with {', '.join(f'{h} ({ranks(h)})' for h in gone)}: no answer "
+                     f"{waited_s:.0f} s after a collective failed ({cause}); the node dropped off the "
+                     f"network or died")
+    dead = [host for host in silent if host not in gone]
+    if dead:
+        parts.append(f"{'; ' if parts else ''}{', '.join(f'{ranks(h)} on {h}' for h in dead)} stopped answering "
+                     f"while {'its node is' if len(dead) == 1 else 'their nodes are'} up (killed or crashed: "
+                     f"see {'its' if len(dead) == 1 else 'their'} log)")
+        if not gone:
+            parts[0] = parts[0] + f" after a collective failed ({cause})"
+    return (f"{''.join(parts)}. The last checkpoint ({checkpoint}) is kept: resubmit or requeue the job "
+            f"to resume from it, on other nodes if a node stays down")
 
 
 def head_lost_message(head: str, cause: str, checkpoint: str) -> str:
@@ -81,4 +98,4 @@ def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: s
     silent = missing_nodes(hosts, answered)
     if not silent:
         return None
-    return PeerLost(lost_message(silent, ROLL_CALL_S, cause, checkpoint), prints=rank == min(answered))
+    return PeerLost(lost_message(silent, hosts, ROLL_CALL_S, cause, checkpoint), prints=rank == min(answered))

@@ -18,8 +18,16 @@ def test_every_rank_answering_is_no_lost_node():
 
 
 def test_the_line_names_the_node_its_ranks_the_cause_and_the_checkpoint_kept():
-    line = lost_message({"node2": [2, 3]}, 15, "Connection closed by peer [10.0.0.12]:4242", "/r/checkpoint.pt")
+    line = lost_message({"node2": [2, 3]}, HOSTS, 15, "Connection closed by peer [10.0.0.12]:4242",
+                        "/r/checkpoint.pt")
     assert line.startswith("lost contact with node2 (ranks 2, 3): no answer 15 s after a collective failed "
                            "(Connection closed by peer [10.0.0.12]:4242)")
     assert "The last checkpoint (/r/checkpoint.pt) is kept" in line
     assert "\n" not in line
+
+
+def test_a_silent_rank_on_a_node_that_answered_is_a_dead_rank_not_a_lost_node():
+    line = lost_message({"node2": [2]}, HOSTS, 15, "Connection reset by peer", "/r/checkpoint.pt")
+    assert line.startswith("rank 2 on node2 stopped answering while its node is up (killed or crashed: see its log) "
+                           "after a collective failed (Connection reset by peer). The last checkpoint")
+    assert "lost contact" not in line
