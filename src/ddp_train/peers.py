@@ -5,7 +5,7 @@ group's timeout (--dist-timeout-s); one that dies resets their connections at on
 way gloo and NCCL say only that a receive timed out or a connection closed, not whose. So
 every rank whose collective failed writes its name into the store (hosted by torchrun's
 agent on the head node) and waits ROLL_CALL_S for the others: the ranks that never answer
-are on the node that is gone, and the lowest rank that answered says so in one line.
+are on the node that is gone, and the first rank done with the roll call says so in one line.
 A rank that cannot reach the store itself has lost the head node, and names it.
 """
 
@@ -22,6 +22,7 @@ from ddp_train.errors import PeerLost
 
 ROLL_CALL_S = 15.0  # every live rank fails within this of the first (they share the timeout)
 KEY = "ddp-train/roll-call/{rank}"
+PRINTED_KEY = "ddp-train/roll-call/printed"
 
 
 def hosts_by_rank() -> list[str]:
@@ -42,27 +43,22 @@ def missing_nodes(hosts: Sequence[str], answered: Sequence[int]) -> dict[str, li
 
 def lost_message(silent: dict[str, list[int]], hosts: Sequence[str], waited_s: float, cause: str,
                  checkpoint: str) -> str:
-    """A node none of whose ranks answered is lost; a node some of whose ranks answered is up,
-    and its silent ranks died (killed, out of memory): their own logs say why."""
+    """A node none of whose ranks answered is lost. Where every node has a rank that answered,
+    the silent ranks died (killed, out of memory: their own logs say why). A silent rank on a
+    node that is lost too is not named: it may be blocked behind a peer that died."""
     def ranks(host: str) -> str:
         listed = silent[host]
         return f"rank{'s' if len(listed) > 1 else ''} {', '.join(map(str, listed))}"
 
     gone = [host for host in silent if len(silent[host]) == list(hosts).count(host)]
-    parts = []
     if gone:
-        parts.append(f"lost contact with {', '.join(f'{h} ({ranks(h)})' for h in gone)}: no answer "
-                     f"{waited_s:.0f} s after a collective failed ({cause}); the node dropped off the "
-                     f"network or died")
-    dead = [host for host in silent if host not in gone]
-    if dead:
-        parts.append(f"{'; ' if parts else ''}{', '.join(f'{ranks(h)} on {h}' for h in dead)} stopped answering "
-                     f"while {'its node is' if len(dead) == 1 else 'their nodes are'} up (killed or crashed: "
-                     f"see {'its' if len(dead) == 1 else 'their'} log)")
-        if not gone:
-            parts[0] = parts[0] + f" after a collective failed ({cause})"
-    return (f"{''.join(parts)}. The last checkpoint ({checkpoint}) is kept: resubmit or requeue the job "
-            f"to resume from it, on other nodes if a node stays down")
+        what = (f"lost contact with {', '.join(f'{h} ({ranks(h)})' for h in gone)}: no answer {waited_s:.0f} s "
+                f"after a collective failed ({cause}); the node dropped off the network or died")
+    else:
+        what = (f"{', '.join(f'{ranks(h)} on {h}' for h in silent)} stopped answering while every node is up "
+                f"(killed or crashed: see that rank's log) after a collective failed ({cause})")
+    return (f"{what}. The last checkpoint ({checkpoint}) is kept: resubmit or requeue the job to resume "
+            f"from it, on other nodes if a node stays down")
 
 
 def head_lost_message(head: str, cause: str, checkpoint: str) -> str:
@@ -98,4 +94,8 @@ def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: s
     silent = missing_nodes(hosts, answered)
     if not silent:
         return None
-    return PeerLost(lost_message(silent, hosts, ROLL_CALL_S, cause, checkpoint), prints=rank == min(answered))
+    try:  # the first rank to finish its roll call says it; ranks that finish later stay quiet
+        first = store.add(PRINTED_KEY, 1) == 1
+    except Exception:  # noqa: BLE001 - the store went away meanwhile: say it from the lowest rank that answered
+        first = rank == min(answered)
+    return PeerLost(lost_message(silent, hosts, ROLL_CALL_S, cause, checkpoint), prints=first)

@@ -26,8 +26,15 @@ def test_the_line_names_the_node_its_ranks_the_cause_and_the_checkpoint_kept():
     assert "\n" not in line
 
 
-def test_a_silent_rank_on_a_node_that_answered_is_a_dead_rank_not_a_lost_node():
+def test_a_silent_rank_where_every_node_answered_is_a_dead_rank_not_a_lost_node():
     line = lost_message({"node2": [2]}, HOSTS, 15, "Connection reset by peer", "/r/checkpoint.pt")
-    assert line.startswith("rank 2 on node2 stopped answering while its node is up (killed or crashed: see its log) "
-                           "after a collective failed (Connection reset by peer). The last checkpoint")
+    assert line.startswith("rank 2 on node2 stopped answering while every node is up (killed or crashed: see "
+                           "that rank's log) after a collective failed (Connection reset by peer). The last")
     assert "lost contact" not in line
+
+
+def test_a_lost_node_is_named_alone_not_the_ranks_blocked_behind_it():
+    # Rank 0 may still be blocked in a collective behind rank 1, which is in the roll call.
+    line = lost_message({"node1": [0], "node2": [2, 3]}, HOSTS, 15, "timed out", "/r/checkpoint.pt")
+    assert line.startswith("lost contact with node2 (ranks 2, 3): no answer 15 s after a collective failed")
+    assert "node1" not in line
