@@ -116,6 +116,11 @@ def crash_summary(rank: int, host: str, exitcode: int, log_dir: str | None) -> s
 
 def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> str:
     """One line for a rendezvous that failed, instead of torchrun's nested traceback."""
+    if "EADDRINUSE" in detail or "address already in use" in detail.lower():
+        port = endpoint.rsplit(":", 1)[-1]
+        return (f"ddp-launch: error: rendezvous port {port} on the head node ({endpoint}) is already in use by "
+                f"another process: pass a free port with --rdzv-port / DDP_LAUNCH_RDZV_PORT (the default is "
+                f"derived from the job id, so another job's or program's listener there is the cause)")
     detail = f" ({detail})" if detail else ""
     if kind == "timeout":
         return (f"ddp-launch: error: rendezvous at {endpoint} timed out before all {nnodes} node(s) "
