@@ -184,23 +184,29 @@ def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, 
 
 def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_space_is_freed(
         cluster, long_job_env, tmp_path):
-    # A 40 MiB tmpfs over the run dir in node1's mount namespace (where the batch script and
-    # rank 0 run, and only rank 0 writes checkpoints and metrics): a full disk of its own,
-    # that this machine's disk never sees. Files there are read through node1.
+    # A 64 MiB ext4 on a loop device, mounted over the run dir in both nodes' mount namespaces
+    # (one block device mounted twice is one file system, as a shared one is): a disk of its
+    # own that fills up. This machine's own view of the path is not it: files are read via node1.
     run_dir = Path(long_job_env["DDP_RUN_DIR"])
     run_dir.mkdir()
-    assert cluster.node_exec("node1", ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(run_dir)]).returncode == 0
+    disk = tmp_path / "disk.img"
+    subprocess.run(["truncate", "-s", "64M", str(disk)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(disk)], check=True)  # -m 0: root gets no reserve
+    loop = subprocess.run(["losetup", "--find", "--show", str(disk)], check=True, capture_output=True,
+                          text=True).stdout.strip()
 
     def on_node1(*argv: str) -> subprocess.CompletedProcess:
         return cluster.node_exec("node1", list(argv), timeout=120)
 
-    def node1_epochs() -> int:
+    def node1_records(kind: str) -> list[dict]:
         text = on_node1("cat", str(run_dir / "metrics.jsonl")).stdout
-        return sum(1 for line in text.splitlines() if '"type": "epoch"' in line)
+        return [json.loads(line) for line in text.splitlines() if f'"type": "{kind}"' in line]
 
     try:
+        for node in cluster.node_names:
+            assert cluster.node_exec(node, ["mount", loop, str(run_dir)]).returncode == 0
         job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
-        cluster.wait_for_file(run_dir, 240, predicate=lambda _: node1_epochs() >= 2)
+        cluster.wait_for_file(run_dir, 240, predicate=lambda _: len(node1_records("epoch")) >= 2)
         # Everything but 1 MiB taken: the next checkpoint (8 MiB) cannot be written.
         free_kib = int(on_node1("df", "--output=avail", "-k", str(run_dir)).stdout.split()[-1])
         on_node1("fallocate", "-l", f"{max(free_kib - 1024, 0)}k", str(run_dir / "filler"))
@@ -216,13 +222,16 @@ def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_s
         assert f"free in {run_dir}" in errors[0]
         assert "Traceback" not in output
         assert on_node1("sha256sum", str(run_dir / "checkpoint.pt")).stdout.split()[0] == kept
+        saved = node1_records("epoch")[-1]["epoch"] - 1 if errors[0].count("checkpoint ") else None
 
         on_node1("rm", "-f", str(run_dir / "filler"))
         again = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
         assert cluster.wait(again, timeout=400).state == "COMPLETED"
-        starts = [json.loads(line) for line in on_node1("cat", str(run_dir / "metrics.jsonl")).stdout.splitlines()
-                  if '"type": "run"' in line]
-        assert starts[-1]["resumed_from_epoch"] >= 2
+        starts = node1_records("run")
+        assert len(starts) == 2 and starts[-1]["resumed_from_epoch"] >= 2
+        assert saved is None or starts[-1]["resumed_from_epoch"] >= saved
     finally:
         cluster.cancel_all()
-        on_node1("umount", "-l", str(run_dir))
+        for node in cluster.node_names:
+            cluster.node_exec(node, ["umount", "-l", str(run_dir)])
+        subprocess.run(["losetup", "-d", loop])
