@@ -11,13 +11,14 @@ DATA_DIR  ?= data
 CIFAR_URL ?=
 RUN_DIR   ?= runs/demo
 
-.PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench bench-gpu e2e-image
+.PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench bench-gpu e2e-image soak
 
 help:
 	@echo "make demo    run the main job locally (CPU, no cluster, no Apptainer)"
 	@echo "make test    install what the tests need and run them all"
 	@echo "make data    fetch CIFAR-100 into $(DATA_DIR) (login node, once)"
 	@echo "make bench   launcher and trainer benchmarks, printed side by side (bench-gpu on a GPU node)"
+	@echo "make soak    N faulty 2-node jobs on the test cluster (N=50 SEED=...), totals in docs/reliability.md"
 	@echo "make build-olivia | build-x86 | build-cpu | dockerfile   container images"
 
 # The venv is rebuilt only when pyproject.toml changes.
@@ -65,6 +66,13 @@ test-unit: venv
 
 test-e2e: venv sysdeps
 	$(VPY) -m pytest tests/e2e
+
+# Not part of `make test`: N short 2-node jobs with faults drawn from SEED (random when unset,
+# printed), on the namespace cluster under load; totals go to docs/reliability.md.
+N    ?= 50
+SEED ?=
+soak: venv sysdeps
+	$(VPY) tests/e2e/soak.py --jobs $(N) $(if $(SEED),--seed $(SEED)) $(SOAK_ARGS)
 
 # The e2e RunAI pods' image (ch-image, from containers/Dockerfile on a cached Debian + torch
 # base); the tests build it themselves when needed, this only does it ahead of them.

@@ -124,6 +124,11 @@ def crash_summary(rank: int, host: str, exitcode: int, log_dir: str | None) -> s
 
 def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> str:
     """One line for a rendezvous that failed, instead of torchrun's nested traceback."""
+    if "EADDRINUSE" in detail or "address already in use" in detail.lower():
+        port = endpoint.rsplit(":", 1)[-1]
+        return (f"ddp-launch: error: rendezvous port {port} on the head node ({endpoint}) is already in use by "
+                f"another process: pass a free port with --rdzv-port / DDP_LAUNCH_RDZV_PORT (the default is "
+                f"derived from the job id, so another job's or program's listener there is the cause)")
     detail = f" ({detail})" if detail else ""
     if kind == "timeout":
         return (f"ddp-launch: error: rendezvous at {endpoint} timed out before all {nnodes} node(s) "
@@ -132,6 +137,19 @@ def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> st
     return (f"ddp-launch: error: rendezvous store at {endpoint} failed{detail}: check that the head node's "
             f"launcher is running and the port is reachable from here (ddp-launch doctor), or raise "
             f"--rdzv-timeout / DDP_LAUNCH_RDZV_TIMEOUT if the head starts late")
+
+
+def log_dir_problem(log_dir: str | None) -> str | None:
+    """Create torchrun's --log-dir now; one line saying why not (torchrun's own makedirs
+    would end in a traceback), or None."""
+    if not log_dir:
+        return None
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as error:
+        return (f"ddp-launch: error: --log-dir {log_dir} cannot be created ({error.strerror or error}): "
+                f"pass a directory you can write, or leave --log-dir out")
+    return None
 
 
 def first_line(error: BaseException) -> str:
@@ -261,6 +279,10 @@ def _run_torchrun(torchrun, argv: list[str] | None) -> int:
     if hasattr(args, "signals_to_handle"):
         # torchrun would install its own TERM handler over ours in every round.
         args.signals_to_handle = ",".join(TORCHRUN_HANDLED_SIGNALS)
+    problem = log_dir_problem(args.log_dir)
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_USAGE
     try:
         torchrun.run(args)
     except ChildFailedError as failure:

@@ -136,8 +136,12 @@ def check_gpus(ctx: DoctorContext) -> Check:
     source = "torch.cuda.device_count()"
     if not isinstance(visible, int):
         visible, source = ctx.facts.gpu_device_files, "/dev/nvidia[0-9]*"
-    granted_text = ctx.env.get("SLURM_GPUS_ON_NODE") or ctx.env.get("RUNAI_NUM_OF_GPUS")
-    granted = integer("SLURM_GPUS_ON_NODE", granted_text) if granted_text else None
+    # The message names the variable the count came from: a RunAI pod has no SLURM_GPUS_ON_NODE.
+    granted_from = next((name for name in ("SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS") if ctx.env.get(name)), None)
+    try:
+        granted = integer(granted_from, ctx.env[granted_from]) if granted_from else None
+    except LaunchError as error:
+        return Check("gpus", FAIL, str(error), f"give {granted_from} a whole number of GPUs")
     if granted and visible == 0:
         return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted",
                      "run with `apptainer exec --nv` (or `apptainer run --nv`) so the GPUs enter the container")

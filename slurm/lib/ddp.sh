@@ -148,6 +148,16 @@ ddp::split_words() {
     unset 'into[-1]'
 }
 
+# One job per run dir: the trainer holds <run-dir>/.ddp-run.lock while it runs
+# (entrypoints/ddp_contract/rundir_lock.py says why a file and not flock). A second job
+# stops here, exit 2 in one line, before its sampler or logs write anything there.
+ddp::require_free_run_dir() {
+    local -r run_dir="$1"
+    local status=0
+    ddp::on_host ddp_contract run-dir-lock "${run_dir}" || status=$?
+    [ "${status}" -eq 0 ] || exit "${status}"
+}
+
 ddp::print_job() {
     ddp::log "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NUM_NODES:-1} node(s): ${SLURM_JOB_NODELIST:-$(hostname -s)}" \
         "(restart ${SLURM_RESTART_COUNT:-0})"
@@ -404,6 +414,7 @@ ddp::run_job() {
     ddp::require_apptainer
     ddp::require_image "${DDP_IMAGE}"
     ddp::require_data "${DDP_DATA_DIR}"
+    ddp::require_free_run_dir "${DDP_RUN_DIR}"
     mkdir -p "${DDP_RUN_DIR}"
     ddp::export_binds "${DDP_SITE}" "${DDP_DATA_DIR}" "${DDP_RUN_DIR}"
     ddp::print_job

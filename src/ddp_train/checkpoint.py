@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import torch
 
+from ddp_train import write_failure
 from ddp_train.config import TrainConfig
 from ddp_train.distributed import DistEnv, agree_or_raise, all_gather_objects
 from ddp_train.errors import TrainError
@@ -251,11 +252,12 @@ class Checkpointer:
                 "world_size": self.dist_env.world_size,
                 "torch": str(torch.__version__),
             }, self.path)
-        except OSError as exc:  # a disk that filled up, a quota, a file system gone read-only
-            # save_atomic wrote a temporary file: whatever checkpoint was there is untouched.
-            error = TrainError(f"cannot write the checkpoint {self.path} ({exc.strerror or exc}); the "
-                               f"checkpoint already there is unchanged: free space or quota in "
-                               f"{self.path.parent}, then run the same command again to resume")
+        except (OSError, RuntimeError) as exc:  # a full disk, a quota, EFBIG (torch's zip writer
+            # raises RuntimeError over the OSError). save_atomic wrote a temporary file: whatever
+            # checkpoint was there is untouched.
+            error = TrainError(write_failure.message("checkpoint", self.path,
+                                                     write_failure.describe(exc, self.path.parent),
+                                                     "the checkpoint already there is unchanged"))
         agree_or_raise(error, self.device)  # every rank stops together, one line from rank 0
 
     def estimated_bytes(self) -> int:

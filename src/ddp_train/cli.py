@@ -13,7 +13,7 @@ import traceback
 from typing import Mapping, Optional, Sequence
 
 from ddp_train.config import config_from_args
-from ddp_train.errors import EXIT_FAILURE, EXIT_USAGE, Seen, TrainError, seen_by
+from ddp_train.errors import EXIT_FAILURE, EXIT_USAGE, PeerLost, Seen, TrainError, seen_by
 
 
 # torchrun stops every worker as soon as one exits non-zero, so a rank that stays quiet about an
@@ -101,6 +101,12 @@ def _main(argv: Optional[Sequence[str]], env: Mapping[str, str]) -> int:
         elif _world_size(env) > 1:
             time.sleep(QUIET_RANK_GRACE_S)
         return EXIT_USAGE
+    except PeerLost as exc:  # a node of the job went away: a crash, in one line
+        if exc.prints:
+            print(f"ddp-train: error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(QUIET_RANK_GRACE_S)
+        return EXIT_FAILURE
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -16,7 +16,7 @@ from typing import Iterator
 # ddp-launch and the job scripts, so they are written once, in ddp_contract.
 from ddp_contract import EXIT_REQUEUE, EXIT_USAGE
 
-__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REQUEUE", "Seen", "TrainError", "seen_by"]
+__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REQUEUE", "PeerLost", "Seen", "TrainError", "seen_by"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # an unexpected exception (a traceback) or a peer rank failing
@@ -37,6 +37,15 @@ class TrainError(Exception):
     def __init__(self, message: str, seen: Seen = Seen.BY_THIS_RANK):
         super().__init__(message)
         self.seen = seen
+
+
+class PeerLost(Exception):
+    """A node of the job went away mid-run (peers.roll_call): not a user mistake, so EXIT_FAILURE,
+    but said in one line by one rank (`prints`) instead of a traceback per rank."""
+
+    def __init__(self, message: str, prints: bool):
+        super().__init__(message)
+        self.prints = prints
 
 
 @contextlib.contextmanager

@@ -8,12 +8,15 @@ No torch here: ddp-bench reads these files where torch is not installed.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from ddp_train import write_failure
 from ddp_train.config import TrainConfig
+from ddp_train.errors import TrainError
 from ddp_train.schedule import Steps
 
 if TYPE_CHECKING:  # they import torch
@@ -25,17 +28,36 @@ METRICS_NAME = "metrics.jsonl"
 
 
 class MetricsWriter:
+    """Appends whole lines: a write that fails (a full disk) is undone to the last whole line and
+    kept as `failed`, for the trainer to stop every rank with (distributed.agree_or_raise)."""
+
     def __init__(self, run_dir: str | Path, enabled: bool):
         self.path = Path(run_dir) / METRICS_NAME
         self.enabled = enabled
+        self.failed: Optional[TrainError] = None
 
     def write(self, record_type: str, **fields: Any) -> None:
-        if not self.enabled:
+        if not self.enabled or self.failed is not None:
             return
         record = {"type": record_type, "time": round(time.time(), 3), **fields}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=False) + "\n")
+        line = (json.dumps(record, sort_keys=False) + "\n").encode("utf-8")
+        fd, size = -1, None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            size = os.fstat(fd).st_size
+            written = 0
+            while written < len(line):
+                written += os.write(fd, line[written:])
+        except OSError as exc:
+            if size is not None:
+                os.ftruncate(fd, size)  # no half line: readers parse every line as JSON
+            self.failed = TrainError(write_failure.message("metrics", self.path,
+                                                           write_failure.describe(exc, self.path.parent),
+                                                           "the records already there are whole"))
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -6,14 +6,16 @@ Checked at the start instead of at the first checkpoint (by default after 10 epo
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Mapping, Optional
 
 import torch
+from ddp_contract import rundir_lock
 
 from ddp_train.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME
 from ddp_train.distributed import agree_or_raise
@@ -135,3 +137,26 @@ def prepare_on_rank0(run_dir: Path, fresh: bool, is_main: bool, device: torch.de
             error = exc
     agree_or_raise(error, device)
     return moved_to
+
+
+@contextlib.contextmanager
+def held_by_this_job(run_dir: Path, env: Mapping[str, str], is_main: bool, device: torch.device) -> Iterator[None]:
+    """Rank 0 holds <run-dir>/.ddp-run.lock (ddp_contract.rundir_lock) while the block runs, taken
+    before anything in the run dir is read or written; a second job there stops every rank with
+    one line naming the job that has it."""
+    error, lock = None, None
+    if is_main:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = rundir_lock.RunDirLock(str(run_dir), rundir_lock.owner_here(env))
+            lock.acquire()
+        except rundir_lock.LockHeld as held:
+            error, lock = TrainError(str(held)), None
+        except OSError as exc:
+            error, lock = TrainError(unwritable_message(run_dir, exc.errno, exc.strerror or str(exc))), None
+    agree_or_raise(error, device)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()

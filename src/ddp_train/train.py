@@ -20,10 +20,10 @@ import torch
 
 from ddp_contract import heartbeat as hb
 
-from ddp_train import data, distributed, heartbeat, metrics, provenance, rundir, speed, steptime
+from ddp_train import data, distributed, heartbeat, metrics, peers, provenance, rundir, speed, steptime
 from ddp_train.accumulation import accumulate_gradients
 from ddp_train.batches import TrainBatches
-from ddp_train.checkpoint import Checkpointer, Progress
+from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
 from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, resolve_backend,
                               resolve_precision)
 from ddp_train.distributed import DistEnv
@@ -64,7 +64,16 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     heartbeat.use_run_dir_for_flight_recorder(config.run_dir, env, os.environ)
     try:
         distributed.init_process_group(dist_env, device, config.dist_timeout_s, config.backend)
-        return train(config, env, dist_env, device, precision, stop, forensics.heartbeat)
+        hosts = peers.hosts_by_rank() if distributed.active() else []
+        with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device):
+            try:
+                return train(config, env, dist_env, device, precision, stop, forensics.heartbeat)
+            except RuntimeError as exc:  # a failed collective: was it a node that went away?
+                lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),
+                                       env.get("MASTER_ADDR", "?")) if hosts else None
+                if lost is None:
+                    raise
+                raise lost from None
     finally:
         forensics.stop()
         distributed.destroy_process_group()
@@ -127,6 +136,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     start = metrics.RunStart(world_facts, config, precision, learner.lr_peak, fast.compile_mode, steps,
                              len(train_set), len(test_set), resumed)
     log.write("run", **start.record())
+    distributed.agree_or_raise(log.failed, device)  # rank 0's write failed (a full disk): every rank stops
     say(dist_env, start.header())
     if data_note:
         say(dist_env, data_note)
@@ -212,6 +222,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         end = metrics.EpochEnd(epoch + 1, config.epochs, epoch_time, images, train_loss, result, lr, warm_up_epoch)
         say(dist_env, end.line())
         log.write("epoch", **end.record())
+        distributed.agree_or_raise(log.failed, device)
         if target_reached(progress.accuracies, config.target_accuracy, config.patience):
             progress.early_stopped = True
             say(dist_env, f"Target accuracy reached. Early stopping after epoch {epoch + 1}.")

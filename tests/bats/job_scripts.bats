@@ -186,6 +186,33 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     assert_output "0"
 }
 
+@test "a run dir another live job holds stops the job in one line, exit 2, before any srun or write" {
+    # What the trainer's rank 0 writes there while it runs (ddp_contract/rundir_lock.py);
+    # this shell's pid is alive, and the file is fresh.
+    mkdir -p "${DDP_RUN_DIR}"
+    printf '{"job": "41", "host": "othernode", "pid": %d}' "$$" > "${DDP_RUN_DIR}/.ddp-run.lock"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 2
+    assert_output --regexp "^ddp: error: --run-dir ${DDP_RUN_DIR} is in use by job 41 on othernode \\(pid $$, alive [0-9]+ s ago\\): give this job another run dir"
+    assert_equal "$(echo "${output}" | wc -l)" 1
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+    assert_equal "$(ls -A "${DDP_RUN_DIR}")" ".ddp-run.lock"
+}
+
+@test "a lock left by this same job (a requeue) does not stop it" {
+    mkdir -p "${DDP_RUN_DIR}"
+    printf '{"job": "42", "host": "othernode", "pid": %d}' "$$" > "${DDP_RUN_DIR}/.ddp-run.lock"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run grep -c '^srun' "${CALLS}"
+    refute_output "0"
+}
+
 @test "a missing image stops the job with the path and how to build it" {
     rm "${DDP_IMAGE}"
 

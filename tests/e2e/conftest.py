@@ -199,8 +199,17 @@ class Cluster:
         _log(done.stdout + done.stderr + f"+ exit status: {done.returncode}")
         return done
 
+    def cluster_sh(self, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+        """cluster.sh ARGV from this host, where it made the namespaces (crash, revive, exec)."""
+        _log("+ cluster.sh " + shlex.join(str(a) for a in argv))
+        done = subprocess.run([str(CLUSTER_SH), *[str(a) for a in argv]], env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+        _log(done.stdout + done.stderr + f"+ exit status: {done.returncode}")
+        return done
+
     def node_exec(self, node: str, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
-        return self.run([CLUSTER_SH, "exec", node, *argv], timeout=timeout)
+        """argv as root on a node: its network, host name and mount namespace (inside the root)."""
+        return self.cluster_sh(["exec", node, *argv], timeout=timeout)
 
     def cancel_all(self) -> None:
         subprocess.run(self.in_root(["scancel", "--full", "--partition=e2e"]), env=self.env,

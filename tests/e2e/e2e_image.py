@@ -28,9 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DDP_E2E_IMAGE_CACHE", "/var/tmp/ddp-e2e-images"))
 STORAGE = CACHE / "storage"
-# One project image per cluster prefix: clusters of several working trees share the cache, and
-# one tree's build must not replace the image another tree's tests are about to copy.
-IMAGE_NAME = f"ddp-e2e-train-{os.environ.get('DDP_E2E_PREFIX', 'ddpe2e')}"
+# One project image per cluster prefix (conftest.PREFIX): working trees that share this
+# machine's image cache must not run, or copy half-built, each other's images.
+_PREFIX = os.environ.get("DDP_E2E_PREFIX", "ddpe2e")
+IMAGE_NAME = "ddp-e2e-train" if _PREFIX == "ddpe2e" else f"ddp-e2e-train-{_PREFIX}"
 DEFINITION = "containers/gpu.def"
 DOCKERFILE = "containers/Dockerfile"
 # ch-image is a Python program needing python3-lark, which only Debian's interpreter has.
@@ -358,7 +359,9 @@ def charliecloud_copy(root: Path, name: str = IMAGE_NAME) -> Path:
     """A test's own view of the Charliecloud image: a hard-linked copy (seconds, no data
     copied), so the mount points a test creates never leak into another test."""
     shutil.rmtree(root, ignore_errors=True)
-    _run(["cp", "-al", str(STORAGE / "img" / name), str(root)], f"hard-linked copy of {name}")
+    with open(CACHE / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)  # never a copy of an image that a build is replacing
+        _run(["cp", "-al", str(STORAGE / "img" / name), str(root)], f"hard-linked copy of {name}")
     return root
 
 

@@ -70,7 +70,7 @@ esac'
     _stub python3 '
 case "${1-} ${2-} ${3-} $#" in
     "-m ddp_launch.binds --site 4") echo "/host/${4}:/opt/${4}" ;;
-    "-m ddp_contract dataset 4" | "-m ddp_contract.quarantine "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
+    "-m ddp_contract dataset 4" | "-m ddp_contract run-dir-lock 4" | "-m ddp_contract.quarantine "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
     *) echo "python3 stub: unexpected arguments $*" >&2; exit 2 ;;
 esac'
 }

@@ -2,7 +2,8 @@
 # A real SLURM cluster on one machine: one network namespace per compute node, every
 # daemon inside a root of its own (DDP_E2E_ROOT: Debian sid with SLURM, munge and the
 # real Apptainer, built by tests/e2e/apptainer_root.py).
-# Usage: cluster.sh up [N] | down | status | env | exec NODE CMD... | run CMD... (run as root).
+# Usage: cluster.sh up [N] | down | status | env | exec NODE CMD... | run CMD... | crash NODE | revive NODE
+# (run as root). crash: SIGKILL a node's slurmd and processes; revive: its link up, slurmd again.
 #
 # The root is entered with pivot_root in a private mount namespace (Apptainer refuses a
 # chroot: "Running inside a weak chrooted environment, prefer pivot_root"). One "holder"
@@ -382,6 +383,43 @@ cluster::exec() {
         env SLURM_CONF="${STATE}/etc/slurm.conf" "$@"
 }
 
+# A node that dies: its slurmd and every process in its namespace get SIGKILL, no cleanup.
+cluster::crash_node() {
+    local -r node="${1:?usage: cluster.sh crash NODE}"
+    local -r i="${node#node}"
+    [[ "${i}" =~ ^[0-9]+$ ]] || cluster::err "crash: '${node}' is not nodeK"
+    local -r pidfile="${STATE}/run/slurmd-${node}.pid"
+    if [ -s "${pidfile}" ]; then
+        kill -KILL "$(cat "${pidfile}")" 2>/dev/null || true
+        rm -f "${pidfile}"
+    fi
+    cluster::kill_netns_procs "$(cluster::netns "${i}")"
+    cluster::log "${node}: crashed (slurmd and its processes killed)"
+}
+
+# The node back after a crash or a network drop: its link up, slurmd started, the node
+# returned to service (ReturnToService=2 does it once slurmd registers; resume covers DOWN*).
+cluster::revive_node() {
+    local -r node="${1:?usage: cluster.sh revive NODE}"
+    local -r i="${node#node}"
+    [[ "${i}" =~ ^[0-9]+$ ]] || cluster::err "revive: '${node}' is not nodeK"
+    ip -n "$(cluster::netns "${i}")" link set eth0 up
+    cluster::start_slurmd "${i}"
+    local -r deadline=$((SECONDS + UP_TIMEOUT_S))
+    local state
+    while ((SECONDS < deadline)); do
+        state="$(cluster::in_root env SLURM_CONF="${STATE}/etc/slurm.conf" sinfo -h -n "${node}" -o '%T' 2>/dev/null || true)"
+        case "${state}" in
+            idle | mixed | allocated) cluster::log "${node}: back (${state})"; return 0 ;;
+            down* | drain* | fail*)
+                cluster::in_root env SLURM_CONF="${STATE}/etc/slurm.conf" \
+                    scontrol update nodename="${node}" state=resume 2>/dev/null || true ;;
+        esac
+        sleep 0.5
+    done
+    cluster::err "${node} not back after ${UP_TIMEOUT_S}s; see ${STATE}/log/"
+}
+
 main() {
     local -r cmd="${1:-}"
     shift || true
@@ -395,9 +433,11 @@ main() {
             cluster::pid_alive "${HOLDER_PID}" || cluster::err "the cluster is not up"
             cluster::in_root env SLURM_CONF="${STATE}/etc/slurm.conf" "$@"
             ;;
+        crash) cluster::crash_node "$@" ;;
+        revive) cluster::revive_node "$@" ;;
         _node) cluster::node_main "$@" ;;
         _enter) cluster::enter_root "$@" ;;
-        *) cluster::err "usage: cluster.sh up [N] | down | status | env | exec NODE CMD... | run CMD..." ;;
+        *) cluster::err "usage: cluster.sh up [N] | down | status | env | exec NODE CMD... | run CMD... | crash NODE | revive NODE" ;;
     esac
 }
 

@@ -480,3 +480,15 @@ def test_a_library_without_its_version_symbol_loads_with_version_unknown(tmp_pat
 
     assert real_load_library(str(library), "nccl") == "version unknown: no ncclGetVersion in it"
     assert real_load_library(str(library), "libfabric") == "version unknown: no fi_version in it"
+
+
+@pytest.mark.parametrize("name", ["SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS"])
+def test_a_bad_gpu_count_is_named_by_the_variable_it_came_from(node, name):
+    # A RunAI pod has RUNAI_NUM_OF_GPUS (fractional GPUs read "0.5") and no SLURM variables.
+    node.net("eth0")
+    code, checks, _ = doctor(node, ["--offline"], {name: "0.5"})
+    assert code == 1
+    assert checks["gpus"]["status"] == "FAIL"
+    assert f"{name}='0.5'" in checks["gpus"]["detail"]
+    other = {"SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS"} - {name}
+    assert other.pop() not in checks["gpus"]["detail"]

@@ -235,3 +235,12 @@ def test_a_store_error_is_reported_by_its_innermost_cause_without_stack_frames()
     except ValueError as outer:
         assert first_line(outer) == ("The client socket has timed out after 2000ms while trying to connect to "
                                      "(10.0.0.1, 20420).")
+
+
+def test_a_rendezvous_port_in_use_on_the_head_is_named_with_its_fix():
+    # What torch's TCPStore server says when bind(2) fails with EADDRINUSE (torch 2.x, socket.cpp).
+    detail = ("The server socket has failed to listen on any local network address. port: 20420, useIpv6: false, "
+              "code: -98, name: EADDRINUSE, message: address already in use")
+    line = rendezvous_failure("connection", "10.0.0.1:20420", "2", detail)
+    assert line.startswith("ddp-launch: error: rendezvous port 20420 on the head node (10.0.0.1:20420) is already in use")
+    assert "--rdzv-port / DDP_LAUNCH_RDZV_PORT" in line and "\n" not in line

@@ -97,6 +97,16 @@ def test_a_usage_error_exits_2_with_the_workers_line_alone_and_is_not_restarted(
     assert starts(tmp_path, 0) == 1  # --max-restarts 2 would have started it 3 times
 
 
+def test_a_log_dir_that_cannot_be_created_is_one_line_and_exit_2_before_any_worker(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    log_dir = tmp_path / "a-file" / "logs"  # a path under a regular file: ENOTDIR
+    done = run_launch(tmp_path, "crash", "--log-dir", str(log_dir))
+    assert done.returncode == 2, done.stderr
+    assert lines(done.stderr) == [f"ddp-launch: error: --log-dir {log_dir} cannot be created (Not a directory): "
+                                  "pass a directory you can write, or leave --log-dir out"]
+    assert starts(tmp_path, 0) == 0
+
+
 def test_a_crash_exits_1_in_one_summary_line_after_its_restarts(tmp_path):
     done = run_launch(tmp_path, "crash", "--max-restarts", "1")
     assert done.returncode == 1, done.stderr

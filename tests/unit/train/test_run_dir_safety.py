@@ -5,11 +5,14 @@ from __future__ import annotations
 import datetime
 import errno
 import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from ddp_train import checkpoint, cli, rundir
+from ddp_train import checkpoint, cli, rundir, write_failure
 from ddp_train.errors import TrainError
 
 TINY = ["--allow-unverified-data", "--batch-size", "32", "--epochs", "1", "--width-scale", "0.0625",
@@ -160,3 +163,66 @@ def test_a_disk_that_fills_up_mid_run_is_one_line_and_keeps_the_last_checkpoint(
     assert "No space left on device" in err and "run the same command again to resume" in err
     assert len(saved) == 1 and (run_dir / "checkpoint.pt").read_bytes() == saved[0]  # epoch 1's, intact
     assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]  # no half-written file left
+
+
+def test_a_checkpoint_over_the_file_size_limit_is_one_line_naming_the_limit_and_keeps_the_last(data_dir, tmp_path):
+    # Under `ulimit -f` a write past the limit fails with EFBIG (setrlimit(2), RLIMIT_FSIZE;
+    # Python ignores the SIGXFSZ that comes with it), and torch.save's zip writer turns that
+    # into RuntimeError "[enforce fail at inline_container.cc] unexpected pos": the real one here.
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "ddp_train", "--data-dir", str(data_dir), "--run-dir", str(run_dir), *TINY,
+            "--epochs", "2", "--checkpoint-every", "1"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    # Back to epoch 1's checkpoint (the recovery hint's `mv`): the next start trains epoch 2 and saves.
+    os.replace(run_dir / "checkpoint.prev.pt", run_dir / "checkpoint.pt")
+    kept = (run_dir / "checkpoint.pt").read_bytes()
+    limit = len(kept) // 2
+    assert (run_dir / "metrics.jsonl").stat().st_size < limit // 4  # appending the metrics still fits
+
+    def file_size_limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                          preexec_fn=file_size_limit)
+
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"ddp-train: error: cannot write the checkpoint {run_dir}/checkpoint.pt (EFBIG: ")
+    assert f"file-size limit (ulimit -f) {limit} bytes" in lines[0]
+    assert f"MiB free in {run_dir}" in lines[0]
+    assert "the checkpoint already there is unchanged" in lines[0]
+    assert (run_dir / "checkpoint.pt").read_bytes() == kept
+    assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_write_failure_without_an_oserror_still_names_the_limits(tmp_path):
+    failure = write_failure.describe(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704"),
+                                     tmp_path)
+    line = write_failure.message("checkpoint", tmp_path / "checkpoint.pt", failure, "kept")
+    assert "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704" in line
+    assert f"MiB free in {tmp_path}" in line and "file-size limit (ulimit -f) " in line
+
+
+def test_a_metrics_record_that_does_not_fit_is_undone_to_the_last_whole_line(tmp_path, monkeypatch):
+    from ddp_train import metrics
+
+    log = metrics.MetricsWriter(tmp_path, enabled=True)
+    log.write("run", note="first")
+    real_write = os.write
+
+    def half_then_full(fd, data):  # a disk that fills mid-line: a short write, then ENOSPC
+        if len(data) > 10:
+            return real_write(fd, data[:10])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(metrics.os, "write", half_then_full)
+    log.write("epoch", note="second")
+    monkeypatch.setattr(metrics.os, "write", real_write)
+
+    assert [r["type"] for r in metrics.read_metrics(log.path)] == ["run"]
+    assert log.path.read_text().endswith("\n")
+    assert "No space left on device" in str(log.failed) and str(tmp_path) in str(log.failed)
+    log.write("summary")  # nothing more after a failure: the trainer stops on it
+    assert [r["type"] for r in metrics.read_metrics(log.path)] == ["run"]

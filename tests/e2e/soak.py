@@ -1,0 +1,319 @@
+"""The soak: N short 2-node jobs back to back on the namespace cluster, under load, each with a
+fault drawn from a seeded RNG, and the books kept on what was lost.
+
+Usage (root; `make soak N=50 SEED=1`): python tests/e2e/soak.py --jobs N --seed S [--load K] [--minutes M]
+Faults: none, USR2, TERM (a stop: checkpoint, exit 75, the job script requeues, the job resumes
+at the step it stopped and completes), SIGKILL of one worker, of a launcher, or of a whole node
+(slurmd and its processes), a network drop of a node (a crash: exit 1, FAILED, or NODE_FAIL where
+SLURM saw the node go first). For every job: the SLURM state and exit code match the fault, the
+checkpoint loads and holds every epoch before the fault, no job process is left on any node, every
+line of metrics.jsonl is whole JSON, a requeued job resumes at the stopped step.
+Prints one line of totals and writes it to docs/reliability.md. The same seed draws the same faults.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import conftest  # noqa: E402  (the e2e harness: cluster, image, job environment)
+import e2e_image as image  # noqa: E402
+
+REPO = conftest.REPO
+FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "net-drop")
+STOPS = ("USR2", "TERM")
+RUN = ("--epochs 6 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
+       "--dist-timeout-s 30")
+CRASH_STATES = {("FAILED", "1:0"), ("NODE_FAIL", "0:0")}
+JOB_PROCESS_MARKERS = (b"ddp_launch", b"ddp_train", b"torch.distributed.run", b"ch-run")
+
+
+@dataclass
+class Books:
+    jobs: int = 0
+    faults: collections.Counter = field(default_factory=collections.Counter)
+    lost_checkpoints: int = 0
+    orphans: int = 0
+    wrong_states: int = 0
+    truncated_metrics: int = 0
+    bad_resumes: int = 0
+    problems: list = field(default_factory=list)
+
+    def line(self, seed: int) -> str:
+        faults = ", ".join(f"{kind} {self.faults[kind]}" for kind in FAULTS if self.faults[kind])
+        return (f"soak seed {seed}: {self.jobs} jobs (faults: {faults}); lost or corrupt checkpoints "
+                f"{self.lost_checkpoints}, orphaned processes {self.orphans}, wrong states {self.wrong_states}, "
+                f"truncated metrics {self.truncated_metrics}, wrong resumes {self.bad_resumes}")
+
+
+def records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def metrics_whole(run_dir: Path) -> bool:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return True
+    text = path.read_text()
+    try:
+        [json.loads(line) for line in text.splitlines()]
+    except ValueError:
+        return False
+    return text == "" or text.endswith("\n")
+
+
+def epochs_done(run_dir: Path) -> int:
+    try:
+        return sum(1 for r in records(run_dir) if r["type"] == "epoch")
+    except ValueError:  # a line being appended this instant
+        return 0
+
+
+def saved_epoch(run_dir: Path) -> int | None:
+    """The checkpoint's epoch; None when it is missing or does not load (lost or corrupt)."""
+    code = ("import sys, torch; s = torch.load(sys.argv[1], map_location='cpu', weights_only=False); "
+            "print(s['progress']['epoch'])")
+    done = subprocess.run([sys.executable, "-c", code, str(run_dir / "checkpoint.pt")], capture_output=True,
+                          text=True, timeout=120)
+    return int(done.stdout) if done.returncode == 0 else None
+
+
+def job_processes(cluster) -> list[str]:
+    found = []
+    for node in cluster.node_names:
+        pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True, text=True).stdout
+        for pid in pids.split():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if any(marker in cmdline for marker in JOB_PROCESS_MARKERS):
+                found.append(f"{node}:{pid}:{cmdline.replace(bytes([0]), b' ')[:80].decode(errors='replace')}")
+    return found
+
+
+def pids_on(cluster, node: str, want) -> list[str]:
+    pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True, text=True).stdout
+    hits = []
+    for pid in pids.split():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want(cmdline):
+            hits.append(pid)
+    return hits
+
+
+def is_worker(cmdline) -> bool:
+    return b"ddp_launch.worker" in cmdline and b"ddp_launch.agent" not in cmdline
+
+
+def is_agent(cmdline) -> bool:
+    return b"ddp_launch.agent" in cmdline
+
+
+def inject(cluster, kind: str, job_id: str, rng: random.Random) -> None:
+    node = rng.choice(cluster.node_names)
+    if kind in STOPS:
+        cluster.run(["scancel", f"--signal={kind}", job_id], timeout=30)
+    elif kind in ("kill-worker", "kill-launcher"):
+        pids = pids_on(cluster, node, is_worker if kind == "kill-worker" else is_agent)
+        if pids:
+            subprocess.run(["kill", "-KILL", rng.choice(sorted(pids))])
+    elif kind == "kill-node":
+        cluster.run([conftest.CLUSTER_SH, "crash", "node2"], timeout=30)  # node1 runs the batch script
+    elif kind == "net-drop":
+        subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "eth0", "down"], check=True)
+
+
+def wait_terminal(cluster, job_id: str, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = cluster.job(job_id)
+        if job.state in conftest.TERMINAL_STATES:
+            return job
+        time.sleep(1)
+    cluster.run(["scancel", job_id], timeout=30)
+    return cluster.job(job_id)
+
+
+def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, base_env: dict, out: Path) -> None:
+    run_dir = out / f"run-{index:03d}"
+    env = {**base_env, "DDP_RUN_DIR": str(run_dir), "DDP_TRAIN_ARGS": RUN, "DDP_MONITOR_INTERVAL": "0"}
+    job_id = cluster.sbatch(["--partition=e2e", "--gpus-per-node=0", f"--output={out}/%j.out",
+                             "slurm/olivia-multinode.sh"], env=env)
+    deadline = time.monotonic() + 300
+    while epochs_done(run_dir) < 2 and time.monotonic() < deadline and \
+            cluster.job(job_id).state not in conftest.TERMINAL_STATES:
+        time.sleep(0.5)
+    before = epochs_done(run_dir)
+    time.sleep(rng.uniform(0, 2))  # anywhere in the epoch
+    if kind != "none":
+        inject(cluster, kind, job_id, rng)
+    slurm_requeued, saved_before = False, None
+    if kind in ("kill-node", "net-drop"):
+        deadline = time.monotonic() + 300
+        while cluster.job(job_id).state in ("RUNNING", "COMPLETING") and time.monotonic() < deadline:
+            time.sleep(1)
+        ended = cluster.job(job_id)
+        # NODE_FAIL seen by slurmctld first: SLURM requeues a --requeue job itself (PENDING, Restarts=1).
+        slurm_requeued = ended.state == "PENDING" and ended.fields.get("Restarts") == "1"
+        saved_before = saved_epoch(run_dir)  # what the requeued run must resume from
+        cluster.run([conftest.CLUSTER_SH, "revive", "node2"], timeout=180)
+    job = wait_terminal(cluster, job_id, 600)
+    books.jobs += 1
+    books.faults[kind] += 1
+    problems = []
+
+    outcome = (job.state, job.exit_code, job.fields.get("Restarts"))
+    if kind == "none":
+        right = outcome == ("COMPLETED", "0:0", "0")
+    elif kind in STOPS or slurm_requeued:  # requeued (by the job script on 75, or by SLURM), resumed
+        right = outcome == ("COMPLETED", "0:0", "1")
+    else:  # a crash: FAILED with the launcher's code, never requeued by the job script
+        right = job.state == "FAILED" and job.exit_code != "0:0" and outcome[2] == "0"
+    if not right:
+        books.wrong_states += 1
+        problems.append(f"state, exit, restarts {outcome} do not match {kind}")
+
+    saved = saved_epoch(run_dir)
+    if before >= 2 and (saved is None or saved < before - 1):
+        books.lost_checkpoints += 1
+        problems.append(f"checkpoint epoch {saved} after {before} epochs done before the fault")
+
+    if not metrics_whole(run_dir):
+        books.truncated_metrics += 1
+        problems.append("metrics.jsonl has a partial line")
+    elif kind in STOPS or slurm_requeued:
+        recs = records(run_dir)
+        stopped = [(r["epochs_completed"], r["step"]) for r in recs if r["type"] == "stopped"]
+        starts = [r for r in recs if r["type"] == "run"]
+        if slurm_requeued:  # no stop record: it resumes at the last checkpoint, an epoch's end
+            stopped = [(saved_before, 0)]
+        if not stopped or len(starts) < 2 or \
+                (starts[1]["resumed_from_epoch"], starts[1]["resumed_from_step"]) != stopped[0]:
+            books.bad_resumes += 1
+            problems.append(f"resume {[(s['resumed_from_epoch'], s['resumed_from_step']) for s in starts]} "
+                            f"after stop {stopped}")
+
+    deadline = time.monotonic() + 90  # KillWait and srun --wait bound what SLURM leaves running
+    left = job_processes(cluster)
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = job_processes(cluster)
+    if left:
+        books.orphans += len(left)
+        problems.append(f"left behind: {left}")
+        for entry in left:
+            subprocess.run(["kill", "-KILL", entry.split(":")[1]])
+    status = "ok" if not problems else "PROBLEM: " + "; ".join(problems)
+    print(f"soak job {index + 1}: {kind}: job {job_id} {job.state} {job.exit_code}: {status}", flush=True)
+    if problems:
+        books.problems.append(f"job {index + 1} ({kind}, {job_id}): {'; '.join(problems)}")
+
+
+def start_load(count: int) -> list[subprocess.Popen]:
+    """Busy loops beside the jobs: the machine under load (stopped by PID at the end)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def write_report(line: str, books: Books, args) -> None:
+    report = REPO / "docs" / "reliability.md"
+    text = report.read_text() if report.exists() else ""
+    marker = "## Soak results"
+    head = text.split(marker)[0] if marker in text else text
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = [marker, "", f"Last run: {stamp}, `make soak N={args.jobs} SEED={args.seed}` with {args.load} "
+            f"busy loop(s) beside the 2-node namespace cluster.", "", "```", line, "```", ""]
+    if books.problems:
+        body += ["Problems:", ""] + [f"- {p}" for p in books.problems] + [""]
+    report.write_text(head.rstrip("\n") + "\n\n" + "\n".join(body) if head.strip() else "\n".join(body))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--load", type=int, default=1, help="busy loops beside the jobs")
+    parser.add_argument("--no-report", action="store_true", help="do not write docs/reliability.md")
+    parser.add_argument("--minutes", type=float, default=0,
+                        help="start no job after this many minutes (0: no limit); the totals say so")
+    args = parser.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 10**6)
+    print(f"soak: seed {args.seed}, {args.jobs} jobs (repeat with --seed {args.seed})", flush=True)
+    reason = conftest._skip_reason() or image.missing_tools()
+    if reason:
+        print(f"soak: cannot run: {reason}", file=sys.stderr)
+        return 2
+    rng = random.Random(args.seed)
+    kinds = [rng.choice(FAULTS) for _ in range(args.jobs)]
+    out = Path(tempfile.mkdtemp(prefix="ddp-soak-"))
+    data = out / "data"
+    subprocess.run([sys.executable, "-m", "ddp_train.synthetic", str(data), "--train", "512", "--test", "128",
+                    "--seed", "1"], check=True, capture_output=True, timeout=300)
+    sif = image.write_pointer(out / "train.sif", image.build())
+    conftest._log = lambda text: None  # one line per job here, not every command's output
+    env = {**os.environ, "SLURM_CONF": str(conftest.STATE / "etc" / "slurm.conf"),
+           "DDP_E2E_STATE": str(conftest.STATE),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PYTHONUNBUFFERED": "1"}
+    subprocess.run([conftest.CLUSTER_SH, "down"], env=env, capture_output=True, timeout=120)
+    up = subprocess.run([conftest.CLUSTER_SH, "up", str(conftest.NODES)], env=env, capture_output=True,
+                        text=True, timeout=300)
+    if up.returncode != 0:
+        print(f"soak: cluster.sh up failed: {up.stderr}", file=sys.stderr)
+        return 1
+    cluster = conftest.Cluster(conftest.STATE, conftest.NODES, env)
+    base_env = {"PATH": f"{conftest.SHIM_BIN}{os.pathsep}{cluster.env['PATH']}", "DDP_REPO": str(REPO),
+                "DDP_IMAGE": str(sif), "DDP_SITE": "generic", "DDP_DATA_DIR": str(data),
+                "DDP_LAUNCH_CPU_WORKERS": "2"}
+    load = start_load(args.load)
+    books = Books()
+    started = time.monotonic()
+    try:
+        for index, kind in enumerate(kinds):
+            if args.minutes and time.monotonic() - started > args.minutes * 60:
+                books.problems.append(f"stopped after {index} of {args.jobs} jobs: --minutes {args.minutes:g}")
+                break
+            try:
+                one_job(cluster, books, index, kind, rng, base_env, out)
+            except Exception as error:  # noqa: BLE001 - a harness failure is counted, not fatal
+                books.jobs += 1
+                books.faults[kind] += 1
+                books.wrong_states += 1
+                books.problems.append(f"job {index + 1} ({kind}): harness: {error!r}"[:300])
+                print(f"soak job {index + 1}: {kind}: harness error {error!r}"[:300], flush=True)
+                cluster.cancel_all()
+                subprocess.run([conftest.CLUSTER_SH, "revive", "node2"], env=cluster.env, capture_output=True,
+                               timeout=180)
+            if not args.no_report:  # so far, in case the run is cut short
+                write_report(books.line(args.seed) + " (in progress)", books, args)
+    finally:
+        for busy in load:
+            busy.kill()
+            busy.wait()
+        subprocess.run([conftest.CLUSTER_SH, "down"], env=env, capture_output=True, timeout=120)
+    line = books.line(args.seed)
+    print(line, flush=True)
+    if not args.no_report:
+        write_report(line, books, args)
+    return 0 if not books.problems and books.jobs == args.jobs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

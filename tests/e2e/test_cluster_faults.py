@@ -1,0 +1,239 @@
+"""Faults a real cluster has: a node that drops off the network or dies mid-job, two jobs in one
+run dir, several jobs at once, a rendezvous port already taken on the head node."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import apptainer_root
+from conftest import TRAIN_ARGS, sbatch_args
+
+from ddp_launch.rendezvous import rendezvous_port
+
+pytestmark = pytest.mark.e2e
+
+# Short collectives' timeout: a dropped node is noticed within it (--dist-timeout-s).
+DIST_TIMEOUT_S = 30
+RUN = (f"--epochs 12 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
+       f"--dist-timeout-s {DIST_TIMEOUT_S}")
+
+
+def records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def epochs_done(run_dir: Path) -> int:
+    return sum(1 for r in records(run_dir) if r["type"] == "epoch")
+
+
+def saved_epoch(run_dir: Path) -> int:
+    """The epoch checkpoint.pt holds; loading it proves it is whole."""
+    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    return state["progress"]["epoch"]
+
+
+def job_state(cluster, job_id: str) -> str:
+    done = cluster.run(["scontrol", "show", "job", job_id], timeout=30)
+    found = re.search(r"JobState=(\S+)", done.stdout)
+    return found.group(1) if found else "?"
+
+
+def revive(cluster, node: str) -> None:
+    done = cluster.cluster_sh(["revive", node], timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def long_job_env(job_env):
+    return {**job_env, "DDP_TRAIN_ARGS": RUN}
+
+
+def started_job(cluster, env, tmp_path) -> tuple[str, Path]:
+    run_dir = Path(env["DDP_RUN_DIR"])
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=env)
+    cluster.wait_for_file(run_dir, 180, predicate=lambda d: epochs_done(d) >= 2)
+    return job_id, run_dir
+
+
+def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_a_requeue_resumes(
+        cluster, long_job_env, tmp_path):
+    job_id, run_dir = started_job(cluster, long_job_env, tmp_path)
+    subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "eth0", "down"], check=True)
+    dropped_at = time.monotonic()
+    try:
+        # node1's ranks wait out the collective timeout, then the roll call (peers.ROLL_CALL_S),
+        # then srun's --wait for node2's tasks, which it cannot reach.
+        cluster.wait_for_file(run_dir, 240, predicate=lambda _: job_state(cluster, job_id) not in ("RUNNING",
+                                                                                                   "COMPLETING"))
+        ended_s = time.monotonic() - dropped_at
+        print(f"the job ended {ended_s:.0f} s after node2 dropped off (collective timeout {DIST_TIMEOUT_S} s)")
+        output = Path(tmp_path / f"{job_id}.out").read_text(errors="replace")
+        assert re.search(r"ddp-train: error: lost contact with node2 \(ranks 2, 3\): no answer", output), output
+        assert "Traceback" not in output
+        kept = saved_epoch(run_dir)
+        assert kept >= 2
+    finally:
+        revive(cluster, "node2")
+    # Not a stop with a checkpoint (75): the job script does not requeue it (FAILED, exit 1), and the
+    # user (here the test) does; or slurmctld saw the node go first and requeued it (NODE_FAIL).
+    job = cluster.job(job_id)
+    assert (job.state, job.exit_code) == ("FAILED", "1:0") or \
+        (job.state == "PENDING" and job.fields.get("Restarts") == "1"), job.fields
+    if job.state == "FAILED":
+        cluster.run(["scontrol", "requeue", job_id], timeout=30)
+    job = cluster.wait(job_id, timeout=400)
+    assert job.state == "COMPLETED", job.output()
+    starts = [r for r in records(run_dir) if r["type"] == "run"]
+    assert starts[-1]["resumed_from_epoch"] == kept
+
+
+def test_a_node_that_dies_ends_the_job_naming_it_and_slurm_says_it_failed(cluster, long_job_env, tmp_path):
+    job_id, run_dir = started_job(cluster, long_job_env, tmp_path)
+    done = cluster.cluster_sh(["crash", "node2"], timeout=30)
+    assert done.returncode == 0, done.stderr
+    died_at = time.monotonic()
+    try:
+        cluster.wait_for_file(run_dir, 240, predicate=lambda _: job_state(cluster, job_id) not in ("RUNNING",
+                                                                                                   "COMPLETING"))
+        print(f"the job ended {time.monotonic() - died_at:.0f} s after node2 died")
+        output = Path(tmp_path / f"{job_id}.out").read_text(errors="replace")
+        assert re.search(r"ddp-train: error: lost contact with node2 \(ranks 2, 3\): no answer", output), output
+        assert "Traceback" not in output
+        assert saved_epoch(run_dir) >= 2
+        # A crash (1), not a stop with a checkpoint (75): the job script does not requeue it, and
+        # SLURM records FAILED with that code; or slurmctld saw the node stop answering first
+        # (SlurmdTimeout) and ended the job as NODE_FAIL, which it requeues itself for a job
+        # submitted with --requeue (slurm.conf(5) JobRequeue; sbatch(1) --requeue).
+        job = cluster.job(job_id)
+        requeued_by_slurm = job.state == "PENDING" and job.fields.get("Restarts") == "1"
+        assert (job.state, job.exit_code) == ("FAILED", "1:0") or requeued_by_slurm, job.fields
+    finally:
+        revive(cluster, "node2")
+    if requeued_by_slurm:
+        assert cluster.wait(job_id, timeout=400).state == "COMPLETED"
+
+
+def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_finishes(cluster, job_env, tmp_path):
+    env = {**job_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 6") + " --checkpoint-every 1"}
+    first, run_dir = started_job(cluster, env, tmp_path)
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")
+                    if "logs" not in p.parts and not p.name.startswith(".ddp-run"))  # the lock goes at the end
+
+    second = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=1", "--cpus-per-task=1"), "slurm/olivia-multinode.sh"], env=env)
+    refused = cluster.wait(second, timeout=120)
+
+    assert refused.state == "FAILED" and refused.exit_code == "2:0", refused.output()
+    errors = [line for line in refused.output().splitlines() if "error" in line]
+    assert len(errors) == 1, refused.output()
+    assert re.match(rf"ddp: error: --run-dir {run_dir} is in use by job {first} on node1 \(pid \d+, alive \d+ s ago\)",
+                    errors[0]), errors
+    assert not (run_dir / "logs" / second).exists()
+    job = cluster.wait(first, timeout=300)
+    assert job.state == "COMPLETED", job.output()
+    assert [r["type"] for r in records(run_dir)].count("run") == 1  # one start: nobody else wrote
+    assert not (run_dir / ".ddp-run.lock").exists()
+    assert set(before) <= {p.relative_to(run_dir) for p in run_dir.rglob("*")}
+
+
+def test_three_two_node_jobs_at_once_all_finish_on_ports_of_their_own(cluster, job_env, tmp_path):
+    jobs = {}
+    for k in range(3):
+        env = {**job_env, "DDP_RUN_DIR": str(tmp_path / f"run{k}"), "DDP_MONITOR_INTERVAL": "0"}
+        jobs[cluster.sbatch([*sbatch_args(tmp_path, "--cpus-per-task=8"), "slurm/olivia-multinode.sh"], env=env)] = Path(env["DDP_RUN_DIR"])
+    for job_id, run_dir in jobs.items():
+        job = cluster.wait(job_id, timeout=600)
+        assert job.state == "COMPLETED", job.output()
+        assert [r for r in records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
+    ports = {rendezvous_port(int(job_id), 0) for job_id in jobs}
+    assert len(ports) == 3
+
+
+def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, job_env, tmp_path):
+    env = {**job_env, "DDP_MONITOR_INTERVAL": "0"}
+    job_id = cluster.sbatch(["--hold", *sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=env)
+    port = rendezvous_port(int(job_id), 0)  # the training step is the job's first step (no sampler)
+    # Something else on node1 (the head) listens on it already.
+    squatter = subprocess.Popen(
+        ["ip", "netns", "exec", cluster.netns("node1"), "python3", "-c",
+         "import socket, sys, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+         f"s.bind(('0.0.0.0', {port}))\ns.listen(1)\nprint('listening', flush=True)\ntime.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "listening"
+        cluster.run(["scontrol", "release", job_id], timeout=30)
+        started = time.monotonic()
+        job = cluster.wait(job_id, timeout=300)
+    finally:
+        squatter.kill()
+        squatter.wait()
+    output = job.output()
+    assert job.state == "FAILED", output
+    assert time.monotonic() - started < 240
+    lines = [line for line in output.splitlines() if str(port) in line and "error" in line]
+    assert lines, output
+    assert "Traceback" not in output
+    assert re.search(rf"ddp-launch: error: rendezvous port {port} on the head node \(\S+:{port}\) is already in use", lines[0]), lines
+
+
+def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_space_is_freed(
+        cluster, long_job_env, tmp_path):
+    # A 64 MiB ext4 on a loop device, mounted over the run dir in both nodes' mount namespaces
+    # (one block device mounted twice is one file system, as a shared one is): a disk of its
+    # own that fills up. This machine's own view of the path is not it: files are read via node1.
+    run_dir = Path(long_job_env["DDP_RUN_DIR"])
+    run_dir.mkdir()
+    disk = tmp_path / "disk.img"
+    subprocess.run(["truncate", "-s", "64M", str(disk)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(disk)], check=True)  # -m 0: root gets no reserve
+    loop = subprocess.run(["losetup", "--find", "--show", str(disk)], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+    def on_node1(*argv: str) -> subprocess.CompletedProcess:
+        return cluster.node_exec("node1", list(argv), timeout=120)
+
+    def node1_records(kind: str) -> list[dict]:
+        text = on_node1("cat", str(run_dir / "metrics.jsonl")).stdout
+        return [json.loads(line) for line in text.splitlines() if f'"type": "{kind}"' in line]
+
+    try:
+        for node in cluster.node_names:
+            assert cluster.node_exec(node, ["mount", loop, str(run_dir)]).returncode == 0
+        # The new file system's root is root's: the jobs' user must write there.
+        owner = f"{apptainer_root.TEST_UID}:{apptainer_root.TEST_UID}"
+        assert on_node1("chown", owner, str(run_dir)).returncode == 0
+        job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
+        cluster.wait_for_file(run_dir, 240, predicate=lambda _: len(node1_records("epoch")) >= 2)
+        # Everything but 1 MiB taken: the next checkpoint (8 MiB) cannot be written.
+        free_kib = int(on_node1("df", "--output=avail", "-k", str(run_dir)).stdout.split()[-1])
+        on_node1("fallocate", "-l", f"{max(free_kib - 1024, 0)}k", str(run_dir / "filler"))
+        kept = on_node1("sha256sum", str(run_dir / "checkpoint.pt")).stdout.split()[0]
+
+        job = cluster.wait(job_id, timeout=300)
+
+        output = job.output()
+        assert job.state == "FAILED" and job.exit_code == "2:0", output
+        errors = [line for line in output.splitlines() if "ddp-train: error:" in line]
+        assert len(errors) == 1, output
+        assert "cannot write the" in errors[0] and "No space left on device" in errors[0], errors
+        assert f"free in {run_dir}" in errors[0]
+        assert "Traceback" not in output
+        assert on_node1("sha256sum", str(run_dir / "checkpoint.pt")).stdout.split()[0] == kept
+
+        on_node1("rm", "-f", str(run_dir / "filler"))
+        again = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
+        assert cluster.wait(again, timeout=400).state == "COMPLETED"
+        starts = node1_records("run")
+        assert len(starts) == 2 and starts[-1]["resumed_from_epoch"] >= 2
+    finally:
+        cluster.cancel_all()
+        for node in cluster.node_names:
+            cluster.node_exec(node, ["umount", "-l", str(run_dir)])
+        subprocess.run(["losetup", "-d", loop])
