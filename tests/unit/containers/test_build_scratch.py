@@ -17,12 +17,14 @@ from definitions_paths import REPO
 
 
 def fake_apptainer(tmp_path):
-    """Accepts only `build`; writes the two variables it was given, one per line."""
+    """Answers `--version` as Apptainer 1.4.5 does (the Makefile's version floor asks first);
+    accepts only `build`, and writes the two variables it was given, one per line."""
     fake = tmp_path / "bin"
     fake.mkdir()
     log = tmp_path / "apptainer.env"
     (fake / "apptainer").write_text(
-        '#!/bin/sh\n[ "$1" = build ] || exit 64\n'
+        '#!/bin/sh\n[ "$1" = --version ] && { echo "apptainer version 1.4.5"; exit 0; }\n'
+        '[ "$1" = build ] || exit 64\n'
         f'printf "%s\\n" "${{APPTAINER_CACHEDIR-unset}}" "${{APPTAINER_TMPDIR-unset}}" > "{log}"\n')
     (fake / "apptainer").chmod(0o755)
     return fake, log
