@@ -158,7 +158,9 @@ def test_three_two_node_jobs_at_once_all_finish_on_ports_of_their_own(cluster, j
 def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, job_env, tmp_path):
     env = {**job_env, "DDP_MONITOR_INTERVAL": "0"}
     job_id = cluster.sbatch(["--hold", *sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=env)
-    port = rendezvous_port(int(job_id), 0)  # the training step is the job's first step (no sampler)
+    # The training step's port: the job's steps are the preflight doctor (0), the fabric gate (1),
+    # then training (2); no GPU sampler step with DDP_MONITOR_INTERVAL=0.
+    port = rendezvous_port(int(job_id), 2)
     # Something else on node1 (the head) listens on it already.
     squatter = subprocess.Popen(
         ["ip", "netns", "exec", cluster.netns("node1"), "python3", "-c",

@@ -167,8 +167,9 @@ def submitted_runai_argv(tmp_path: Path, *trainer_args: str) -> list:
     stub.parent.mkdir()
     stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "{record}"\n')
     stub.chmod(0o755)
+    # The two volumes submit.sh requires: the pods below mount them at /mnt/data and /mnt/runs.
     env = _host_env(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}", RUNAI_IMAGE="registry.example/ddp:1",
-                    RUNAI_WORKERS="1", RUNAI_GPUS="0")
+                    RUNAI_WORKERS="1", RUNAI_GPUS="0", RUNAI_DATA_PVC="cifar-data", RUNAI_RUN_PVC="ddp-runs")
     done = subprocess.run(["bash", str(SUBMIT), *trainer_args], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     return record.read_text().split("\0")[:-1]
