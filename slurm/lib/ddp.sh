@@ -287,8 +287,18 @@ ddp::preflight() {
 
 # The fabric gate (python -m ddp_train.gate, src/ddp_train/gate.py) through ddp-launch, like the
 # training: same ranks, backend and environment. A node it names goes into the quarantine record.
+#   ddp::gate MODE TRAIN_ARGS...   (the trainer's --backend, if given, is the gate's too)
 ddp::gate() {
     local -r mode="$1"
+    shift
+    local backend=auto word previous=""
+    for word in "${DDP_TRAIN_WORDS[@]}" "$@"; do
+        case "${previous}:${word}" in
+            --backend:*) backend="${word}" ;;
+            *:--backend=*) backend="${word#--backend=}" ;;
+        esac
+        previous="${word}"
+    done
     if [ "${DDP_FABRIC_GATE:-1}" = 0 ]; then
         ddp::log "fabric gate skipped (DDP_FABRIC_GATE=0)"
         return 0
@@ -297,7 +307,7 @@ ddp::gate() {
     local -r started="${SECONDS}"
     local status=0
     ddp::launch_step "${mode}" gate --module ddp_train.gate \
-        -- --run-dir "${DDP_RUN_DIR}" --site "${DDP_SITE}" || status=$?
+        -- --run-dir "${DDP_RUN_DIR}" --site "${DDP_SITE}" --backend "${backend}" || status=$?
     ddp::log "fabric gate step (launch included): $((SECONDS - started)) s"
     if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
         ddp::on_host ddp_contract.quarantine add --by gate --job "${SLURM_JOB_ID:-local}" \
@@ -426,7 +436,7 @@ ddp::run_job() {
     local status=0
     ddp::preflight || status=$?
     if [ "${status}" -eq 0 ]; then
-        ddp::gate "$1" || status=$?
+        ddp::gate "$@" || status=$?
     fi
     if [ "${status}" -eq 0 ]; then
         ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR, check_nccl_transport
 
 from ddp_train import distributed
-from ddp_train.config import resolve_backend
+from ddp_train.config import BACKENDS, resolve_backend
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, TrainError
 from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
@@ -37,6 +37,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--site", default=os.environ.get("DDP_LAUNCH_SITE") or None,
                         help="site profile whose fabric_gate gives the expected bus bandwidth")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--backend", choices=BACKENDS, default="auto",
+                        help="as the trainer's --backend: auto is NCCL on GPUs, gloo on CPUs")
     parser.add_argument("--sizes", help="comma-separated sizes in bytes (default: per device, fabric_gate.py)")
     parser.add_argument("--iters", type=int, help="timed all-reduces per size (default 20 on GPUs, 5 on CPUs)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any one collective may take")
@@ -156,8 +158,7 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES[device.type]
     iters = args.iters or DEFAULT_ITERS[device.type]
     host = socket.gethostname().split(".")[0]
-    # The backend training uses on this device: NCCL's all-reduce on GPUs, gloo's on the CPU.
-    distributed.init_process_group(dist_env, device, args.timeout, resolve_backend("auto", device.type))
+    distributed.init_process_group(dist_env, device, args.timeout, resolve_backend(args.backend, device.type))
     try:
         hosts = distributed.all_gather_objects(host)
         nodes = node_names(hosts)

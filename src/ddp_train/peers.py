@@ -7,6 +7,12 @@ every rank whose collective failed writes its name into the store (hosted by tor
 agent on the head node) and waits ROLL_CALL_S for the others: the ranks that never answer
 are on the node that is gone, and the first rank done with the roll call says so in one line.
 A rank that cannot reach the store itself has lost the head node, and names it.
+
+The first verdict is written to the store too. A rank blocked on a live peer (gloo's ring:
+rank 0 waits on rank 1, which left the collective for its roll call) only fails when that
+peer exits, one roll call later; it takes the verdict instead of waiting out a roll call of
+its own, so the whole job ends about ROLL_CALL_S after the first failure, well inside the
+time srun gives the other tasks once one has ended (ddp.sh: srun --wait).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from ddp_train.errors import PeerLost
 ROLL_CALL_S = 15.0  # every live rank fails within this of the first (they share the timeout)
 KEY = "ddp-train/roll-call/{rank}"
 PRINTED_KEY = "ddp-train/roll-call/printed"
+VERDICT_KEY = "ddp-train/roll-call/verdict"
 
 
 def hosts_by_rank() -> list[str]:
@@ -72,20 +79,23 @@ def first_line(exc: BaseException) -> str:
     return lines[0][:160] if lines else type(exc).__name__
 
 
-def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: str,
-              head: str) -> Optional[PeerLost]:
+def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: str, head: str,
+              store: Optional[dist.Store] = None, wait_s: float = ROLL_CALL_S) -> Optional[PeerLost]:
     """After a failed collective: PeerLost naming the silent nodes, or None when every rank answered
-    (then the failure is not a lost node and keeps its traceback)."""
+    (then the failure is not a lost node and keeps its traceback). `store`: the process group's
+    (the rendezvous store) unless given."""
     cause = first_line(exc)
     try:
-        store = dist.distributed_c10d._get_default_store()
-        store.set_timeout(datetime.timedelta(seconds=ROLL_CALL_S))
+        store = store if store is not None else dist.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=wait_s))
         store.set(KEY.format(rank=rank), "1")
         started = time.monotonic()
         answered: list[int] = []
         while True:
+            if store.check([VERDICT_KEY]):  # a rank that failed earlier has named the node already
+                return PeerLost(store.get(VERDICT_KEY).decode(), prints=False)
             answered = [r for r in range(len(hosts)) if store.check([KEY.format(rank=r)])]
-            if len(answered) == len(hosts) or time.monotonic() - started > ROLL_CALL_S:
+            if len(answered) == len(hosts) or time.monotonic() - started > wait_s:
                 break
             time.sleep(0.5)
     except Exception:  # noqa: BLE001 - any store failure means the store's host is out of reach
@@ -94,8 +104,11 @@ def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: s
     silent = missing_nodes(hosts, answered)
     if not silent:
         return None
-    try:  # the first rank to finish its roll call says it; ranks that finish later stay quiet
+    message = lost_message(silent, hosts, wait_s, cause, checkpoint)
+    try:  # the first rank to finish its roll call says it and leaves it for the late ones
         first = store.add(PRINTED_KEY, 1) == 1
+        if first:
+            store.set(VERDICT_KEY, message)
     except Exception:  # noqa: BLE001 - the store went away meanwhile: say it from the lowest rank that answered
         first = rank == min(answered)
-    return PeerLost(lost_message(silent, hosts, ROLL_CALL_S, cause, checkpoint), prints=first)
+    return PeerLost(message, prints=first)

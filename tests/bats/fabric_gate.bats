@@ -22,8 +22,18 @@ _gate_report_naming() {
     assert_success
     run grep '^srun .* apptainer ' "${CALLS}"
     assert_line --index 0 "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --output=${DDP_RUN_DIR}/preflight/42/doctor-%N.json --error=${DDP_RUN_DIR}/preflight/42/doctor-%N.err apptainer run --nv ${DDP_IMAGE} doctor --json --site olivia --data-dir ${DDP_DATA_DIR}"
-    assert_line --index 1 "srun --kill-on-bad-exit=0 --wait=30 apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/gate-42 --module ddp_train.gate -- --run-dir ${DDP_RUN_DIR} --site olivia"
+    assert_line --index 1 "srun --kill-on-bad-exit=0 --wait=30 apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/gate-42 --module ddp_train.gate -- --run-dir ${DDP_RUN_DIR} --site olivia --backend auto"
     assert_line --index 2 --partial " -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100"
+}
+
+@test "the gate runs on the backend the trainer was given (--backend gloo on GPU nodes)" {
+    export DDP_TRAIN_ARGS="--epochs 3 --backend nccl"
+
+    run bash "${REPO}/slurm/ethernet-nccl.sh" --backend=gloo
+
+    assert_success
+    run grep '^srun .* ddp_train.gate ' "${CALLS}"
+    assert_output --partial " --backend gloo"
 }
 
 @test "the gate in task mode keeps its per-rank logs apart from the training's" {

@@ -399,6 +399,18 @@ def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> di
     }
 
 
+def metrics_records(run_dir: Path) -> list[dict]:
+    """The trainer's metrics.jsonl records so far (none before its first line)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def epochs_done(run_dir: Path) -> int:
+    return sum(1 for r in metrics_records(run_dir) if r["type"] == "epoch")
+
+
 def sbatch_args(tmp_path: Path, *extra: str) -> list[str]:
     """Overrides a site's sbatch lines need on the test cluster: its partition, no GPUs."""
     return ["--partition=e2e", "--gpus-per-node=0", f"--output={tmp_path}/%j.out", *extra]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import apptainer_root
-from conftest import TRAIN_ARGS, sbatch_args
+from conftest import TRAIN_ARGS, sbatch_args, epochs_done, metrics_records
 
 from ddp_launch.rendezvous import rendezvous_port
 
@@ -22,16 +22,6 @@ DIST_TIMEOUT_S = 30
 RUN = (f"--epochs 12 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
        f"--dist-timeout-s {DIST_TIMEOUT_S}")
 
-
-def records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def epochs_done(run_dir: Path) -> int:
-    return sum(1 for r in records(run_dir) if r["type"] == "epoch")
 
 
 def saved_epoch(run_dir: Path) -> int:
@@ -91,7 +81,7 @@ def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_a_requeue_
         cluster.run(["scontrol", "requeue", job_id], timeout=30)
     job = cluster.wait(job_id, timeout=400)
     assert job.state == "COMPLETED", job.output()
-    starts = [r for r in records(run_dir) if r["type"] == "run"]
+    starts = [r for r in metrics_records(run_dir) if r["type"] == "run"]
     assert starts[-1]["resumed_from_epoch"] == kept
 
 
@@ -138,7 +128,7 @@ def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_fini
     assert not (run_dir / "logs" / second).exists()
     job = cluster.wait(first, timeout=300)
     assert job.state == "COMPLETED", job.output()
-    assert [r["type"] for r in records(run_dir)].count("run") == 1  # one start: nobody else wrote
+    assert [r["type"] for r in metrics_records(run_dir)].count("run") == 1  # one start: nobody else wrote
     assert not (run_dir / ".ddp-run.lock").exists()
     assert set(before) <= {p.relative_to(run_dir) for p in run_dir.rglob("*")}
 
@@ -151,7 +141,7 @@ def test_three_two_node_jobs_at_once_all_finish_on_ports_of_their_own(cluster, j
     for job_id, run_dir in jobs.items():
         job = cluster.wait(job_id, timeout=600)
         assert job.state == "COMPLETED", job.output()
-        assert [r for r in records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
+        assert [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
     ports = {rendezvous_port(int(job_id), 0) for job_id in jobs}
     assert len(ports) == 3
 

@@ -1,31 +1,20 @@
 """Failures on the real cluster: a node's workers die, a node never joins, a stop signal."""
-import json
 import re
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import TRAIN_ARGS, Cluster, sbatch_args
+from conftest import TRAIN_ARGS, Cluster, sbatch_args, epochs_done, metrics_records
 
 pytestmark = pytest.mark.e2e
 
 LONG_RUN = "--epochs 30 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1"
 
 
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _epochs_done(run_dir: Path) -> int:
-    return sum(1 for r in _records(run_dir) if r["type"] == "epoch")
-
 
 def _wait_for_epochs(cluster, run_dir: Path, count: int, timeout: float = 120) -> None:
-    cluster.wait_for_file(run_dir, timeout, predicate=lambda d: _epochs_done(d) >= count)
+    cluster.wait_for_file(run_dir, timeout, predicate=lambda d: epochs_done(d) >= count)
 
 
 def _kill_trainers(cluster, node: str) -> list[str]:
@@ -111,10 +100,10 @@ def test_with_max_restarts_torchrun_restarts_and_the_trainer_resumes(cluster, jo
     job = cluster.wait(job_id, timeout=240)
 
     assert job.state == "COMPLETED", job.output()
-    starts = [r for r in _records(run_dir) if r["type"] == "run"]
+    starts = [r for r in metrics_records(run_dir) if r["type"] == "run"]
     assert len(starts) == 2
     assert starts[1]["resumed_from_epoch"] is not None
-    assert [r for r in _records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
+    assert [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
 
 
 def _launch_with_one_launcher_missing(cluster, tmp_path, missing_node: int, rdzv_timeout_s: int):
@@ -172,7 +161,7 @@ def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(clu
     cluster.run(["scancel", f"--signal={stop_signal}", job_id], timeout=30)
     job = cluster.wait(job_id, timeout=300, states={"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
 
-    records = _records(run_dir)
+    records = metrics_records(run_dir)
     kinds = [r["type"] for r in records]
     assert job.state == "COMPLETED", job.output()
     assert "stopped" in kinds

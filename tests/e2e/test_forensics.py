@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TRAIN_ARGS, Cluster, sbatch_args
+from conftest import TRAIN_ARGS, Cluster, sbatch_args, epochs_done, metrics_records
 
 pytestmark = pytest.mark.e2e
 
@@ -17,16 +17,6 @@ SLACK_S = 45
 LONG_RUN = ("--epochs 30 --batch-size 64 --width-scale 0.25 --allow-unverified-data "
             f"--dist-timeout-s {DIST_TIMEOUT_S}")
 
-
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _epochs_done(run_dir: Path) -> int:
-    return sum(1 for r in _records(run_dir) if r["type"] == "epoch")
 
 
 def _workers(node: str) -> dict[int, int]:
@@ -53,7 +43,7 @@ def test_a_rank_stopped_mid_epoch_is_named_with_its_node_step_and_place_and_the_
     job_env = {**job_env, "DDP_TRAIN_ARGS": LONG_RUN}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
-    cluster.wait_for_file(run_dir, 180, predicate=lambda d: _epochs_done(d) >= 1)
+    cluster.wait_for_file(run_dir, 180, predicate=lambda d: epochs_done(d) >= 1)
 
     workers = _workers("node2")
     assert len(workers) == 2, workers
@@ -91,7 +81,7 @@ def test_a_slow_rank_is_named_as_a_straggler_in_the_summary_and_the_report(clust
     assert job.state == "COMPLETED", output
     assert re.search(r"Straggler: rank 3 on node2 computes [\d.]+ ms per step, \d+% over the others'", output), output
     assert len(re.findall(r"Straggler: ", output)) == 1, output
-    summary = [r for r in _records(run_dir) if r["type"] == "summary"][-1]
+    summary = [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]
     assert sorted(r["rank"] for r in summary["step_times"]) == [0, 1, 2, 3]
     assert [s["who"] for s in summary["stragglers"]] == ["rank 3 on node2"]
 

@@ -1,6 +1,8 @@
 """The roll call after a failed collective: which node is silent, and the one line naming it."""
 
-from ddp_train.peers import lost_message, missing_nodes
+import time
+
+from ddp_train.peers import lost_message, missing_nodes, roll_call
 
 HOSTS = ["node1", "node1", "node2", "node2"]
 
@@ -38,3 +40,52 @@ def test_a_lost_node_is_named_alone_not_the_ranks_blocked_behind_it():
     line = lost_message({"node1": [0], "node2": [2, 3]}, HOSTS, 15, "timed out", "/r/checkpoint.pt")
     assert line.startswith("lost contact with node2 (ranks 2, 3): no answer 15 s after a collective failed")
     assert "node1" not in line
+
+
+# roll_call against a real c10d store (torch.distributed.HashStore: the same set/check/add/get
+# as the TCPStore torchrun's agent hosts), ranks 0-1 on node1 and 2-3 on node2.
+
+def _store():
+    import torch.distributed as dist
+    return dist.HashStore()
+
+
+def test_a_roll_call_names_the_node_none_of_whose_ranks_answered():
+    store = _store()
+    store.set("ddp-train/roll-call/0", "1")  # rank 0 answered; node2's ranks never do
+    lost = roll_call(HOSTS, 1, RuntimeError("Connection closed by peer"), "/r/checkpoint.pt", "node1",
+                     store=store, wait_s=0.2)
+    assert lost is not None and lost.prints
+    assert str(lost).startswith("lost contact with node2 (ranks 2, 3): no answer")
+
+
+def test_a_rank_failing_after_the_verdict_takes_it_at_once_and_stays_quiet():
+    # gloo's ring: rank 0 waits on rank 1, which only fails rank 0 by exiting after its roll call.
+    store = _store()
+    store.set("ddp-train/roll-call/0", "1")
+    first = roll_call(HOSTS, 1, RuntimeError("Connection closed by peer"), "/r/checkpoint.pt", "node1",
+                      store=store, wait_s=0.2)
+    started = time.monotonic()
+    late = roll_call(HOSTS, 0, RuntimeError("Connection reset by peer"), "/r/checkpoint.pt", "node1",
+                     store=store, wait_s=5)
+    assert time.monotonic() - started < 1.0  # not a second roll call of 5 s
+    assert late is not None and not late.prints
+    assert str(late) == str(first)
+
+
+def test_every_rank_answering_the_roll_call_keeps_the_original_error():
+    store = _store()
+    for rank in (0, 2, 3):
+        store.set(f"ddp-train/roll-call/{rank}", "1")
+    assert roll_call(HOSTS, 1, RuntimeError("boom"), "/r/checkpoint.pt", "node1", store=store, wait_s=5) is None
+
+
+def test_a_store_that_does_not_answer_names_the_head_node_from_one_rank_per_node():
+    class Gone:
+        def set_timeout(self, _):
+            raise RuntimeError("Connection refused")
+
+    quiet = roll_call(HOSTS, 3, RuntimeError("timed out"), "/r/checkpoint.pt", "node1", store=Gone(), wait_s=0.2)
+    loud = roll_call(HOSTS, 2, RuntimeError("timed out"), "/r/checkpoint.pt", "node1", store=Gone(), wait_s=0.2)
+    assert str(loud).startswith("lost contact with the head node node1")
+    assert loud.prints and not quiet.prints
