@@ -5,7 +5,7 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --cpus-per-task=8
 #SBATCH --output=%x-%j.out
-#SBATCH --signal=USR2@120
+#SBATCH --signal=B:USR2@120
 #SBATCH --requeue
 # Plain-Ethernet cluster, gloo: N nodes, CPU workers talking gloo over TCP, for nodes
 # where NCCL is not usable (mixed or GPU-less nodes). The trainer picks gloo whenever

@@ -5,7 +5,7 @@
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=1
 #SBATCH --output=%x-%j.out
-#SBATCH --signal=USR2@120
+#SBATCH --signal=B:USR2@120
 #SBATCH --requeue
 # Plain-Ethernet cluster: N nodes x 1 GPU, NCCL over TCP sockets. InfiniBand is off
 # (NCCL_IB_DISABLE=1) and the socket interface is chosen per node by ddp-launch from

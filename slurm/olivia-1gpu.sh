@@ -9,7 +9,7 @@
 #SBATCH --cpus-per-task=72
 #SBATCH --mem=110G
 #SBATCH --output=%x-%j.out
-#SBATCH --signal=USR2@120
+#SBATCH --signal=B:USR2@120
 #SBATCH --requeue
 # Olivia (Sigma2), one GH200: the single-GPU baseline of the scaling table.
 # Submit from the repository root: sbatch slurm/olivia-1gpu.sh [trainer flags...]

@@ -9,7 +9,7 @@
 #SBATCH --cpus-per-task=72
 #SBATCH --mem=440G
 #SBATCH --output=%x-%j.out
-#SBATCH --signal=USR2@120
+#SBATCH --signal=B:USR2@120
 #SBATCH --requeue
 # Olivia (Sigma2), one node with 4 GH200: torchrun with 4 workers on the node.
 # Submit from the repository root: sbatch slurm/olivia-1node-4gpu.sh [trainer flags...]

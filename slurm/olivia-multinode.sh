@@ -9,7 +9,7 @@
 #SBATCH --cpus-per-task=72
 #SBATCH --mem=440G
 #SBATCH --output=%x-%j.out
-#SBATCH --signal=USR2@120
+#SBATCH --signal=B:USR2@120
 #SBATCH --requeue
 # Olivia (Sigma2), 2 or more nodes x 4 GH200 over Slingshot: one task per node,
 # torchrun per node with c10d rendezvous on the first node (found by ddp-launch, no

@@ -8,7 +8,7 @@
 #SBATCH --gres=gpu:a100:4
 #SBATCH --mem=500000
 #SBATCH --output=%x-%j.out
-#SBATCH --signal=USR2@120
+#SBATCH --signal=B:USR2@120
 #SBATCH --requeue
 # Raven (MPCDF), one node with 4 A100: the middle row of the scaling table, between
 # raven-1gpu.sh and raven-task-per-gpu.sh (2 nodes), 32 images per GPU in all three.

@@ -8,7 +8,7 @@
 #SBATCH --gres=gpu:a100:4
 #SBATCH --mem=500000
 #SBATCH --output=%x-%j.out
-#SBATCH --signal=USR2@120
+#SBATCH --signal=B:USR2@120
 #SBATCH --requeue
 # Raven (MPCDF) style: one SLURM task per GPU (4 per node) over InfiniBand. No torchrun:
 # each task is one rank (RANK=SLURM_PROCID, LOCAL_RANK=SLURM_LOCALID, env:// init).

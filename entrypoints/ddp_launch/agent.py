@@ -24,8 +24,10 @@ from ddp_launch.worker import PARENT_PID_VARIABLE
 # itself knows only TERM/INT/HUP/QUIT, and answers TERM by raising in the agent
 # (a SignalException traceback, exit 1) while it stops the workers, so the
 # checkpoint the trainer writes is reported as a failure. Forwarded instead:
-# - USR1/USR2: SLURM's `--signal=USR2@T` before the time limit (sbatch(1),
-#   --signal); their default action would kill the agent and orphan the workers.
+# - USR1/USR2: SLURM's `--signal=USR2@T` before the time limit, and `scancel
+#   --signal=USR2` (sbatch(1), scancel(1)); their default action would kill the agent
+#   and orphan the workers. (Our scripts ask for `B:USR2@T`, which reaches the batch
+#   shell alone and comes to the trainer as a file: slurm/lib/ddp.sh, ddp::request_stop.)
 # - TERM: scancel and preemption send it to every process of the step, then KILL
 #   after KillWait (scancel(1), slurm.conf(5) KillWait, default 30 s); Kubernetes
 #   sends it to PID 1 of the container only, then KILL after

@@ -32,6 +32,8 @@ set -euo pipefail
 readonly DDP_EXIT_REQUEUE=75
 # ddp_contract.EXIT_BAD_NODE: the preflight or the fabric gate named a node; requeue without it.
 readonly DDP_EXIT_BAD_NODE=76
+# ddp_contract.STOP_REQUEST_FILE: in the run dir, a stop the batch script asks of the trainer.
+readonly DDP_STOP_REQUEST_FILE=.ddp-stop-request
 
 ddp::log() {
     printf '%s: %s\n' "${DDP_LOG_TAG:-ddp}" "$*" >&2
@@ -188,8 +190,8 @@ ddp::monitor_stop() {
     DDP_MONITOR_PID=""
 }
 
-# Requeue after the trainer checkpointed on a stop signal (--signal=USR2@N or
-# preemption). scontrol is not inside the image, so this runs in the batch script.
+# Requeue after the trainer checkpointed on a stop signal (--signal=B:USR2@N, passed on by
+# ddp::request_stop, or preemption). scontrol is not inside the image, so this runs in the batch script.
 # Returns 0 when the job was requeued.
 ddp::maybe_requeue() {
     local -r status="$1" run_dir="$2"
@@ -368,7 +370,8 @@ ddp::launch_step() {
         ddp::log "${name}: per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0's follows"
         ddp::run_following "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node)-rank0.out" "${step[@]}" || status=$?
     else
-        "${step[@]}" || status=$?
+        "${step[@]}" &
+        ddp::wait_for "$!" || status=$?
         ddp::log "${name}: per-rank logs: ${log_dir}/${job_logs}/<node>/<run>/attempt_<N>/<local rank>/"
     fi
     return "${status}"
@@ -391,9 +394,44 @@ ddp::run_following() {
     tail -n "${from}" -F --pid="${step_pid}" -- "${file}" 2>/dev/null &
     local -r tail_pid=$!
     local status=0
-    wait "${step_pid}" || status=$?
+    ddp::wait_for "${step_pid}" || status=$?
     wait "${tail_pid}" || true
     return "${status}"
+}
+
+# Wait for a background process and return its exit status. bash runs a trap only once the
+# foreground command has ended, so a step runs in the background and this script waits for it:
+# a trapped signal then interrupts `wait`, which returns above 128 while the process still
+# runs (bash(1), "wait" and "SIGNALS"), and the wait goes on.
+#   ddp::wait_for PID
+ddp::wait_for() {
+    local -r pid="$1"
+    local status
+    while true; do
+        status=0
+        wait "${pid}" || status=$?
+        if [ "${status}" -gt 128 ] && kill -0 "${pid}" 2>/dev/null; then
+            continue
+        fi
+        return "${status}"
+    done
+}
+
+# The time-limit warning. The scripts ask for --signal=B:USR2@120, which SLURM sends to this
+# shell alone (sbatch(1), --signal: "B: signal only the batch shell"). Sent to every process of
+# the step, it would also reach the squashfuse_ll through which unprivileged Apptainer serves
+# the image: that dies, and the workers with SIGBUS before any checkpoint (apptainer#3197 shows
+# the same for SIGINT). The trap asks the training step to stop through a file in the run dir:
+# rank 0 reads it, the trainer checkpoints and exits 75 as on the signal (src/ddp_train/signals.py).
+#   ddp::request_stop SIGNAL      (USR2, USR1)
+ddp::request_stop() {
+    local -r request="${DDP_RUN_DIR}/${DDP_STOP_REQUEST_FILE}"
+    # Written aside and renamed: the trainer never reads half a request.
+    if printf 'SIG%s\n' "$1" > "${request}.tmp" && mv -f "${request}.tmp" "${request}"; then
+        ddp::log "SIG$1 reached the batch script: asked the training step to checkpoint and stop (${request})"
+    else
+        ddp::log "SIG$1 reached the batch script, but ${request} could not be written: the job runs on to its time limit"
+    fi
 }
 
 # The training step: the image's runscript (ddp-launch), trainer flags last.
@@ -433,6 +471,10 @@ ddp::run_job() {
         DDP_APPTAINER_ARGS+=(--nv)
     fi
     ddp::show_quarantine
+    # A request left by an earlier run of this job (it crashed before acting on it) is void.
+    rm -f -- "${DDP_RUN_DIR}/${DDP_STOP_REQUEST_FILE}"
+    trap 'ddp::request_stop USR2' USR2
+    trap 'ddp::request_stop USR1' USR1
     local status=0
     ddp::preflight || status=$?
     if [ "${status}" -eq 0 ]; then

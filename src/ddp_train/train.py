@@ -33,7 +33,7 @@ from ddp_train.evaluate import evaluate, target_reached
 from ddp_train.learner import build_learner
 from ddp_train.progress import ProgressBar
 from ddp_train.schedule import lr_at, plan_steps
-from ddp_train.signals import StopFlag, StopVote
+from ddp_train.signals import StopFlag, StopVote, stop_request_path
 
 
 def say(dist_env: DistEnv, *lines: str) -> None:
@@ -57,7 +57,7 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
         precision = resolve_precision(config.precision, device.type,
                                       device.type == "cuda" and torch.cuda.is_bf16_supported())
         config = dataclasses.replace(config, backend=resolve_backend(config.backend, device.type))  # recorded
-    stop = StopFlag().install()
+    stop = StopFlag(stop_request_path(config.run_dir) if dist_env.is_main else None).install()
     # Hang forensics before the process group: torch reads the Flight Recorder's variables then.
     forensics = heartbeat.Forensics.start(env, dist_env.rank, dist_env.local_rank, config.run_dir,
                                           config.dist_timeout_s) if heartbeat.wanted(env) else heartbeat.Forensics.off()
@@ -240,6 +240,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         stopped = metrics.Stopped(stopped_by, progress.epoch, progress.step, checkpoints.path, EXIT_REQUEUE)
         log.write("stopped", **stopped.record())
         say(dist_env, stopped.line())
+        stop.clear_request()
         distributed.barrier()
         return EXIT_REQUEUE
 

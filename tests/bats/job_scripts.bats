@@ -245,6 +245,47 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     assert_output "scontrol requeue 42"
 }
 
+@test "USR2 to the batch shell (--signal=B:USR2) asks the running training step to stop through the run dir; the job requeues" {
+    # sbatch(1) --signal "B:": SLURM signals the batch shell alone, and bash runs a trap only
+    # between commands (bash(1), SIGNALS), so the script must wait for the step in the background.
+    export SRUN_WAITS_FOR_STOP=1 SLURM_RESTART_COUNT=0
+    mkdir -p "${DDP_RUN_DIR}"
+    bash "${REPO}/slurm/olivia-multinode.sh" > "${BATS_TEST_TMPDIR}/job.out" 2>&1 &
+    local -r job=$!
+    for _ in $(seq 100); do
+        [ -e "${DDP_RUN_DIR}/.step-waiting" ] && break
+        sleep 0.1
+    done
+    kill -USR2 "${job}"
+    local status=0
+    wait "${job}" || status=$?
+
+    run cat "${BATS_TEST_TMPDIR}/job.out"
+    assert_equal "${status}" 0
+    assert_output --partial "SIGUSR2 reached the batch script: asked the training step to checkpoint and stop (${DDP_RUN_DIR}/.ddp-stop-request)"
+    assert_output --partial "requeuing job 42 (restart 1 of 3)"
+    run grep '^stop-request' "${CALLS}"
+    assert_output "stop-request SIGUSR2"
+}
+
+@test "a stop request left in the run dir by an earlier run is removed before the training starts" {
+    mkdir -p "${DDP_RUN_DIR}"
+    echo SIGUSR2 > "${DDP_RUN_DIR}/.ddp-stop-request"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run grep -c '^stop-request-at-start' "${CALLS}"
+    assert_output "0"
+}
+
+@test "the stop request's file name is the trainer's (ddp_contract.STOP_REQUEST_FILE)" {
+    run python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ddp_contract; print(ddp_contract.STOP_REQUEST_FILE)' "${REPO}/entrypoints"
+    assert_success
+    run grep -c "^readonly DDP_STOP_REQUEST_FILE=${output}\$" "${REPO}/slurm/lib/ddp.sh"
+    assert_output "1"
+}
+
 @test "only exit 75 requeues: exit 1 is a failure even when the metrics say stopped" {
     export SRUN_STATUS=1
     mkdir -p "${DDP_RUN_DIR}"

@@ -140,25 +140,29 @@ def test_a_node_whose_head_never_starts_gives_up_within_the_rendezvous_timeout(c
     assert "frame #" not in done.stderr and "Traceback" not in done.stderr
 
 
-# USR2: what our scripts ask SLURM for before the time limit (forwarded by ddp-launch's agent).
-# TERM: preemption, and clusters that only ever send TERM (torchrun stops its workers).
-# SLURM signals every process of the job's steps (scancel(1) --signal, sbatch(1) --signal
-# without B:), and unprivileged Apptainer's squashfuse_ll, which serves the image, is one
-# of them: USR2 kills it, TERM unmounts it, and the workers die of SIGBUS on their next
-# page of the image before any checkpoint. APPTAINER_UNSQUASH=1 (`apptainer run
-# --unsquash`: the SIF unpacked to a temporary sandbox) leaves nothing to kill.
+# USR2: what our scripts ask SLURM for before the time limit, on the batch shell alone
+# (--signal=B:USR2@120; by hand `scancel --batch --signal=USR2`, scancel(1)): its trap passes
+# the stop on through the run dir, and no process of the step is signalled, so the job runs
+# on unprivileged Apptainer's squashfuse mount as on a cluster.
+# TERM: preemption, and clusters that only ever send TERM: SLURM signals every process of the
+# job's steps (scancel(1) --signal), and squashfuse_ll, which serves the image, is one of
+# them: TERM unmounts it, and the workers die of SIGBUS on their next page of the image before
+# any checkpoint. APPTAINER_UNSQUASH=1 (`apptainer run --unsquash`: the SIF unpacked to a
+# temporary sandbox) leaves nothing to kill.
 UNSQUASHED = {"APPTAINER_UNSQUASH": "1"}
+STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": (UNSQUASHED, ["--signal=TERM"])}
 
 
-@pytest.mark.parametrize("stop_signal", ["USR2", "TERM"])
+@pytest.mark.parametrize("stop_signal", sorted(STOPS))
 def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path,
                                                                              stop_signal):
-    job_env = {**job_env, **UNSQUASHED, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 3")}
+    mount_env, scancel_args = STOPS[stop_signal]
+    job_env = {**job_env, **mount_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 3")}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
     _wait_for_epochs(cluster, run_dir, 1)
 
-    cluster.run(["scancel", f"--signal={stop_signal}", job_id], timeout=30)
+    cluster.run(["scancel", *scancel_args, job_id], timeout=30)
     job = cluster.wait(job_id, timeout=300, states={"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
 
     records = metrics_records(run_dir)
@@ -170,6 +174,9 @@ def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(clu
     assert resumed and resumed[0]["resumed_from_epoch"] is not None
     assert kinds[-1] == "summary"
     assert job.fields.get("Restarts") == "1"
+    if stop_signal == "USR2":
+        assert "SIGUSR2 reached the batch script: asked the training step to checkpoint" in job.output()
+        assert not (run_dir / ".ddp-stop-request").exists()
 
 
 def test_under_squashfuse_a_stop_signal_kills_the_image_mount_and_the_workers_die_of_sigbus(cluster, job_env,

@@ -53,6 +53,23 @@ case " $* " in *" ddp_train.gate "*)
     [ -z "${GATE_REPORT:-}" ] || cp "${GATE_REPORT}" "${DDP_RUN_DIR}/gate.json"
     exit "${GATE_STATUS:-0}" ;;
 esac
+# The training step. With $SRUN_WAITS_FOR_STOP=1 it runs until the batch script asks it to stop
+# through the run dir, then records the request and exits 75, as the trainer does.
+case " $* " in *" -- --data-dir "*)
+    request="${DDP_RUN_DIR}/.ddp-stop-request"
+    [ ! -e "${request}" ] || echo "stop-request-at-start" >> "'"${CALLS}"'"
+    if [ "${SRUN_WAITS_FOR_STOP:-0}" = 1 ]; then
+        : > "${DDP_RUN_DIR}/.step-waiting"
+        for _ in $(seq 200); do
+            if [ -e "${request}" ]; then
+                printf "stop-request %s\n" "$(cat "${request}")" >> "'"${CALLS}"'"
+                exit 75
+            fi
+            sleep 0.1
+        done
+        exit 1
+    fi ;;
+esac
 exit "${SRUN_STATUS:-0}"'
     _stub scontrol '
 case "${1-} ${2-}" in

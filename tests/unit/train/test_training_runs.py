@@ -138,6 +138,27 @@ def test_signal_to_one_rank_stops_every_rank_with_the_requeue_code(ten_class_dat
     assert f"exitcode  : {EXIT_REQUEUE}" in err  # torchrun's report of the workers' exit
 
 
+
+def test_a_stop_request_in_the_run_dir_stops_every_rank_like_the_signal(ten_class_data, tmp_path):
+    # What a job script's trap for --signal=B:USR2@T writes: no process of the step is signalled.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "ddp_train", "--data-dir", str(ten_class_data), "--run-dir", str(tmp_path),
+           *TINY_ARGS, "--epochs", "40", "--target-accuracy", "1.1", "--stop-check-every", "1"]
+    proc = subprocess.Popen(cmd, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 90
+    while not (tmp_path / "metrics.jsonl").exists() or not records(tmp_path, "epoch"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    (tmp_path / ".ddp-stop-request").write_text("SIGUSR2\n")
+    out, err = proc.communicate(timeout=90)
+    assert f"exitcode  : {EXIT_REQUEUE}" in err, err  # torchrun's report: every worker exited 75
+    stopped = records(tmp_path, "stopped")
+    assert stopped and stopped[0]["signal"] == "SIGUSR2"
+    assert len(records(tmp_path, "epoch")) < 40
+    assert not (tmp_path / ".ddp-stop-request").exists()  # acted on: a restart by hand trains
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
