@@ -175,7 +175,8 @@ def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(clu
     assert kinds[-1] == "summary"
     assert job.fields.get("Restarts") == "1"
     if stop_signal == "USR2":
-        assert "SIGUSR2 reached the batch script: asked the training step to checkpoint" in job.output()
+        # Only the batch shell got it: without its trap that shell dies and the job FAILs. (The
+        # requeued run truncates the .out, so its "reached the batch script" line is gone.)
         assert not (run_dir / ".ddp-stop-request").exists()
 
 
