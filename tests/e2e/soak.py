@@ -140,18 +140,34 @@ def is_agent(cmdline) -> bool:
     return b"ddp_launch.agent" in cmdline
 
 
-def inject(cluster, kind: str, job_id: str, rng: random.Random) -> None:
-    node = rng.choice(cluster.node_names)
+NODE_FAULTS = ("kill-node", "net-drop")
+
+
+def inject(cluster, kind: str, job_id: str, nodes: list[str], rng: random.Random) -> str:
+    """The fault, on one of the job's nodes (the cluster has spares); returns that node."""
+    node = rng.choice(nodes)
     if kind in STOPS:
         cluster.run(["scancel", *STOPS[kind][1], job_id], timeout=30)
     elif kind in ("kill-worker", "kill-launcher"):
         pids = pids_on(cluster, node, is_worker if kind == "kill-worker" else is_agent)
-        if pids:
-            subprocess.run(["kill", "-KILL", rng.choice(sorted(pids))])
-    elif kind == "kill-node":
-        cluster.cluster_sh(["crash", "node2"], timeout=30)  # node1 runs the batch script
-    elif kind == "net-drop":
-        subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "eth0", "down"], check=True)
+        if not pids:  # a fault not injected is the harness's failure, not a job that survived it
+            raise RuntimeError(f"no {kind.removeprefix('kill-')} process on {node} to kill")
+        subprocess.run(["kill", "-KILL", rng.choice(sorted(pids))], check=True)
+    elif kind in NODE_FAULTS:
+        node = nodes[1]  # the first node runs the batch script
+        if kind == "kill-node":
+            crashed = cluster.cluster_sh(["crash", node], timeout=30)
+            if crashed.returncode != 0:
+                raise RuntimeError(f"cluster.sh crash {node} failed: {crashed.stderr.strip()[-200:]}")
+        else:
+            subprocess.run(["ip", "-n", cluster.netns(node), "link", "set", "eth0", "down"], check=True)
+    return node
+
+
+def revive(cluster, node: str) -> None:
+    revived = cluster.cluster_sh(["revive", node], timeout=180)
+    if revived.returncode != 0:
+        raise RuntimeError(f"cluster.sh revive {node} failed: {revived.stderr.strip()[-200:]}")
 
 
 def wait_terminal(cluster, job_id: str, timeout: float):
@@ -176,21 +192,23 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
             cluster.job(job_id).state not in conftest.TERMINAL_STATES:
         time.sleep(0.5)
     before = epochs_done(run_dir)
+    nodes = cluster.job_nodes(cluster.job(job_id))
     time.sleep(rng.uniform(0, 2))  # anywhere in the epoch
-    if kind != "none":
-        inject(cluster, kind, job_id, rng)
     slurm_requeued, saved_before = False, None
-    if kind in ("kill-node", "net-drop"):
-        deadline = time.monotonic() + 300
-        while cluster.job(job_id).state in ("RUNNING", "COMPLETING") and time.monotonic() < deadline:
-            time.sleep(1)
-        ended = cluster.job(job_id)
-        # NODE_FAIL seen by slurmctld first: SLURM requeues a --requeue job itself (PENDING, Restarts=1).
-        slurm_requeued = ended.state == "PENDING" and ended.fields.get("Restarts") == "1"
-        saved_before = saved_epoch(run_dir)  # what the requeued run must resume from
-        revived = cluster.cluster_sh(["revive", "node2"], timeout=180)
-        if revived.returncode != 0:
-            raise RuntimeError(f"cluster.sh revive node2 failed: {revived.stderr.strip()[-200:]}")
+    if kind in NODE_FAULTS:
+        node = inject(cluster, kind, job_id, nodes, rng)
+        try:
+            deadline = time.monotonic() + 300
+            while cluster.job(job_id).state in ("RUNNING", "COMPLETING") and time.monotonic() < deadline:
+                time.sleep(1)
+            ended = cluster.job(job_id)
+            # NODE_FAIL seen by slurmctld first: SLURM requeues a --requeue job itself (PENDING, Restarts=1).
+            slurm_requeued = ended.state == "PENDING" and ended.fields.get("Restarts") == "1"
+            saved_before = saved_epoch(run_dir)  # what the requeued run must resume from
+        finally:
+            revive(cluster, node)
+    elif kind != "none":
+        inject(cluster, kind, job_id, nodes, rng)
     job = wait_terminal(cluster, job_id, 600)
     books.jobs += 1
     books.faults[kind] += 1
@@ -313,7 +331,6 @@ def main(argv=None) -> int:
                 books.problems.append(f"job {index + 1} ({kind}): harness: {error!r}"[:300])
                 print(f"soak job {index + 1}: {kind}: harness error {error!r}"[:300], flush=True)
                 cluster.cancel_all()
-                cluster.cluster_sh(["revive", "node2"], timeout=180)
             if not args.no_report:  # so far, in case the run is cut short
                 write_report(books.line(args.seed) + " (in progress)", books, args)
     finally:
