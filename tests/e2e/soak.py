@@ -4,12 +4,11 @@ fault drawn from a seeded RNG, and the books kept on what was lost.
 Usage (root; `make soak N=50 SEED=1`): python tests/e2e/soak.py --jobs N --seed S [--load K] [--minutes M]
 The cluster, the images and the data are the e2e tests' (conftest.start_cluster, build_images,
 stage_data): the real Apptainer in the cluster's Debian root, jobs submitted by its test user.
-Faults: none, USR2 (to the batch shell, as SLURM sends it at the time limit for the job scripts'
---signal=B:USR2@120), TERM (to every process of the job's steps; that job runs unsquashed) (a stop:
-checkpoint, exit 75, the job script requeues, the job resumes at the step it stopped and completes),
-SIGKILL of one worker, of a launcher, or of a whole node
-(slurmd and its processes), a network drop of a node (a crash: exit 1, FAILED, or NODE_FAIL where
-SLURM saw the node go first). For every job: the SLURM state and exit code match the fault, the
+Faults: none; USR2 (to the batch shell, as SLURM sends it at the time limit for the job scripts'
+--signal=B:USR2@120) and TERM (to every process of the job's steps; that job runs unsquashed), each
+a stop: checkpoint, exit 75, the job script requeues, the job resumes at the step it stopped and
+completes; SIGKILL of one worker, of a launcher, or of a whole node (slurmd and its processes), a
+network drop of a node, each a crash: exit 1, FAILED, or NODE_FAIL where SLURM saw the node go first. For every job: the SLURM state and exit code match the fault, the
 checkpoint loads and holds every epoch before the fault, no job process is left on any node, every
 line of metrics.jsonl is whole JSON, a requeued job resumes at the stopped step.
 Prints one line of totals and writes it to docs/reliability.md. The same seed draws the same faults.
