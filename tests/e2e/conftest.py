@@ -230,16 +230,17 @@ class Cluster:
         return "\n".join(parts)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    reason = _skip_reason()
-    if reason:
-        print(f"e2e: skipping, {reason}", file=sys.stderr)
-        pytest.skip(reason)
+class SetupError(RuntimeError):
+    """The cluster or its images could not be made; the message says which step failed."""
+
+
+def start_cluster() -> Cluster:
+    """cluster.sh up NODES in the Debian sid root (built first, or reused): what the session
+    fixture and tests/e2e/soak.py start from. The caller stops it (stop_cluster)."""
     try:
         root = apptainer_root.build()
     except image.ImageError as error:
-        pytest.fail(f"building the cluster's root failed: {error}")
+        raise SetupError(f"building the cluster's root failed: {error}") from error
     _RAN["apptainer"] = f"{apptainer_root.apptainer_version(root)} (Debian sid root {root})"
     # Host paths the root sees at the same paths: this checkout, and the Python that
     # runs pytest (its venv's ddp-launch is srun directly by some tests).
@@ -254,15 +255,32 @@ def slurm_cluster():
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",
     }
+    stop_cluster(env)
+    up = subprocess.run([CLUSTER_SH, "up", str(NODES)], env=env, capture_output=True, text=True, timeout=180)
+    if up.returncode != 0:
+        stop_cluster(env)
+        raise SetupError(f"cluster.sh up failed:\n{up.stderr}")
+    return Cluster(STATE, NODES, env)
+
+
+def stop_cluster(env: dict) -> None:
     subprocess.run([CLUSTER_SH, "down"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    reason = _skip_reason()
+    if reason:
+        print(f"e2e: skipping, {reason}", file=sys.stderr)
+        pytest.skip(reason)
     try:
-        up = subprocess.run([CLUSTER_SH, "up", str(NODES)], env=env, capture_output=True,
-                            text=True, timeout=180)
-        if up.returncode != 0:
-            pytest.fail(f"cluster.sh up failed:\n{up.stderr}")
-        yield Cluster(STATE, NODES, env)
+        started = start_cluster()
+    except SetupError as error:
+        pytest.fail(str(error))
+    try:
+        yield started
     finally:
-        subprocess.run([CLUSTER_SH, "down"], env=env, capture_output=True, timeout=120)
+        stop_cluster(started.env)
 
 
 @pytest.fixture
@@ -295,22 +313,31 @@ def pytest_runtest_makereport(item, call):
 _VERSIONS: dict = {}
 
 
-@pytest.fixture(scope="session")
-def images(slurm_cluster: Cluster) -> image.Sifs:
+def build_images(cluster: Cluster) -> image.Sifs:
     """The x86_64 and CPU images, built by `make build-x86` / `make build-cpu` with the real
     `apptainer build` on the cached offline base SIF, by the test user; rebuilt when
-    anything they are built from changed (e2e_image.project_key)."""
+    anything they are built from changed (e2e_image.project_key). Each is run once, to
+    record its Python and torch (container_versions)."""
     try:
-        sifs = image.build_sifs(lambda argv: slurm_cluster.as_user(argv, timeout=1200),
-                                lambda argv: slurm_cluster.run(argv, timeout=1200), apptainer_root.TEST_UID)
+        sifs = image.build_sifs(lambda argv: cluster.as_user(argv, timeout=1200),
+                                lambda argv: cluster.run(argv, timeout=1200), apptainer_root.TEST_UID)
     except image.ImageError as error:
-        pytest.fail(f"building the e2e images failed: {error}")
+        raise SetupError(f"building the e2e images failed: {error}") from error
     code = "import json, platform, torch; print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__}))"
     for path in (sifs.x86, sifs.cpu):
-        done = slurm_cluster.as_user(["apptainer", "exec", path, "python3", "-c", code], timeout=300)
-        assert done.returncode == 0, done.stderr
+        done = cluster.as_user(["apptainer", "exec", path, "python3", "-c", code], timeout=300)
+        if done.returncode != 0:
+            raise SetupError(f"apptainer exec {path} failed: {done.stderr}")
         _VERSIONS[str(path)] = json.loads(done.stdout.splitlines()[-1])
     return sifs
+
+
+@pytest.fixture(scope="session")
+def images(slurm_cluster: Cluster) -> image.Sifs:
+    try:
+        return build_images(slurm_cluster)
+    except SetupError as error:
+        pytest.fail(str(error))
 
 
 def container_versions(sif: Path) -> dict:
@@ -351,7 +378,12 @@ TRAIN_ARGS = "--epochs 2 --batch-size 64 --width-scale 0.25 --allow-unverified-d
 def cifar_data(tmp_path_factory) -> Path:
     """Small CIFAR-100-format data, as `make data` would stage it (generated, learnable),
     readable by the test user."""
-    out = tmp_path_factory.mktemp("data")
+    return stage_data(tmp_path_factory.mktemp("data"))
+
+
+def stage_data(out: Path) -> Path:
+    """Small CIFAR-100-format data generated into out (as `make data` would stage it), readable
+    by the test user."""
     subprocess.run([sys.executable, "-m", "ddp_train.synthetic", str(out), "--train", "512",
                     "--test", "128", "--seed", "1"], check=True, capture_output=True, timeout=120)
     subprocess.run(["chmod", "-R", "o+rX", str(out)], check=True)
@@ -386,17 +418,15 @@ def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> di
     workers.
     """
     user_dir(tmp_path)
-    return {
-        "PATH": USER_PATH,
-        "DDP_REPO": str(REPO),
-        "DDP_IMAGE": str(sif),
-        "DDP_SITE": "generic",
-        "DDP_DATA_DIR": str(cifar_data),
-        "DDP_RUN_DIR": str(tmp_path / "run"),
-        "DDP_TRAIN_ARGS": TRAIN_ARGS,
-        "DDP_LAUNCH_CPU_WORKERS": "2",
-        "DDP_MONITOR_INTERVAL": "1",
-    }
+    return {**submit_env(sif, cifar_data), "DDP_RUN_DIR": str(tmp_path / "run"), "DDP_TRAIN_ARGS": TRAIN_ARGS,
+            "DDP_MONITOR_INTERVAL": "1"}
+
+
+def submit_env(sif: Path, data: Path) -> dict:
+    """The part of job_env every job shares (also tests/e2e/soak.py's): the test user's PATH,
+    the image, the generic site, the data, 2 CPU workers a node."""
+    return {"PATH": USER_PATH, "DDP_REPO": str(REPO), "DDP_IMAGE": str(sif), "DDP_SITE": "generic",
+            "DDP_DATA_DIR": str(data), "DDP_LAUNCH_CPU_WORKERS": "2"}
 
 
 def metrics_records(run_dir: Path) -> list[dict]:

@@ -2,10 +2,13 @@
 fault drawn from a seeded RNG, and the books kept on what was lost.
 
 Usage (root; `make soak N=50 SEED=1`): python tests/e2e/soak.py --jobs N --seed S [--load K] [--minutes M]
-Faults: none, USR2, TERM (a stop: checkpoint, exit 75, the job script requeues, the job resumes
-at the step it stopped and completes), SIGKILL of one worker, of a launcher, or of a whole node
-(slurmd and its processes), a network drop of a node (a crash: exit 1, FAILED, or NODE_FAIL where
-SLURM saw the node go first). For every job: the SLURM state and exit code match the fault, the
+The cluster, the images and the data are the e2e tests' (conftest.start_cluster, build_images,
+stage_data): the real Apptainer in the cluster's Debian root, jobs submitted by its test user.
+Faults: none; USR2 (to the batch shell, as SLURM sends it at the time limit for the job scripts'
+--signal=B:USR2@120) and TERM (to every process of the job's steps; that job runs unsquashed), each
+a stop: checkpoint, exit 75, the job script requeues, the job resumes at the step it stopped and
+completes; SIGKILL of one worker, of a launcher, or of a whole node (slurmd and its processes), a
+network drop of a node, each a crash: exit 1, FAILED, or NODE_FAIL where SLURM saw the node go first. For every job: the SLURM state and exit code match the fault, the
 checkpoint loads and holds every epoch before the fault, no job process is left on any node, every
 line of metrics.jsonl is whole JSON, a requeued job resumes at the stopped step.
 Prints one line of totals and writes it to docs/reliability.md. The same seed draws the same faults.
@@ -16,7 +19,6 @@ import argparse
 import collections
 import datetime
 import json
-import os
 import random
 import re
 import subprocess
@@ -28,16 +30,27 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import conftest  # noqa: E402  (the e2e harness: cluster, image, job environment)
-import e2e_image as image  # noqa: E402
+import apptainer_root  # noqa: E402
+import conftest  # noqa: E402  (the e2e harness: cluster, images, data, job environment)
 
 REPO = conftest.REPO
 FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "net-drop")
-STOPS = ("USR2", "TERM")
+# How each stop is sent (scancel(1)) and what its job's environment needs.
+# USR2 goes to the batch shell alone (--batch), as SLURM sends --signal=B:USR2@120 at the time
+# limit: ddp.sh's trap passes it on through <run-dir>/.ddp-stop-request.
+# TERM (preemption) goes to every process of the job's steps, squashfuse_ll among them, which
+# serves the image under unprivileged Apptainer: TERM unmounts it and the workers die of SIGBUS
+# before any checkpoint (tests/e2e/test_faults.py shows it). APPTAINER_UNSQUASH=1 (`apptainer
+# run --unsquash`: the SIF unpacked to a temporary sandbox) leaves nothing to kill. The process
+# kills keep squashfuse, the default.
+STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": ({"APPTAINER_UNSQUASH": "1"}, ["--signal=TERM"])}
 RUN = ("--epochs 6 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
        "--dist-timeout-s 30")
 CRASH_STATES = {("FAILED", "1:0"), ("NODE_FAIL", "0:0")}
-JOB_PROCESS_MARKERS = (b"ddp_launch", b"ddp_train", b"torch.distributed.run", b"ch-run")
+# What a job leaves running if it leaves anything: our processes, the image's FUSE mount, and
+# Apptainer's starter, whose command line is its process title.
+STARTER = b"Apptainer runtime parent"
+JOB_PROCESS_MARKERS = (b"ddp_launch", b"ddp_train", b"torch.distributed.run", b"squashfuse_ll", STARTER)
 
 
 @dataclass
@@ -126,18 +139,34 @@ def is_agent(cmdline) -> bool:
     return b"ddp_launch.agent" in cmdline
 
 
-def inject(cluster, kind: str, job_id: str, rng: random.Random) -> None:
-    node = rng.choice(cluster.node_names)
+NODE_FAULTS = ("kill-node", "net-drop")
+
+
+def inject(cluster, kind: str, job_id: str, nodes: list[str], rng: random.Random) -> str:
+    """The fault, on one of the job's nodes (the cluster has spares); returns that node."""
+    node = rng.choice(nodes)
     if kind in STOPS:
-        cluster.run(["scancel", f"--signal={kind}", job_id], timeout=30)
+        cluster.run(["scancel", *STOPS[kind][1], job_id], timeout=30)
     elif kind in ("kill-worker", "kill-launcher"):
         pids = pids_on(cluster, node, is_worker if kind == "kill-worker" else is_agent)
-        if pids:
-            subprocess.run(["kill", "-KILL", rng.choice(sorted(pids))])
-    elif kind == "kill-node":
-        cluster.run([conftest.CLUSTER_SH, "crash", "node2"], timeout=30)  # node1 runs the batch script
-    elif kind == "net-drop":
-        subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "eth0", "down"], check=True)
+        if not pids:  # a fault not injected is the harness's failure, not a job that survived it
+            raise RuntimeError(f"no {kind.removeprefix('kill-')} process on {node} to kill")
+        subprocess.run(["kill", "-KILL", rng.choice(sorted(pids))], check=True)
+    elif kind in NODE_FAULTS:
+        node = nodes[1]  # the first node runs the batch script
+        if kind == "kill-node":
+            crashed = cluster.cluster_sh(["crash", node], timeout=30)
+            if crashed.returncode != 0:
+                raise RuntimeError(f"cluster.sh crash {node} failed: {crashed.stderr.strip()[-200:]}")
+        else:
+            subprocess.run(["ip", "-n", cluster.netns(node), "link", "set", "eth0", "down"], check=True)
+    return node
+
+
+def revive(cluster, node: str) -> None:
+    revived = cluster.cluster_sh(["revive", node], timeout=180)
+    if revived.returncode != 0:
+        raise RuntimeError(f"cluster.sh revive {node} failed: {revived.stderr.strip()[-200:]}")
 
 
 def wait_terminal(cluster, job_id: str, timeout: float):
@@ -153,7 +182,8 @@ def wait_terminal(cluster, job_id: str, timeout: float):
 
 def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, base_env: dict, out: Path) -> None:
     run_dir = out / f"run-{index:03d}"
-    env = {**base_env, "DDP_RUN_DIR": str(run_dir), "DDP_TRAIN_ARGS": RUN, "DDP_MONITOR_INTERVAL": "0"}
+    env = {**base_env, **STOPS.get(kind, ({}, []))[0], "DDP_RUN_DIR": str(run_dir), "DDP_TRAIN_ARGS": RUN,
+           "DDP_MONITOR_INTERVAL": "0"}
     job_id = cluster.sbatch(["--partition=e2e", "--gpus-per-node=0", f"--output={out}/%j.out",
                              "slurm/olivia-multinode.sh"], env=env)
     deadline = time.monotonic() + 300
@@ -161,19 +191,23 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
             cluster.job(job_id).state not in conftest.TERMINAL_STATES:
         time.sleep(0.5)
     before = epochs_done(run_dir)
+    nodes = cluster.job_nodes(cluster.job(job_id))
     time.sleep(rng.uniform(0, 2))  # anywhere in the epoch
-    if kind != "none":
-        inject(cluster, kind, job_id, rng)
     slurm_requeued, saved_before = False, None
-    if kind in ("kill-node", "net-drop"):
-        deadline = time.monotonic() + 300
-        while cluster.job(job_id).state in ("RUNNING", "COMPLETING") and time.monotonic() < deadline:
-            time.sleep(1)
-        ended = cluster.job(job_id)
-        # NODE_FAIL seen by slurmctld first: SLURM requeues a --requeue job itself (PENDING, Restarts=1).
-        slurm_requeued = ended.state == "PENDING" and ended.fields.get("Restarts") == "1"
-        saved_before = saved_epoch(run_dir)  # what the requeued run must resume from
-        cluster.run([conftest.CLUSTER_SH, "revive", "node2"], timeout=180)
+    if kind in NODE_FAULTS:
+        node = inject(cluster, kind, job_id, nodes, rng)
+        try:
+            deadline = time.monotonic() + 300
+            while cluster.job(job_id).state in ("RUNNING", "COMPLETING") and time.monotonic() < deadline:
+                time.sleep(1)
+            ended = cluster.job(job_id)
+            # NODE_FAIL seen by slurmctld first: SLURM requeues a --requeue job itself (PENDING, Restarts=1).
+            slurm_requeued = ended.state == "PENDING" and ended.fields.get("Restarts") == "1"
+            saved_before = saved_epoch(run_dir)  # what the requeued run must resume from
+        finally:
+            revive(cluster, node)
+    elif kind != "none":
+        inject(cluster, kind, job_id, nodes, rng)
     job = wait_terminal(cluster, job_id, 600)
     books.jobs += 1
     books.faults[kind] += 1
@@ -256,32 +290,29 @@ def main(argv=None) -> int:
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
     print(f"soak: seed {args.seed}, {args.jobs} jobs (repeat with --seed {args.seed})", flush=True)
-    reason = conftest._skip_reason() or image.missing_tools()
+    reason = conftest._skip_reason() or apptainer_root.missing_tools()
     if reason:
         print(f"soak: cannot run: {reason}", file=sys.stderr)
         return 2
     rng = random.Random(args.seed)
     kinds = [rng.choice(FAULTS) for _ in range(args.jobs)]
     out = Path(tempfile.mkdtemp(prefix="ddp-soak-"))
-    data = out / "data"
-    subprocess.run([sys.executable, "-m", "ddp_train.synthetic", str(data), "--train", "512", "--test", "128",
-                    "--seed", "1"], check=True, capture_output=True, timeout=300)
-    sif = image.write_pointer(out / "train.sif", image.build())
+    print(f"soak: run dirs and job output in {out}", flush=True)
+    data = conftest.stage_data(out / "data")
+    conftest.user_dir(out)  # the jobs' user writes the run dirs and SLURM output there
     conftest._log = lambda text: None  # one line per job here, not every command's output
-    env = {**os.environ, "SLURM_CONF": str(conftest.STATE / "etc" / "slurm.conf"),
-           "DDP_E2E_STATE": str(conftest.STATE),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "PYTHONUNBUFFERED": "1"}
-    subprocess.run([conftest.CLUSTER_SH, "down"], env=env, capture_output=True, timeout=120)
-    up = subprocess.run([conftest.CLUSTER_SH, "up", str(conftest.NODES)], env=env, capture_output=True,
-                        text=True, timeout=300)
-    if up.returncode != 0:
-        print(f"soak: cluster.sh up failed: {up.stderr}", file=sys.stderr)
+    try:
+        cluster = conftest.start_cluster()
+    except conftest.SetupError as error:
+        print(f"soak: {error}", file=sys.stderr)
         return 1
-    cluster = conftest.Cluster(conftest.STATE, conftest.NODES, env)
-    base_env = {"PATH": f"{conftest.SHIM_BIN}{os.pathsep}{cluster.env['PATH']}", "DDP_REPO": str(REPO),
-                "DDP_IMAGE": str(sif), "DDP_SITE": "generic", "DDP_DATA_DIR": str(data),
-                "DDP_LAUNCH_CPU_WORKERS": "2"}
+    try:
+        sifs = conftest.build_images(cluster)
+    except conftest.SetupError as error:
+        conftest.stop_cluster(cluster.env)
+        print(f"soak: {error}", file=sys.stderr)
+        return 1
+    base_env = conftest.submit_env(sifs.x86, data)
     load = start_load(args.load)
     books = Books()
     started = time.monotonic()
@@ -299,15 +330,13 @@ def main(argv=None) -> int:
                 books.problems.append(f"job {index + 1} ({kind}): harness: {error!r}"[:300])
                 print(f"soak job {index + 1}: {kind}: harness error {error!r}"[:300], flush=True)
                 cluster.cancel_all()
-                subprocess.run([conftest.CLUSTER_SH, "revive", "node2"], env=cluster.env, capture_output=True,
-                               timeout=180)
             if not args.no_report:  # so far, in case the run is cut short
                 write_report(books.line(args.seed) + " (in progress)", books, args)
     finally:
         for busy in load:
             busy.kill()
             busy.wait()
-        subprocess.run([conftest.CLUSTER_SH, "down"], env=env, capture_output=True, timeout=120)
+        conftest.stop_cluster(cluster.env)
     line = books.line(args.seed)
     print(line, flush=True)
     if not args.no_report:
