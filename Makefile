@@ -81,7 +81,7 @@ e2e-image: venv sysdeps
 
 # bats first, pytest last: its closing summary line is the run's verdict.
 test: venv sysdeps lint test-bats
-	$(VPY) -m pytest tests
+	$(VPY) -m pytest --durations=15 tests
 
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py

@@ -87,6 +87,36 @@ def test_raven_one_node_scripts_run_one_rank_per_task_and_stream_rank_0(cluster,
     assert rank0.splitlines()[0] in output and "Training completed successfully." in output
 
 
+# The scripts no other test submits: each end to end through the real `apptainer run`, with its
+# own sbatch lines but for the partition, the GPUs and (for the 6-node Ethernet ones) the node
+# count; one short epoch at a batch the test data holds (trainer flags after the script win).
+# ethernet-gloo.sh runs the CPU image (containers/cpu.def), the others the x86_64 GPU image.
+OTHER_SCRIPTS = {
+    "slurm/olivia-1gpu.sh": ("x86", 1),
+    "slurm/olivia-1node-4gpu.sh": ("x86", 1),
+    "slurm/ethernet-gloo.sh": ("cpu", 2),
+    "slurm/ethernet-nccl.sh": ("x86", 2),
+}
+
+
+@pytest.mark.parametrize("script", sorted(OTHER_SCRIPTS))
+def test_every_other_job_script_trains_to_completion_through_apptainer(cluster, job_env, images, tmp_path, script):
+    which, nodes = OTHER_SCRIPTS[script]
+    image_path = images.cpu if which == "cpu" else images.x86
+    job_env = {k: v for k, v in job_env.items() if k != "DDP_TRAIN_ARGS"}  # the script's own, then ours
+    job_env["DDP_IMAGE"] = str(image_path)
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, f"--nodes={nodes}"), script, "--epochs", "1",
+                             "--batch-size", "64", "--width-scale", "0.25", "--allow-unverified-data"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=300)
+
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    assert f"Number of nodes: {nodes}" in output and "Training completed successfully." in output
+    run = [r for r in _records(Path(job_env["DDP_RUN_DIR"])) if r["type"] == "run"][-1]
+    assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(image_path)
+
+
 def test_job_script_refuses_to_start_without_staged_data(cluster, job_env, tmp_path):
     job_env = {**job_env, "DDP_DATA_DIR": str(tmp_path / "nowhere")}
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
