@@ -40,7 +40,7 @@ FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "
 # limit: ddp.sh's trap passes it on through <run-dir>/.ddp-stop-request.
 # TERM (preemption) goes to every process of the job's steps, squashfuse_ll among them, which
 # serves the image under unprivileged Apptainer: TERM unmounts it and the workers die of SIGBUS
-# before any checkpoint (tests/e2e/test_faults.py shows it). APPTAINER_UNSQUASH=1 (`apptainer
+# and the job fails (tests/e2e/test_faults.py shows it). APPTAINER_UNSQUASH=1 (`apptainer
 # run --unsquash`: the SIF unpacked to a temporary sandbox) leaves nothing to kill. The process
 # kills keep squashfuse, the default.
 STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": ({"APPTAINER_UNSQUASH": "1"}, ["--signal=TERM"])}

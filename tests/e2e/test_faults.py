@@ -197,4 +197,6 @@ def test_under_squashfuse_a_stop_signal_kills_the_image_mount_and_the_workers_di
     output = job.output()
     assert job.state == "FAILED", output
     assert re.search(r"ddp-launch: error: worker rank \d on \S+ was killed by SIGBUS", output), output
-    assert "stopped" not in [r["type"] for r in metrics_records(run_dir)]
+    # Whether rank 0 got its stop record out before the mount went is a race; the job's end is not:
+    # a failure, never requeued.
+    assert job.fields.get("Restarts") == "0", job.fields
