@@ -117,16 +117,22 @@ def worker_pids(agent_pid: int) -> dict[int, int]:
     return ranks
 
 
-def test_signal_to_one_rank_stops_every_rank_with_the_requeue_code(ten_class_data, tmp_path):
+def two_ranks_past_their_first_epoch(data: Path, run_dir: Path, epochs: int) -> subprocess.Popen:
+    """torchrun with 2 gloo ranks checking for a stop at every step, once an epoch is recorded."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "ddp_train", "--data-dir", str(ten_class_data), "--run-dir", str(tmp_path),
-           *TINY_ARGS, "--epochs", "20", "--target-accuracy", "1.1", "--stop-check-every", "1"]
+           "-m", "ddp_train", "--data-dir", str(data), "--run-dir", str(run_dir),
+           *TINY_ARGS, "--epochs", str(epochs), "--target-accuracy", "1.1", "--stop-check-every", "1"]
     proc = subprocess.Popen(cmd, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 90
-    while not (tmp_path / "metrics.jsonl").exists() or not records(tmp_path, "epoch"):
+    while not (run_dir / "metrics.jsonl").exists() or not records(run_dir, "epoch"):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
+    return proc
+
+
+def test_signal_to_one_rank_stops_every_rank_with_the_requeue_code(ten_class_data, tmp_path):
+    proc = two_ranks_past_their_first_epoch(ten_class_data, tmp_path, epochs=20)
     ranks = worker_pids(proc.pid)
     assert sorted(ranks) == [0, 1]
     os.kill(ranks[1], signal.SIGUSR2)  # only rank 1 hears it; rank 0 must agree and save
@@ -138,18 +144,9 @@ def test_signal_to_one_rank_stops_every_rank_with_the_requeue_code(ten_class_dat
     assert f"exitcode  : {EXIT_REQUEUE}" in err  # torchrun's report of the workers' exit
 
 
-
 def test_a_stop_request_in_the_run_dir_stops_every_rank_like_the_signal(ten_class_data, tmp_path):
     # What a job script's trap for --signal=B:USR2@T writes: no process of the step is signalled.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "ddp_train", "--data-dir", str(ten_class_data), "--run-dir", str(tmp_path),
-           *TINY_ARGS, "--epochs", "40", "--target-accuracy", "1.1", "--stop-check-every", "1"]
-    proc = subprocess.Popen(cmd, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 90
-    while not (tmp_path / "metrics.jsonl").exists() or not records(tmp_path, "epoch"):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
+    proc = two_ranks_past_their_first_epoch(ten_class_data, tmp_path, epochs=40)
     (tmp_path / ".ddp-stop-request").write_text("SIGUSR2\n")
     out, err = proc.communicate(timeout=90)
     assert f"exitcode  : {EXIT_REQUEUE}" in err, err  # torchrun's report: every worker exited 75
