@@ -154,6 +154,32 @@ def log_dir_problem(log_dir: str | None) -> str | None:
     return None
 
 
+# Under this many free bytes, a worker's own lines (its error line included) may be cut off
+# from its log: torchrun's --tee shows the workers' output by reading those files back.
+FULL_LOG_DIR_BYTES = 1 << 20
+
+
+def full_log_dir_note(log_dir: str | None, free_bytes: Callable[[str], int] | None = None) -> str | None:
+    """One line when the workers failed with their logs on a (nearly) full file system, or None."""
+    if not log_dir:
+        return None
+    try:
+        free = (free_bytes or _free_bytes)(log_dir)
+    except OSError:
+        return None
+    if free >= FULL_LOG_DIR_BYTES:
+        return None
+    return (f"ddp-launch: error: the workers' logs under {log_dir} are on a full file system "
+            f"({free // 1024} KiB free), so their own error lines may be missing above: "
+            f"free space there, or pass another --run-dir")
+
+
+def _free_bytes(path: str) -> int:
+    """Bytes this user may still write there (statvfs(3) f_bavail)."""
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
 def first_line(error: BaseException) -> str:
     """The innermost cause's first line: the C++ store error, without its stack frames."""
     while error.__cause__ is not None:
@@ -296,7 +322,11 @@ def _run_torchrun(torchrun, argv: list[str] | None) -> int:
         elif code == EXIT_CRASH:
             rank, first = first_crash(failure.failures)
             print(crash_summary(rank, socket.gethostname(), first.exitcode, args.log_dir), file=sys.stderr)
-        # EXIT_USAGE: the worker's own line says what to fix; nothing to add.
+        # EXIT_USAGE: the worker's own line says what to fix; nothing to add, unless a full
+        # disk kept that line out of its log.
+        note = full_log_dir_note(args.log_dir)
+        if note:
+            print(note, file=sys.stderr)
         return code
     except (RendezvousError, DistError) as error:
         kind = "timeout" if isinstance(error, RendezvousTimeoutError) else "connection"

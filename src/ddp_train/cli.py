@@ -13,6 +13,7 @@ import traceback
 from typing import Mapping, Optional, Sequence
 
 from ddp_train.config import config_from_args
+from ddp_train.console import warn
 from ddp_train.errors import EXIT_FAILURE, EXIT_USAGE, PeerLost, Seen, TrainError, seen_by
 
 
@@ -79,8 +80,11 @@ def _leave_now(code: int) -> None:
     closed) and the group is destroyed, so finalization has nothing left to do but race those
     threads: os._exit skips it.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # a full disk under the logs: what is lost is lost, the exit code stands
+            pass
     os._exit(code)
 
 
@@ -97,13 +101,13 @@ def _main(argv: Optional[Sequence[str]], env: Mapping[str, str]) -> int:
         return run(config, env)
     except TrainError as exc:
         if prints_error(exc.seen, _rank_variable(env, "RANK"), _rank_variable(env, "LOCAL_RANK")):
-            print(f"ddp-train: error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+            warn(f"ddp-train: error: {one_line(str(exc))}")
         elif _world_size(env) > 1:
             time.sleep(QUIET_RANK_GRACE_S)
         return EXIT_USAGE
     except PeerLost as exc:  # a node of the job went away: a crash, in one line
         if exc.prints:
-            print(f"ddp-train: error: {one_line(str(exc))}", file=sys.stderr, flush=True)
+            warn(f"ddp-train: error: {one_line(str(exc))}")
         else:
             time.sleep(QUIET_RANK_GRACE_S)
         return EXIT_FAILURE
@@ -116,7 +120,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         code = _main(argv, os.environ)
     except Exception:  # a crash keeps its traceback, and its exit code 1 (not -6, see _leave_now)
-        traceback.print_exc()
+        try:
+            traceback.print_exc()
+        except OSError:  # stderr's file is on a full disk: the exit code still says crash
+            pass
         code = EXIT_FAILURE
     _leave_now(code)
     return code  # not reached

@@ -10,7 +10,6 @@ import datetime
 import hashlib
 import platform
 import socket
-import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 from ddp_contract import EXPECT_FABRIC_VAR, check_nccl_transport
 
+from ddp_train import console
 from ddp_train.errors import Seen, TrainError
 
 # torchrun sets all of these; a scheduler task launch (srun, one task per GPU) must too.
@@ -250,7 +250,7 @@ def announce_network_transport(env: Mapping[str, str], device: torch.device, loc
     """check_network_transport, its message on stderr once per node (local rank 0), not per GPU."""
     message = check_network_transport(env, device, backend)
     if message and local_rank == 0:
-        print(f"[{socket.gethostname()}] {message}", file=sys.stderr, flush=True)
+        console.warn(f"[{socket.gethostname()}] {message}")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ Flight Recorder buffer: gloo records into it but only NCCL dumps it on a timeout
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import mmap
 import os
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import IO, Mapping, Optional
 
 from ddp_contract import heartbeat as hb
+
+from ddp_train.console import warn
 
 # Ignored by default (signal(7)), so a stray one harms no process; nothing in a trainer uses
 # out-of-band socket data. USR1/USR2/TERM already mean "checkpoint and stop".
@@ -156,9 +159,16 @@ def dump_flight_recorder(run_dir: str, rank: int) -> Optional[Path]:
     except Exception:  # an older torch, or a dump it cannot make: the stacks still tell
         return None
     out = Path(hb.flight_recorder_prefix(run_dir) + str(rank))
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, out)
+    except OSError as exc:  # a full disk: the stacks and the other ranks' dumps still tell
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        warn(f"ddp-train: warning: rank {rank}: cannot write its Flight Recorder dump {out} "
+             f"({exc.strerror or exc}); free space in {out.parent} for the next one")
+        return None
     return out
 

@@ -10,13 +10,13 @@ import contextlib
 import datetime
 import errno
 import os
-import sys
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
 import torch
 from ddp_contract import rundir_lock
 
+from ddp_train import console
 from ddp_train.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME
 from ddp_train.distributed import agree_or_raise
 from ddp_train.errors import TrainError
@@ -78,7 +78,7 @@ def low_space_warning(run_dir: Path, free: int, checkpoint_bytes: int) -> Option
 def warn_if_low_space(run_dir: Path, checkpoint_bytes: int) -> None:
     warning = low_space_warning(run_dir, free_bytes(run_dir), checkpoint_bytes)
     if warning:
-        print(warning, file=sys.stderr, flush=True)
+        console.warn(warning)
 
 
 def aside_name(now: datetime.datetime) -> str:

@@ -24,6 +24,7 @@ from ddp_train import data, distributed, heartbeat, metrics, peers, provenance, 
 from ddp_train.accumulation import accumulate_gradients
 from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
+from ddp_train.console import Console
 from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, resolve_backend,
                               resolve_precision)
 from ddp_train.distributed import DistEnv
@@ -34,11 +35,6 @@ from ddp_train.learner import build_learner
 from ddp_train.progress import ProgressBar
 from ddp_train.schedule import lr_at, plan_steps
 from ddp_train.signals import StopFlag, StopVote, stop_request_path
-
-
-def say(dist_env: DistEnv, *lines: str) -> None:
-    if dist_env.is_main:
-        print(*lines, sep="\n", flush=True)
 
 
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:
@@ -67,7 +63,8 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
         hosts = peers.hosts_by_rank() if distributed.active() else []
         with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device):
             try:
-                return train(config, env, dist_env, device, precision, stop, forensics.heartbeat)
+                return train(config, env, dist_env, device, precision, stop, forensics.heartbeat,
+                             Console(dist_env.is_main))
             except RuntimeError as exc:  # a failed collective: was it a node that went away?
                 lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),
                                        env.get("MASTER_ADDR", "?")) if hosts else None
@@ -80,7 +77,7 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
         stop.uninstall()
 
 
-def record_provenance(config: TrainConfig, dist_env: DistEnv) -> None:
+def record_provenance(config: TrainConfig, dist_env: DistEnv, console: Console) -> None:
     """The run's manifest, from every rank's mapped libraries (a collective), and its three lines."""
     every_rank = distributed.all_gather_objects(provenance.this_process())
     if not dist_env.is_main:
@@ -91,11 +88,11 @@ def record_provenance(config: TrainConfig, dist_env: DistEnv) -> None:
     manifest = provenance.manifest(dataclasses.asdict(config), os.environ, trainer_set, every_rank,
                                    str(torch.__version__))
     provenance.write(config.run_dir, manifest)
-    say(dist_env, *provenance.summary_lines(manifest))
+    console.say(*provenance.summary_lines(manifest))
 
 
 def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device,
-          precision: str, stop: StopFlag, beat: heartbeat.Heartbeat) -> int:
+          precision: str, stop: StopFlag, beat: heartbeat.Heartbeat, console: Console) -> int:
     wall_start = time.perf_counter()
     rank, world = dist_env.rank, dist_env.world_size
     log = metrics.MetricsWriter(config.run_dir, enabled=dist_env.is_main)
@@ -103,7 +100,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     # The run dir before anything else: writable, and an earlier run moved aside under --no-resume.
     moved_to = rundir.prepare_on_rank0(Path(config.run_dir), config.resume is False, dist_env.is_main, device)
     if moved_to:
-        say(dist_env, f"--no-resume: the earlier run's checkpoints and metrics are kept in {moved_to}/")
+        console.say(f"--no-resume: the earlier run's checkpoints and metrics are kept in {moved_to}/")
     train_set, test_set, data_note = data.prepare(config, dist_env.is_main, device)  # uint8, on the device
 
     # The model and what trains it; then the checkpoint, if there is one to resume.
@@ -131,17 +128,18 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     # The run record and the header.
     world_facts = distributed.describe_world(dist_env, device)
     distributed.announce_network_transport(env, device, dist_env.local_rank, config.backend)
-    record_provenance(config, dist_env)
+    record_provenance(config, dist_env, console)
     steps = plan_steps(len(train_set), config.batch_size, world, config.epochs, config.warmup_epochs)
     start = metrics.RunStart(world_facts, config, precision, learner.lr_peak, fast.compile_mode, steps,
                              len(train_set), len(test_set), resumed)
     log.write("run", **start.record())
-    distributed.agree_or_raise(log.failed, device)  # rank 0's write failed (a full disk): every rank stops
-    say(dist_env, start.header())
+    # Rank 0's write failed (a full disk, in the run dir or under its logs): every rank stops.
+    distributed.agree_or_raise(log.failed or console.failed, device)
+    console.say(start.header())
     if data_note:
-        say(dist_env, data_note)
+        console.say(data_note)
     if resumed:
-        say(dist_env, f"Resumed from {checkpoints.path} at epoch {progress.epoch + 1}, step {progress.step}")
+        console.say(f"Resumed from {checkpoints.path} at epoch {progress.epoch + 1}, step {progress.step}")
 
     def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if fast.cuda_graphs:
@@ -175,7 +173,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         beat.phase(hb.WARMUP)
         setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, model, optimizer, scaler, device, ema)
         progress.setup_time_s += setup_s
-        say(dist_env, f"Warm-up ({fast.compile_mode}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
+        console.say(f"Warm-up ({fast.compile_mode}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
 
     # The loop: every rank takes the same steps and makes the same decisions.
     votes = StopVote(stop, device, config.stop_check_every)
@@ -187,7 +185,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         perm, first_step, step = batches.permutation(epoch), progress.step, progress.step
         model.train()
         loss_sum = torch.zeros((), device=device)
-        bar = ProgressBar(steps.per_epoch, f"Epoch {epoch + 1}/{config.epochs}", dist_env.is_main)
+        bar = ProgressBar(steps.per_epoch, f"Epoch {epoch + 1}/{config.epochs}", dist_env.is_main, console)
         t0 = time.perf_counter()
         while step < steps.per_epoch:
             stopped_by = votes.during_epoch(step, first_step)
@@ -220,12 +218,12 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         progress.epoch, progress.step = epoch + 1, 0
         progress.add_accuracy(result.accuracy)
         end = metrics.EpochEnd(epoch + 1, config.epochs, epoch_time, images, train_loss, result, lr, warm_up_epoch)
-        say(dist_env, end.line())
+        console.say(end.line())
         log.write("epoch", **end.record())
-        distributed.agree_or_raise(log.failed, device)
+        distributed.agree_or_raise(log.failed or console.failed, device)
         if target_reached(progress.accuracies, config.target_accuracy, config.patience):
             progress.early_stopped = True
-            say(dist_env, f"Target accuracy reached. Early stopping after epoch {epoch + 1}.")
+            console.say(f"Target accuracy reached. Early stopping after epoch {epoch + 1}.")
             break
         stopped_by = votes.at_epoch_end()
         if stopped_by or (config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0):
@@ -239,13 +237,13 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
             checkpoints.save(progress)
         stopped = metrics.Stopped(stopped_by, progress.epoch, progress.step, checkpoints.path, EXIT_REQUEUE)
         log.write("stopped", **stopped.record())
-        say(dist_env, stopped.line())
+        console.say(stopped.line())
         stop.clear_request()
         distributed.barrier()
         return EXIT_REQUEUE
 
     if progress.finished:
-        say(dist_env, f"{checkpoints.path} is a finished run: nothing left to train")
+        console.say(f"{checkpoints.path} is a finished run: nothing left to train")
     else:
         progress.finished = True
         checkpoints.save(progress)
@@ -253,11 +251,11 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     digests = distributed.parameter_digests(model)
     step_times = steptime.gather(clock, rank)
     if len(set(digests)) != 1:
-        say(dist_env, f"WARNING: model parameters differ across ranks ({digests}): please report this")
+        console.say(f"WARNING: model parameters differ across ranks ({digests}): please report this")
     log.write("summary", **metrics.summary_record(progress, world_facts, digests, speed.bucket_layout(fast.ddp),
                                                   time.perf_counter() - wall_start), **step_times.record())
-    say(dist_env, *metrics.summary_lines(progress, world_facts, log.path), *step_times.lines())
-    sys.stdout.flush()
+    console.say(*metrics.summary_lines(progress, world_facts, log.path), *step_times.lines())
+    distributed.agree_or_raise(log.failed or console.failed, device)  # a finished run's record is whole, or exit 2
     # Leave together: no rank exits while a peer still waits in a collective. The process then
     # leaves through cli._leave_now, which explains the abort at exit that this barrier alone left.
     distributed.barrier()

@@ -195,6 +195,10 @@ def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_s
         text = on_node1("cat", str(run_dir / "metrics.jsonl")).stdout
         return [json.loads(line) for line in text.splitlines() if f'"type": "{kind}"' in line]
 
+    def between_saves() -> bool:
+        names = on_node1("ls", "-A", str(run_dir)).stdout.split()
+        return "checkpoint.prev.pt" in names and not any(name.endswith(".tmp") for name in names)
+
     try:
         for node in cluster.node_names:
             assert cluster.node_exec(node, ["mount", loop, str(run_dir)]).returncode == 0
@@ -202,10 +206,15 @@ def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_s
         owner = f"{apptainer_root.TEST_UID}:{apptainer_root.TEST_UID}"
         assert on_node1("chown", owner, str(run_dir)).returncode == 0
         job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
-        cluster.wait_for_file(run_dir, 240, predicate=lambda _: len(node1_records("epoch")) >= 2)
-        # Everything but 1 MiB taken: the next checkpoint (8 MiB) cannot be written.
+        # Filled between two saves: a save in flight while `df` reads the free space would take
+        # the room left for the logs, and fail a print before the checkpoint (or replace the
+        # checkpoint this test keeps). After epoch 2's save there is a checkpoint.prev.pt and no
+        # temporary file (checkpoint.save_atomic); epoch 3's comes an epoch later.
+        cluster.wait_for_file(run_dir, 240, predicate=lambda _: len(node1_records("epoch")) >= 2
+                              and between_saves())
+        # Everything but 2 MiB taken: the logs' lines fit, the next checkpoint (8 MiB) does not.
         free_kib = int(on_node1("df", "--output=avail", "-k", str(run_dir)).stdout.split()[-1])
-        on_node1("fallocate", "-l", f"{max(free_kib - 1024, 0)}k", str(run_dir / "filler"))
+        on_node1("fallocate", "-l", f"{max(free_kib - 2048, 0)}k", str(run_dir / "filler"))
         kept = on_node1("sha256sum", str(run_dir / "checkpoint.pt")).stdout.split()[0]
 
         job = cluster.wait(job_id, timeout=300)

@@ -150,8 +150,10 @@ def test_a_node_whose_head_never_starts_gives_up_within_the_rendezvous_timeout(c
 # job's steps (scancel(1) --signal), and squashfuse_ll, which serves the image, is one of
 # them: TERM unmounts it, and the workers die of SIGBUS on their next page of the image before
 # any checkpoint. APPTAINER_UNSQUASH=1 (`apptainer run --unsquash`: the SIF unpacked to a
-# temporary sandbox) leaves nothing to kill.
-UNSQUASHED = {"APPTAINER_UNSQUASH": "1"}
+# temporary sandbox) leaves nothing to kill. Every step unpacks the whole image again, so this
+# job runs its training step alone: the preflight and the fabric gate (two more steps per start)
+# have tests of their own (test_fabric_gate.py).
+UNSQUASHED = {"APPTAINER_UNSQUASH": "1", "DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0"}
 STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": (UNSQUASHED, ["--signal=TERM"])}
 
 

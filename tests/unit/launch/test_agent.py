@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddp_launch.agent import (EXIT_REQUEUE, StopRequest, all_stopped_for_requeue, child_pids, crash_summary,
-                              first_crash, first_line, is_retried, launcher_exit_code, rendezvous_failure,
+                              first_crash, first_line, full_log_dir_note, is_retried, launcher_exit_code, rendezvous_failure,
                               retry_crashes_only)
 
 
@@ -244,3 +244,21 @@ def test_a_rendezvous_port_in_use_on_the_head_is_named_with_its_fix():
     line = rendezvous_failure("connection", "10.0.0.1:20420", "2", detail)
     assert line.startswith("ddp-launch: error: rendezvous port 20420 on the head node (10.0.0.1:20420) is already in use")
     assert "--rdzv-port / DDP_LAUNCH_RDZV_PORT" in line and "\n" not in line
+
+
+def test_workers_that_failed_with_their_logs_on_a_full_disk_get_a_line_saying_so(tmp_path):
+    # torchrun's --tee shows a worker's lines by reading its log file back: a line the disk had no
+    # room for never reaches the job's output, the worker's own error line included.
+    line = full_log_dir_note("/runs/a/logs/7/node1", free_bytes=lambda _path: 12 * 1024)
+    assert line == ("ddp-launch: error: the workers' logs under /runs/a/logs/7/node1 are on a full file system "
+                    "(12 KiB free), so their own error lines may be missing above: free space there, or pass "
+                    "another --run-dir")
+    assert full_log_dir_note("/runs/a/logs", free_bytes=lambda _path: 1 << 30) is None
+    assert full_log_dir_note(None) is None
+
+
+def test_the_free_space_of_the_log_dir_is_read_from_its_file_system(tmp_path):
+    stats = os.statvfs(tmp_path)
+    assert stats.f_bavail * stats.f_frsize > 1 << 20  # a test machine's temporary directory has room
+    assert full_log_dir_note(str(tmp_path)) is None
+    assert full_log_dir_note(str(tmp_path / "not-created-yet")) is None  # statvfs fails: nothing to add

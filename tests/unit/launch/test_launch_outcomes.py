@@ -253,3 +253,22 @@ def test_a_bad_trainer_flag_through_the_launcher_is_the_trainers_one_line_and_ex
     assert len(lines(done.stderr)) == 1, done.stderr
     assert lines(done.stderr)[0].startswith("ddp-train: error: ")
     assert "--no-such-flag" in done.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+def test_a_full_disk_under_the_workers_output_is_one_line_and_exit_2_from_every_rank(tmp_path):
+    # /dev/full fails every write(2) with ENOSPC (null(4)): rank 0's first line cannot be written,
+    # as where the disk holding <run-dir>/logs fills up. Both ranks stop at the next agreement.
+    from ddp_train.synthetic import write_dataset
+
+    write_dataset(tmp_path / "data", train=64, test=16, seed=2)
+    argv = [sys.executable, "-m", "ddp_launch", "--mode", "local", "--cpu-workers", "2", "--",
+            "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run"), "--epochs", "1",
+            "--width-scale", "0.0625", "--batch-size", "32", "--allow-unverified-data", "--device", "cpu"]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(argv, env=clean_env(tmp_path, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+                              cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in lines(done.stderr) if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert errors[0].startswith("ddp-train: error: cannot write the output log /dev/full (ENOSPC: "), errors

@@ -1,0 +1,113 @@
+"""A full disk under the logs: the trainer's own lines fail to write, and the run still ends in one line.
+
+Under ddp-launch a worker's stdout and stderr are files under <run-dir>/logs (torchrun's
+--log-dir), so a disk that fills up can fail a print before it fails the next checkpoint.
+/dev/full is the kernel's own full disk: every write(2) to it fails with ENOSPC (null(4)).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddp_train import console
+from ddp_train.progress import ProgressBar
+from train_helpers import TINY_ARGS, trainer_env
+
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this system")
+
+
+@needs_dev_full
+def test_a_line_that_cannot_be_written_is_kept_as_the_failure_and_nothing_more_is_written():
+    with open("/dev/full", "w") as full:
+        out = console.Console(enabled=True, stream=full)
+        out.say("Epoch 3/12: 2.1 s")
+        first = out.failed
+        out.say("Epoch 4/12: 2.1 s")  # no second attempt, no second error
+
+    assert first is not None and out.failed is first
+    line = str(first)
+    assert line.startswith("cannot write the output log /dev/full (ENOSPC: No space left on device; ")
+    assert "MiB free in /dev" in line and console.KEPT in line
+
+
+def test_lines_go_out_whole_and_in_order_with_what_the_stream_printed_itself(tmp_path):
+    path = tmp_path / "rank0.log"
+    with open(path, "w") as log:
+        out = console.Console(enabled=True, stream=log)
+        log.write("torch's own warning\n")  # buffered in the stream: must not come after ours
+        out.say("header", "Epoch 1/2: 1.0 s")
+        bar = ProgressBar(10, "Epoch 2/2", True, out, line_every_s=0.0)
+        bar.update(5, 160)
+        out.say("summary")
+
+    lines = path.read_text().splitlines()
+    assert lines[:3] == ["torch's own warning", "header", "Epoch 1/2: 1.0 s"]
+    assert lines[3].startswith("Epoch 2/2: step 5/10 (50%)") and lines[4] == "summary"
+
+
+def test_only_the_enabled_rank_writes(tmp_path):
+    stream = io.StringIO()
+    console.Console(enabled=False, stream=stream).say("from rank 1")
+    assert stream.getvalue() == ""
+
+
+def test_the_file_behind_stdout_is_named_by_its_path(tmp_path):
+    path = tmp_path / "stdout"
+    with open(path, "w") as f:
+        assert console.output_path(f.fileno()) == path
+    assert console.output_path(None) == Path("/dev/stdout")
+
+
+@needs_dev_full
+def test_a_warning_that_cannot_be_written_is_dropped_without_raising(monkeypatch):
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stderr", full)
+        assert console.warn("ddp-train: warning: low space") is False
+
+
+@needs_dev_full
+def test_a_run_whose_stdout_is_a_full_disk_ends_with_one_error_line_and_exit_2(data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "ddp_train", "--data-dir", str(data_dir), "--run-dir",
+                               str(run_dir), *TINY_ARGS, "--epochs", "1"], stdout=full, stderr=subprocess.PIPE,
+                              env=trainer_env(), text=True, timeout=300)
+
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("ddp-train: error: cannot write the output log /dev/full (ENOSPC: "), lines
+    assert "then run the same command again to resume" in lines[0]
+
+
+FORENSICS_DIR_IS_A_FILE = textwrap.dedent("""\
+    import datetime, sys, torch, torch.distributed as dist
+    from ddp_train.heartbeat import dump_flight_recorder
+    store = dist.FileStore(sys.argv[2], 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    dist.all_reduce(torch.ones(4))
+    print(dump_flight_recorder(sys.argv[1], 0))
+    dist.destroy_process_group()
+    """)
+
+
+def test_a_flight_recorder_dump_that_cannot_be_written_is_a_warning_not_a_thread_traceback(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "forensics").write_text("a file where the dump directory goes")  # mkdir fails: EEXIST
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
+    done = subprocess.run([sys.executable, "-c", FORENSICS_DIR_IS_A_FILE, str(run_dir), str(tmp_path / "store")],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("ddp-train: warning: rank 0: ")]
+    assert len(warnings) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"cannot write its Flight Recorder dump {run_dir}/forensics/fr-trace-rank0" in warnings[0]
