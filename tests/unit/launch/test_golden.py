@@ -1,16 +1,28 @@
-"""--dry-run text of the seeds' plans against recorded files: any change shows as a line diff."""
+"""--dry-run text of the seeds' plans against recorded files: any change shows as a line diff.
+
+The first four plan on a node built by hand (Ethernet: no fabric devices). The fabric goldens
+plan on a fake node tree probed as `ddp-launch` probes "/" (planner.probe with a root, the hook
+the fabric and doctor tests use): Olivia on a CXI node, Raven on InfiniBand, RCP on RoCE. They
+pin every fabric variable, its value and its reason, and the LD_LIBRARY_PATH order of the binds.
+"""
 
 from __future__ import annotations
 
 import difflib
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from launch_envs import olivia, plan_for, raven, runai
+from launch_envs import olivia, plan_for, plan_on_tree, raven, runai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
+
+from fake_node import FakeNode  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
+ACCEPT = f"UPDATE_GOLDEN=1 python -m pytest {os.path.relpath(__file__)}"
 
 CASES = {
     "olivia_head": (olivia(0), ("--", "--epochs", "100", "--batch-size", "2048")),
@@ -20,10 +32,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_dry_run_text_matches_the_recorded_plan(name):
-    env, argv = CASES[name]
-    text = plan_for(env, *argv).render_text() + "\n"
+def check_against_golden(name: str, text: str) -> None:
     path = GOLDEN / f"{name}.txt"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
@@ -32,5 +41,62 @@ def test_dry_run_text_matches_the_recorded_plan(name):
         diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
                                             str(path), "this run"))
         pytest.fail(f"--dry-run plan changed:\n{diff}\nIf the change is intended, accept it with:\n"
-                    f"  UPDATE_GOLDEN=1 python -m pytest {os.path.relpath(__file__)}",
-                    pytrace=False)
+                    f"  {ACCEPT}", pytrace=False)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dry_run_text_matches_the_recorded_plan(name):
+    env, argv = CASES[name]
+    check_against_golden(name, plan_for(env, *argv).render_text() + "\n")
+
+
+# -- fabric nodes: fake /dev and /sys trees, and the container's bound host libraries --------
+
+def gpus(node: FakeNode, count: int = 4) -> None:
+    for index in range(count):
+        node.file(f"/dev/nvidia{index}")
+    node.file("/dev/nvidiactl")
+
+
+def olivia_cxi_node(node: FakeNode) -> None:
+    """An Olivia GH200 node inside the container, after `ddp-launch binds --site olivia`.
+
+    Four CXI NICs (/dev/cxi*, /sys/class/cxi) with their hsn0-3 interfaces beside nmn0 and lo
+    (HPE Cray EX naming); the host libraries where the olivia profile binds them (stand-in
+    files: the launch probes directories and the plugin's file name, never the ELF); the
+    NGC image's own library directories (Ubuntu, aarch64, /lib a link to usr/lib).
+    """
+    node.cxi(4)
+    gpus(node)
+    node.file("/opt/aws-ofi-nccl/lib/libnccl-net.so", "OFI NCCL plugin stand-in\n")
+    node.file("/opt/libfabric/lib64/libfabric.so.1", "libfabric stand-in\n")
+    node.file("/opt/libfabric/include/rdma/fabric.h", "/* libfabric header stand-in */\n")
+    node.file("/opt/nccl/lib/libnccl.so.2", "NCCL stand-in\n")
+    node.file("/opt/host-libs/libcxi.so.1", "libcxi stand-in\n")
+    node.file("/opt/host-libs/libjson-c.so.5", "closure stand-in\n")
+    node.file("/opt/nvidia/hpc_sdk/lib/libnvhpcatm.so", "HPC SDK runtime stand-in\n")
+    node.directory("/usr/lib/aarch64-linux-gnu")
+    node.root.joinpath("lib").symlink_to("usr/lib")
+
+
+FABRIC_CASES = {
+    # name: (tree, environment, argv, machine)
+    "olivia_cxi_head": (olivia_cxi_node, olivia(0), ("--site", "olivia", "--", "--epochs", "100"), "aarch64"),
+}
+
+
+@pytest.fixture
+def fabric_node(request, tmp_path) -> Path:
+    """The fake tree of the case's node, built afresh under tmp_path."""
+    node = FakeNode(tmp_path / "node")
+    FABRIC_CASES[request.param][0](node)
+    return node.root
+
+
+@pytest.mark.parametrize("name, fabric_node", [(n, n) for n in sorted(FABRIC_CASES)], indirect=["fabric_node"],
+                         ids=sorted(FABRIC_CASES))
+def test_fabric_dry_run_text_matches_the_recorded_plan(name, fabric_node):
+    _, env, argv, machine = FABRIC_CASES[name]
+    text = plan_on_tree(env, fabric_node, *argv, machine=machine).render_text() + "\n"
+    # The tree's tmp path must never reach the plan; if it did, it shows as <fake-root> in the diff.
+    check_against_golden(name, text.replace(str(fabric_node), "<fake-root>"))
