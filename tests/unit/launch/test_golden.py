@@ -79,9 +79,21 @@ def olivia_cxi_node(node: FakeNode) -> None:
     node.root.joinpath("lib").symlink_to("usr/lib")
 
 
+def raven_infiniband_node(node: FakeNode) -> None:
+    """A Raven A100 node: two Mellanox HCAs on native InfiniBand (link layer InfiniBand,
+    only link-local GIDs, as an IB port shows them), ib0/ib1, no Slingshot devices."""
+    gpus(node)
+    for index in range(2):
+        gid = f"fe80:0000:0000:0000:0c42:a103:00a1:b2c{index}"
+        node.rdma(f"mlx5_{index}", {0: (gid, "IB/RoCE v1")}, link_layer="InfiniBand")
+        node.file(f"/dev/infiniband/uverbs{index}")
+    node.net("lo", "eno1", "ib0", "ib1")
+
+
 FABRIC_CASES = {
     # name: (tree, environment, argv, machine)
     "olivia_cxi_head": (olivia_cxi_node, olivia(0), ("--site", "olivia", "--", "--epochs", "100"), "aarch64"),
+    "raven_infiniband_task5": (raven_infiniband_node, raven(5), ("--site", "raven"), "x86_64"),
 }
 
 
