@@ -19,7 +19,7 @@ from launch_envs import olivia, plan_for, plan_on_tree, raven, runai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
 
-from fake_node import FakeNode  # noqa: E402
+from fake_node import RCP_GIDS, FakeNode  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
 ACCEPT = f"UPDATE_GOLDEN=1 python -m pytest {os.path.relpath(__file__)}"
@@ -90,10 +90,20 @@ def raven_infiniband_node(node: FakeNode) -> None:
     node.net("lo", "eno1", "ib0", "ib1")
 
 
+def rcp_roce_node(node: FakeNode) -> None:
+    """An RCP RunAI pod with the kube-system/roce network and rdma/rdma=1: mlx5_bond_0 with
+    link layer Ethernet and its real GID table (IPv4 RoCE v2 at index 3), eth0 and net1."""
+    gpus(node)
+    node.rdma("mlx5_bond_0", RCP_GIDS, link_layer="Ethernet")
+    node.file("/dev/infiniband/uverbs0")
+    node.net("lo", "eth0", "net1")
+
+
 FABRIC_CASES = {
     # name: (tree, environment, argv, machine)
     "olivia_cxi_head": (olivia_cxi_node, olivia(0), ("--site", "olivia", "--", "--epochs", "100"), "aarch64"),
     "raven_infiniband_task5": (raven_infiniband_node, raven(5), ("--site", "raven"), "x86_64"),
+    "rcp_roce_worker": (rcp_roce_node, runai(1), ("--site", "rcp"), "x86_64"),
 }
 
 
