@@ -3,12 +3,14 @@
 The first four plan on a node built by hand (Ethernet: no fabric devices). The fabric goldens
 plan on a fake node tree probed as `ddp-launch` probes "/" (planner.probe with a root, the hook
 the fabric and doctor tests use): Olivia on a CXI node, Raven on InfiniBand, RCP on RoCE. They
-pin every fabric variable, its value and its reason, and the LD_LIBRARY_PATH order of the binds.
+pin every fabric variable, its value and its reason, and the LD_LIBRARY_PATH order of the binds;
+the Olivia host's APPTAINER_BIND (`ddp-launch binds`) is pinned beside them.
 """
 
 from __future__ import annotations
 
 import difflib
+import io
 import os
 import sys
 from pathlib import Path
@@ -19,7 +21,10 @@ from launch_envs import olivia, plan_for, plan_on_tree, raven, runai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
 
+from elf_tree import build_fake_olivia_host  # noqa: E402
 from fake_node import RCP_GIDS, FakeNode  # noqa: E402
+
+from ddp_launch import binds  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
 ACCEPT = f"UPDATE_GOLDEN=1 python -m pytest {os.path.relpath(__file__)}"
@@ -122,3 +127,17 @@ def test_fabric_dry_run_text_matches_the_recorded_plan(name, fabric_node):
     text = plan_on_tree(env, fabric_node, *argv, machine=machine).render_text() + "\n"
     # The tree's tmp path must never reach the plan; if it did, it shows as <fake-root> in the diff.
     check_against_golden(name, text.replace(str(fabric_node), "<fake-root>"))
+
+
+# -- the host side of the Olivia plan: what `ddp-launch binds --site olivia` binds, and where ---
+
+def test_olivia_host_binds_match_the_recorded_value(tmp_path):
+    """APPTAINER_BIND for a fake HPE Cray EX host (real ELF files built with cc, elf_tree.py):
+    libfabric's versioned directory, the NCCL directory that holds the OFI plugin, libcxi as one
+    file, and the host closure each as one file beside it. The launch plan above expects them there."""
+    host = build_fake_olivia_host(tmp_path / "host")
+    out, err = io.StringIO(), io.StringIO()
+    assert binds.run(["--site", "olivia", "--root", str(host["root"])], {}, out, err) == 0, err.getvalue()
+    entries = "\n".join(out.getvalue().strip().split(","))
+    text = f"APPTAINER_BIND, one entry a line:\n{entries}\nstderr:\n{err.getvalue()}"
+    check_against_golden("olivia_cxi_host_binds", text.replace(str(host["root"]), "<host-root>"))
