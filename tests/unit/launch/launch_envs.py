@@ -6,6 +6,7 @@ stands in for getaddrinfo.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Optional
 
 from ddp_launch import planner
@@ -47,6 +48,21 @@ def facts_for(env: Mapping[str, str], *argv: str, resolve=None, **fields) -> Nod
 def plan_for(env: Mapping[str, str], *argv: str, resolve=None, **facts_fields):
     """The LaunchPlan exactly as cli.main builds it (fabric included), without I/O or exec."""
     return planner.plan(list(argv), env, facts_for(env, *argv, resolve=resolve, **facts_fields))
+
+
+def plan_on_tree(env: Mapping[str, str], root, *argv: str, machine: str = "x86_64"):
+    """The LaunchPlan as cli.main builds it, with the node probed from a fake tree under root
+    (/dev, /sys, the container's bound directories), as the fabric tests probe one.
+
+    The node's devices, interfaces and directories come from the tree; what would vary from
+    machine to machine is fixed as facts_for fixes it: the interpreter, 72 CPUs, the working
+    directory, the architecture, and the head's address from the fake name table.
+    """
+    asked = planner.questions(list(argv), env)
+    probed = planner.probe(replace(asked, head=None), str(root))
+    head = Resolved(asked.head, fake_resolver()(asked.head)) if asked.head else None
+    facts = replace(probed, python=PYTHON, cpu_count=72, cwd="/", machine=machine, head=head)
+    return planner.plan(list(argv), env, facts)
 
 
 def env_of(plan) -> dict:
