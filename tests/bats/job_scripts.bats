@@ -79,6 +79,19 @@ setup() {
     done
 }
 
+@test "every script SLURM may requeue appends to its .out, so a requeued run keeps the first run's lines" {
+    # A requeued batch job reopens its --output file; SLURM truncates it unless the job asks for
+    # --open-mode=append (sbatch(1) --open-mode; the default is slurm.conf(5) JobFileAppend=0).
+    local script count=0
+    for script in "${REPO}"/slurm/*.sh; do
+        grep -q '^#SBATCH --requeue$' "${script}" || continue
+        count=$((count + 1))
+        run grep -c '^#SBATCH --open-mode=append$' "${script}"
+        assert_output 1
+    done
+    [ "${count}" -ge 8 ]
+}
+
 @test "raven task mode: rank 0's log streams into the job output while the step runs, every line" {
     # srun --output=...%t gives each task its own file (srun(1), "filename pattern"), so
     # the job's .out shows only what the batch script copies there. This srun writes

@@ -178,9 +178,12 @@ def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(clu
     assert resumed and resumed[0]["resumed_from_epoch"] is not None
     assert kinds[-1] == "summary"
     assert job.fields.get("Restarts") == "1"
+    # One .out for both runs (--open-mode=append): the stop, then the requeued run to its summary.
+    output = job.output()
+    assert output.index("(restart 0)") < output.index("Stop requested (SIG") < output.index("(restart 1)"), output
     if stop_signal == "USR2":
-        # Only the batch shell got it: without its trap that shell dies and the job FAILs. (The
-        # requeued run truncates the .out, so its "reached the batch script" line is gone.)
+        # Only the batch shell got it: without its trap that shell dies and the job FAILs.
+        assert "ddp: SIGUSR2 reached the batch script: asked the training step to checkpoint and stop" in output
         assert not (run_dir / ".ddp-stop-request").exists()
 
 
