@@ -1,4 +1,5 @@
-"""The seeds' exact scheduler environments as plain dicts, and plan_for() to plan from them.
+"""The exact scheduler environments of the reference setups (Sigma2's Olivia guide, the MPCDF
+Raven tutorial, EPFL RCP's RunAI guide, a plain-Ethernet cluster) as plain dicts, and plan_for() to plan from them.
 
 Nothing here touches os.environ or the node: facts are built by hand, a fake name service
 stands in for getaddrinfo.

@@ -1,4 +1,4 @@
-"""--dry-run text of the seeds' plans against recorded files: any change shows as a line diff."""
+"""--dry-run text of the reference setups' plans against recorded files: any change shows as a line diff."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SLURM: the seeds' setups planned end to end from their environments."""
+"""SLURM: the reference setups (launch_envs.py) planned end to end from their environments."""
 
 from __future__ import annotations
 
