@@ -1,4 +1,4 @@
-"""Repeat short 2-"node" CPU training runs under load and count how many exit 0 (issue 9, class 7).
+"""Repeat short 2-"node" CPU training runs under load and count how many exit 0.
 
     .venv/bin/python benchmarks/exit_repeat.py [--runs 10] [--burners 2] [--src DIR]
 

@@ -3,7 +3,7 @@
 Both run interleaved in one process, so load on the machine hits both alike;
 prints both medians and their ratio (targets: under 100 ms on the development machine,
 under 3x a bare interpreter start).
-The launcher sees a 2-node, 4-GPU SLURM step (the Olivia seed) whose head is
+The launcher sees a 2-node, 4-GPU SLURM step (the Olivia guide's multi-node job) whose head is
 this machine's own name, so its one name lookup is answered locally. Its 4 workers
 per node are CPU workers: with GPUs granted the launcher would also ask the CUDA
 driver (cuInit) whether they are usable, and this machine has no GPU to answer.

@@ -20,7 +20,7 @@ FABRICS = {  # bytes/s per node
 }
 STEPS = {  # per-GPU step time in s: batch / images per s
     "guide, GH200, b256 fp16 (9.2k img/s)": 256 / 9200,
-    "H100, b256 eager (17.4k img/s, issue 11)": 256 / 17400,
+    "H100, b256 eager (17.4k img/s)": 256 / 17400,
     "H100, b1024 at the 27k img/s target": 1024 / 27000,
 }
 

@@ -1,4 +1,4 @@
-"""Training images/s: our trainer vs the seed guide's input pipeline, same model, data and machine.
+"""Training images/s: our trainer vs the Olivia guide's input pipeline, same model, data and machine.
 
     python benchmarks/trainer_throughput.py                               # CPU, narrow model
     python benchmarks/trainer_throughput.py --device cuda --width-scale 1  # GPU, the guide's model
@@ -7,7 +7,7 @@
 reads its per-epoch images/s from metrics.jsonl. "seed" reproduces the guide's loop in this
 process: torchvision CIFAR100 + DataLoader(workers, shuffle) with per-image RandomCrop(32, 4),
 RandomHorizontalFlip, ToTensor, Normalize; fp16 autocast + GradScaler on GPU (fp32 on CPU); a
-fresh DataLoader iterator each epoch, timed from iterator creation as the seed does. Both time
+fresh DataLoader iterator each epoch, timed from iterator creation as the guide does. Both time
 training only (no evaluation) and skip the first (warm-up) epoch.
 
 "forensics on/off" runs two gloo CPU workers under ddp-launch with the heartbeat, the step

@@ -151,7 +151,8 @@ def parse_routes(text: str) -> tuple[Route, ...]:
 def roce_v2_ipv4_gid_index(root: str, device: str, port: str = "1") -> int | None:
     """Lowest GID index on device/port that is an IPv4-mapped address of type RoCE v2.
 
-    What EPFL RCP's grep one-liner does (seed 002), read from sysfs directly:
+    What EPFL RCP's grep one-liner does (github.com/epfml/getting-started, docs/multinode.md),
+    read from sysfs directly:
     ports/<p>/gids/<n> holds the GID, ports/<p>/gid_attrs/types/<n> its type.
     """
     base = f"/sys/class/infiniband/{device}/ports/{port}"

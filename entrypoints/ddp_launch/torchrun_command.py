@@ -3,7 +3,7 @@
 torchrun is started as `<this python> -m ddp_launch.agent` (torch.distributed.run
 with our exit codes and stop signals), not the
 `torchrun` on PATH: images often carry several interpreters (NGC: /usr/bin and
-/usr/local/bin; the Olivia seed hard-codes TORCHRUN_PATH for that reason), and
+/usr/local/bin; the Olivia guide's job script hard-codes TORCHRUN_PATH for that reason), and
 the workers must run the same interpreter, torch and packages as the launcher.
 """
 

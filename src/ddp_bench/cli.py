@@ -1,4 +1,6 @@
-"""`ddp-bench report RUN_DIR...`: the scaling table of seed 001 from the trainer's metrics.
+"""`ddp-bench report RUN_DIR...`: the scaling table of the MPCDF Raven multi-node tutorial
+(github.com/mvigl/MPCDF_tutorial, docs/05_multi_node.md, "Benchmarking All Configurations"),
+from the trainer's metrics.
 
 `ddp-bench gpu DIR...` summarises the GPU samplers' CSVs. A ReportError (a missing or malformed file, a bad flag) is one line `ddp-bench: error: ...`
 on stderr and exit 2, as for ddp-train.

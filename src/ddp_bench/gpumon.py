@@ -1,7 +1,8 @@
 """GPU sampler CSVs (slurm/gpu-sampler.sh: gpu-<node>.csv from nvidia-smi) to a summary.
 
 Mean and min utilisation per GPU, in a Markdown table, plus a PNG of utilisation over
-time; GPUs far below the busiest one are flagged (seed 001's "unbalanced GPU usage").
+time; GPUs far below the busiest one are flagged (the "Unbalanced GPU Usage" symptom of
+the MPCDF Raven tutorial: github.com/mvigl/MPCDF_tutorial, docs/05_multi_node.md).
 """
 
 from __future__ import annotations

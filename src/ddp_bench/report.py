@@ -1,4 +1,6 @@
-"""The scaling table of seed 001 from the trainer's metrics: `ddp-bench report RUN_DIR...`.
+"""The scaling table of the MPCDF Raven multi-node tutorial from the trainer's metrics:
+`ddp-bench report RUN_DIR...` (the tutorial: github.com/mvigl/MPCDF_tutorial, docs/05_multi_node.md,
+"Benchmarking All Configurations").
 
 Reads <run>/metrics.jsonl of several runs (1 GPU, 1 node, N nodes), and makes the table
 (configuration, time, images/s, speedup and efficiency against the smallest run) as

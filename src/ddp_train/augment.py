@@ -1,7 +1,7 @@
 """Training-set augmentation on whole batches, on the batch's device (never on the test set).
 
-Random crop with 4-pixel zero padding plus horizontal flip, the seed's transforms, done as one
-gather per batch instead of per-image PIL work in DataLoader workers (the seed's bottleneck).
+Random crop with 4-pixel zero padding plus horizontal flip, the Olivia guide's transforms, done as
+one gather per batch instead of per-image PIL work in DataLoader workers (the guide's bottleneck).
 """
 
 from __future__ import annotations

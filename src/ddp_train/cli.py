@@ -66,7 +66,7 @@ def _world_size(env: Mapping[str, str]) -> int:
 def _leave_now(code: int) -> None:
     """Exit without interpreter finalization, once the output is flushed (distributed runs only).
 
-    A finished run must exit 0 every time (issue 9, class 7), and with gloo it did not: DDP's
+    A finished run must exit 0 every time, and with gloo it did not: DDP's
     reducer keeps the process group alive after destroy_process_group(), so its worker threads
     (pt_gloo_runloop) still run while the interpreter finalizes. A worker thread releases each
     finished collective after the caller has moved on: the final barrier's work holds the all-gather

@@ -28,7 +28,8 @@ GRAD_COMPRESSIONS = ("none", "bf16")
 BACKENDS = ("auto", "nccl", "gloo")
 # The global batch at which base_lr is given under --lr-scaling batch: the guide's single-GPU batch.
 LR_REFERENCE_BATCH = 512
-# Per-GPU batch when --batch-size is not given on CUDA. Issue 11, one H100, full model, compiled:
+# Per-GPU batch when --batch-size is not given on CUDA. Measured on one H100, full model, compiled
+# (docs/benchmarks.md, "The GPU path"):
 # 1024 per GPU ran 5% faster than 512, and 2048 gave nothing more, so 1024 is where it stops paying.
 GPU_BATCH_PER_RANK = 1024
 CPU_DEFAULT_BATCH = 512
@@ -114,7 +115,7 @@ IMPROVED_RECIPE: Mapping[str, Any] = {
     "schedule": "cosine",
     "ema_decay": 0.0,
     "tta": True,
-    "dropout": 0.0,  # 0.01 cost 4-7% of H100 throughput for almost no regularisation (issue 11)
+    "dropout": 0.0,  # 0.01 cost 4-7% of H100 throughput for almost no regularisation (docs/benchmarks.md)
     # The LR follows the global batch, not the GPU count: the same --batch-size trains the same
     # way on 1 or 8 GPUs (peak_lr).
     "lr_scaling": "batch",
@@ -342,7 +343,7 @@ def compile_by_default(config: TrainConfig, device_type: str) -> bool:
 
 def resolve_compile_mode(config: TrainConfig, device_type: str) -> str:
     """auto: CUDA graphs (reduce-overhead) on CUDA, because launch overhead is a fixed cost per
-    step: it measured +11% at 256 per GPU under DDP (issue 11, H100), which is about 1.2 ms of an
+    step: it measured +11% at 256 per GPU under DDP (one H100), which is about 1.2 ms of an
     11 ms step; at 1024 per GPU the same 1.2 ms is ~3% of a ~40 ms step, still a gain, and every
     step has the same shapes (the last partial batch is dropped), so graphs are recorded once.
     benchmarks/gpu_throughput.py measures compiled with and without graphs side by side."""

@@ -139,7 +139,7 @@ def memory_format_for(device: torch.device) -> torch.memory_format:
 @functools.lru_cache(maxsize=None)
 def normalize_constants(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(scale, shift) built once per device and dtype: building them from Python lists every step is
-    a blocking host-to-device copy (about 14% of an eager b256 step on an H100, issue 11)."""
+    a blocking host-to-device copy (about 14% of an eager b256 step on an H100, docs/benchmarks.md)."""
     scale = torch.tensor([1 / (255 * s) for s in STD], dtype=dtype).view(1, 3, 1, 1)
     shift = torch.tensor([-m / s for m, s in zip(MEAN, STD)], dtype=dtype).view(1, 3, 1, 1)
     return scale.to(device), shift.to(device)

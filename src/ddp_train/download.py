@@ -18,7 +18,8 @@ ARCHIVE_MD5 = contract_download.ARCHIVE_MD5
 
 
 def refuse_inside_job(env: Mapping[str, str]) -> None:
-    """Several ranks downloading into one directory corrupts it (the seed does this)."""
+    """Several ranks downloading into one directory corrupts it (the Olivia guide's train_ddp.py
+    does this: every rank builds CIFAR100(download=True))."""
     raw = env.get("WORLD_SIZE", "1") or "1"
     try:
         world_size = int(raw)

@@ -31,7 +31,7 @@ def compile_cache_dir(configured: str, run_dir: str | Path, env: Mapping[str, st
     <run-dir>/compile-cache.
 
     Inductor's default is /tmp/torchinductor_<user>, which a cluster wipes at the end of every
-    job, so each requeued job would compile again (minutes, issue 11). The run directory is on
+    job, so each requeued job would compile again (minutes for the full model). The run directory is on
     the shared filesystem, visible from every node, and survives the requeues of its own run;
     point several runs at one directory to share it. (Triton's kernels follow: inductor puts
     them under this directory unless TRITON_CACHE_DIR is set.)

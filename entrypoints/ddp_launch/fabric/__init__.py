@@ -82,9 +82,11 @@ def detect_fabric(facts: NodeFacts) -> str:
 def ethernet_requested(request: FabricRequest, profile: SiteProfile | None) -> str | None:
     """Why this job must use Ethernet sockets though the node has a faster fabric, if it must.
 
-    Nodes often carry an InfiniBand HCA that the job may not use (seed 004, "InfiniBand
-    conflicts": NCCL_IB_DISABLE=1 forces Ethernet). Then NCCL needs its socket interface
-    chosen per node, and sockets are what the transport check must expect.
+    Nodes often carry an InfiniBand HCA that the job may not use; NCCL_IB_DISABLE=1 then makes
+    NCCL fall back to IP sockets (NCCL's environment variables page, NCCL_IB_DISABLE:
+    https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-disable).
+    Then NCCL needs its socket interface chosen per node, and sockets are what the transport
+    check must expect.
     """
     if request.gloo:
         return "CPU workers (gloo over TCP)"

@@ -1,7 +1,7 @@
 """InfiniBand / RoCE: the RDMA device and its IPv4 RoCE v2 GID index, from the probed facts.
 
-What EPFL RCP's grep one-liner does (seed 002); the sysfs reading is in facts.py,
-the fixed values in containers/sites/fabrics/infiniband.json.
+What EPFL RCP's grep one-liner does (github.com/epfml/getting-started, docs/multinode.md);
+the sysfs reading is in facts.py, the fixed values in containers/sites/fabrics/infiniband.json.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ddp_launch.facts import NodeFacts, RdmaDevice
 from ddp_launch.fabric.common import EnvBuilder
 from ddp_launch.fabric.defaults import FabricDefaults
 
-RCP_SOURCE = "EPFL RCP RunAI multi-node guide (seed 002)"
+RCP_SOURCE = "EPFL RCP RunAI multi-node guide (github.com/epfml/getting-started, docs/multinode.md)"
 # NCCL caps NSOCKS_PERTHREAD * SOCKET_NTHREADS at 64; with 4 threads, 16 sockets each.
 MAX_NSOCKS_PERTHREAD = 16
 

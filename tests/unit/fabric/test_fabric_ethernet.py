@@ -87,7 +87,9 @@ def test_ib_disable_only_when_the_site_asks(node, tmp_path):
     assert "lab wiki" in reasons["NCCL_IB_DISABLE"]
 
 
-# Seed 004, "InfiniBand conflicts": Ethernet nodes that also carry an InfiniBand HCA.
+# Ethernet nodes that also carry an InfiniBand HCA, which the job turns off with NCCL_IB_DISABLE=1
+# (NCCL then falls back to IP sockets:
+# https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-disable).
 IB_NODE_GIDS = {0: ("fe80:0000:0000:0000:0202:c9ff:fe00:0001", "IB/RoCE v1")}
 
 

@@ -1,4 +1,5 @@
-"""The seeds' exact scheduler environments as plain dicts, and plan_for() to plan from them.
+"""The exact scheduler environments of the reference setups (Sigma2's Olivia guide, the MPCDF
+Raven tutorial, EPFL RCP's RunAI guide, a plain-Ethernet cluster) as plain dicts, and plan_for() to plan from them.
 
 Nothing here touches os.environ or the node: facts are built by hand, a fake name service
 stands in for getaddrinfo.
@@ -69,7 +70,7 @@ def env_of(plan) -> dict:
     return {change.name: change.value for change in plan.env_changes}
 
 
-# Olivia (seeds 000/003): sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=4, srun.
+# Olivia (Sigma2's Olivia guide): sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=4, srun.
 OLIVIA_STEP = {
     "SLURM_JOB_ID": "771234",
     "SLURM_JOB_NODELIST": "olivia-gh[001-002]",
@@ -93,7 +94,8 @@ def olivia(node: int) -> dict:
             "SLURMD_NODENAME": f"olivia-gh00{node + 1}"}
 
 
-# Raven (seed 001): --nodes=2 --ntasks-per-node=4 --gres=gpu:a100:4, srun python ...
+# Raven (MPCDF tutorial, github.com/mvigl/MPCDF_tutorial, docs/05_multi_node.md):
+# --nodes=2 --ntasks-per-node=4 --gres=gpu:a100:4, srun python ...
 RAVEN_STEP = {
     "SLURM_JOB_ID": "5550017",
     "SLURM_JOB_NODELIST": "raven[0123,0124]",
@@ -117,8 +119,9 @@ def raven(rank: int, tasks_per_node: int = 4, **extra: str) -> dict:
             "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"raven012{node + 3}", **extra}
 
 
-# Seed 004: 6 nodes x 1 GPU, --ntasks-per-node=1 --gpus-per-node=1, explicit --nodelist.
-SEED004_STEP = {
+# A plain-Ethernet cluster: 6 nodes x 1 GPU (master-node, node01-05), --ntasks-per-node=1
+# --gpus-per-node=1, explicit --nodelist.
+SIX_NODE_ETHERNET_STEP = {
     "SLURM_JOB_ID": "908",
     "SLURM_JOB_NODELIST": "master-node,node[01-05]",
     "SLURM_JOB_NUM_NODES": "6",
@@ -134,13 +137,14 @@ SEED004_STEP = {
 }
 
 
-def seed004(node: int) -> dict:
+def six_node_ethernet(node: int) -> dict:
     names = ["master-node", "node01", "node02", "node03", "node04", "node05"]
-    return {**SEED004_STEP, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+    return {**SIX_NODE_ETHERNET_STEP, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
             "SLURMD_NODENAME": names[node]}
 
 
-# RunAI (seed 002): runai submit-dist pytorch --workers=1 -g 4 -> 2 pods x 4 GPUs.
+# RunAI (EPFL RCP, github.com/epfml/getting-started, docs/multinode.md):
+# runai submit-dist pytorch --workers=1 -g 4 -> 2 pods x 4 GPUs.
 def runai(pod: int) -> dict:
     return {
         "PET_NNODES": "2",

@@ -1,4 +1,4 @@
-"""--dry-run text of the seeds' plans against recorded files: any change shows as a line diff.
+"""--dry-run text of the reference setups' plans against recorded files: any change shows as a line diff.
 
 The first four plan on a node built by hand (Ethernet: no fabric devices). The fabric goldens
 plan on a fake node tree probed as `ddp-launch` probes "/" (planner.probe with a root, the hook

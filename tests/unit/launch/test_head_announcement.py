@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from launch_envs import olivia, plan_for, raven, runai, seed004
+from launch_envs import olivia, plan_for, raven, runai, six_node_ethernet
 
 from ddp_launch import cli
 from ddp_launch.plan import LaunchPlan
@@ -27,7 +27,7 @@ def test_in_task_mode_only_rank_0_announces():
 
 
 def test_the_ethernet_head_announces_its_routable_address():
-    assert "head node master-node (first of SLURM_STEP_NODELIST) = 192.168.20.15" in plan_for(seed004(0)).announcement
+    assert "head node master-node (first of SLURM_STEP_NODELIST) = 192.168.20.15" in plan_for(six_node_ethernet(0)).announcement
 
 
 def test_runai_master_pod_announces_and_workers_do_not():

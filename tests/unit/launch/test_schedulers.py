@@ -19,7 +19,7 @@ from ddp_launch.facts import Route, NodeFacts
 from ddp_launch.planner import ProbeQuestions
 from ddp_launch.schedulers import DETECTION_ORDER, kubeflow, local, scheduler_for, slurm, torchrun
 from ddp_launch.sites import sites_dirs
-from launch_envs import PYTHON, facts_for, kubeflow_v1, olivia, plan_for, raven, runai, seed004, trainer_v2
+from launch_envs import PYTHON, facts_for, kubeflow_v1, olivia, plan_for, raven, runai, six_node_ethernet, trainer_v2
 
 SHAPE = {"detect": ["env"], "parse": ["env"], "head": ["job", "options"],
          "plan": ["job", "options", "env", "facts"]}
@@ -56,7 +56,7 @@ def test_detection_tries_torchrun_slurm_kubeflow_then_local_which_takes_anything
 
 def test_slurm_decides_its_node_or_task_split_itself_and_a_forced_mode_wins():
     assert plan_for(olivia(0)).mode == "slurm-node" and plan_for(raven(5)).mode == "slurm-task"
-    assert plan_for(seed004(3), "--mode", "slurm-task").mode == "slurm-task"
+    assert plan_for(six_node_ethernet(3), "--mode", "slurm-task").mode == "slurm-task"
 
 
 # -- the plan is pure -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""SLURM: the seeds' setups planned end to end from their environments."""
+"""SLURM: the reference setups (launch_envs.py) planned end to end from their environments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.rendezvous import rendezvous_port
 from ddp_launch.schedulers.slurm import auto_mode, parse, parse_tasks_per_node
 from launch_envs import (PYTHON, RAVEN_STEP, env_of, fake_resolver, olivia, plan_for,
-                         raven, seed004)
+                         raven, six_node_ethernet)
 
 OLIVIA_PORT = 20000 + 234 * 10 + 0  # job 771234, step 0
 
@@ -301,16 +301,16 @@ def test_script_workload_in_task_mode():
     assert plan.argv == (PYTHON, "-m", "ddp_launch.worker", "train.py", "--lr", "0.1")
 
 
-# -- seed 004: six nodes with one GPU each ----------------------------------------------------------
+# -- plain Ethernet: six nodes with one GPU each ----------------------------------------------------
 
-def test_seed004_runs_one_single_gpu_torchrun_per_node():
-    plan = plan_for(seed004(3))
+def test_six_node_ethernet_runs_one_single_gpu_torchrun_per_node():
+    plan = plan_for(six_node_ethernet(3))
     assert plan.mode == "slurm-node"
     assert {"--nnodes=6", "--nproc-per-node=1", "--rdzv-endpoint=192.168.20.15:29080",
             "--rdzv-conf=is_host=false,read_timeout=300"} <= set(plan.argv)
     assert plan.nodes == 6
 
 
-def test_seed004_forced_task_mode_matches_the_seed_rank_mapping():
-    env = env_of(plan_for(seed004(4), "--mode", "slurm-task"))
+def test_six_node_ethernet_forced_task_mode_ranks_by_slurm_procid():
+    env = env_of(plan_for(six_node_ethernet(4), "--mode", "slurm-task"))
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_ADDR"]) == ("4", "6", "0", "192.168.20.15")

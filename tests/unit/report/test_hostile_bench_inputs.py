@@ -1,5 +1,5 @@
 """`ddp-bench report|gpu` on malformed metrics or CSV files, odd output paths and bad flags: one line
-`ddp-bench: error: ...` naming the file and the fix, exit 2, no traceback (issue 9, class 6)."""
+`ddp-bench: error: ...` naming the file and the fix, exit 2, no traceback."""
 
 from __future__ import annotations
 

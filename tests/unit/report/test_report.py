@@ -26,7 +26,8 @@ def write_run(root, name, world_size, nodes, images_per_s, total_time_s=10.0, de
 
 @pytest.fixture
 def seed_runs(tmp_path):
-    """The three configurations of seed 001's table."""
+    """The three configurations of the MPCDF Raven tutorial's scaling table
+    (github.com/mvigl/MPCDF_tutorial, docs/05_multi_node.md, "Benchmarking All Configurations")."""
     return [write_run(tmp_path, "multinode", 8, 2, 6340.0, 57.14),
             write_run(tmp_path, "single", 1, 1, 1000.0, 362.45),
             write_run(tmp_path, "onenode", 4, 1, 3810.0, 95.23)]

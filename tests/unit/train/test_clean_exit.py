@@ -1,4 +1,4 @@
-"""A finished distributed run exits 0 without interpreter finalization (issue 9, class 7).
+"""A finished distributed run exits 0 without interpreter finalization.
 
 DDP keeps the gloo process group, and so its worker threads, alive after
 destroy_process_group(); a worker thread that frees a Python-owned tensor while the

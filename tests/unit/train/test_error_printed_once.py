@@ -1,4 +1,4 @@
-"""A trainer error is printed once for the whole job, by a rank that found it (issue 9, class 1)."""
+"""A trainer error is printed once for the whole job, by a rank that found it."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def node2_first_rank(rank: str, local_rank: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("rank,local_rank,printed", [("0", "0", 1), ("2", "0", 0), ("3", "1", 0)])
 def test_a_flag_error_is_printed_by_global_rank_0_alone(rank, local_rank, printed):
-    # Before issue 9 the first rank of every node printed it too: once per node through ddp-launch.
+    # The first rank of every node used to print it too: once per node through ddp-launch.
     result = subprocess.run([sys.executable, "-m", "ddp_train", "--epochs", "0"],
                             env=node2_first_rank(rank, local_rank), capture_output=True, text=True,
                             timeout=60)

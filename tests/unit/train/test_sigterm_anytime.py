@@ -1,5 +1,5 @@
 """SIGTERM at any point of a run (a launcher dying sends it, via PR_SET_PDEATHSIG) ends it with a
-checkpoint and exit 75, never a traceback (issue 9, class 2)."""
+checkpoint and exit 75, never a traceback."""
 
 from __future__ import annotations
 

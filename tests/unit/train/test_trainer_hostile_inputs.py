@@ -1,7 +1,7 @@
 """Bad input, as a hostile user types it, gets one line `ddp-train: error: ...`, exit 2, no traceback.
 
 Every case runs the real entry point, ddp_train.cli.main, in-process, and must fail before any
-training starts (issue 9, class 6): NaN, infinite, negative and huge numbers for the numeric
+training starts: NaN, infinite, negative and huge numbers for the numeric
 flags, abbreviated and unknown flags, empty and odd paths, a data dir or run dir that is a
 file, truncated and corrupt dataset and checkpoint files, and broken launch variables.
 """
@@ -22,7 +22,7 @@ from train_helpers import trainer_env
 TINY = ["--allow-unverified-data", "--batch-size", "32", "--epochs", "1", "--width-scale", "0.0625",
         "--device", "cpu"]
 
-# Flags whose values parse but cannot work (or crashed inside torch before issue 9).
+# Flags whose values parse but cannot work (or crashed inside torch before the trainer checked them).
 BAD_FLAGS = {
     "width-scale nan": ["--width-scale", "nan"],
     "width-scale inf": ["--width-scale", "inf"],
