@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Sequence
 
 from ddp_contract import EXIT_USAGE
+from ddp_contract.flag_errors import OneLineErrorParser
 
 from ddp_bench import gpumon, report
 from ddp_bench.errors import ReportError, one_line
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
+class _OneLineErrorParser(OneLineErrorParser):
     """argparse prints usage plus the error; ddp-bench prints one line (exit 2), as ddp-train does."""
 
-    def error(self, message: str):  # type: ignore[override]
-        raise ReportError(message)
+    usage_error = ReportError
 
 
 def build_parser() -> argparse.ArgumentParser:

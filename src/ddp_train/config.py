@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from ddp_contract.flag_errors import OneLineErrorParser
+
 from ddp_train.errors import TrainError
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
@@ -138,11 +140,10 @@ DEMO_PRESET: Mapping[str, Any] = {
 }
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
+class _OneLineErrorParser(OneLineErrorParser):
     """argparse prints usage plus the error; we print only `ddp-train: error: ...` (exit 2)."""
 
-    def error(self, message: str):  # type: ignore[override]
-        raise TrainError(message)
+    usage_error = TrainError
 
 
 def build_parser() -> argparse.ArgumentParser:
