@@ -11,7 +11,8 @@
 # RUNAI_DATA_PVC (required: the PVC that holds cifar-100-python/) mounted at RUNAI_DATA_DIR
 # (default /mnt/data), RUNAI_RUN_PVC (required: the PVC for checkpoints, metrics and logs;
 # it may be the same claim) mounted at RUNAI_RUN_DIR (default /mnt/runs; each job writes
-# RUNAI_RUN_DIR/RUNAI_JOB_NAME), RUNAI_EXTRA_ARGS (more runai flags, split on spaces),
+# RUNAI_RUN_DIR/RUNAI_JOB_NAME), RUNAI_EXTRA_ARGS (more runai flags, words with the shell's
+# quoting: RUNAI_EXTRA_ARGS="-e 'NOTE=two words'"; python3 splits them),
 # RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default).
 set -euo pipefail
 
@@ -26,6 +27,22 @@ runai_submit::check_volume() {
     [ -n "${claim}" ] || runai_submit::err "${setting} is unset: name the PVC that holds ${what} (kubectl get pvc lists yours), e.g. ${setting}=my-scratch"
     [[ "${claim}" =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || runai_submit::err "${setting}=${claim} is not a PVC name (lower-case letters, digits, '-' and '.', as Kubernetes names objects)"
     [[ "${dir}" = /* && "${dir}" != *,* ]] || runai_submit::err "${dir_setting}=${dir} must be an absolute path without ',' (the mount point in the pod)"
+}
+
+# A setting's words by the shell's quoting rules, with no expansion: the rule the SLURM job
+# scripts split DDP_TRAIN_ARGS with (entrypoints/ddp_contract/shell_words.py, from this checkout).
+# The words come back NUL-terminated, then one empty word that says the split succeeded.
+#   runai_submit::split_words ARRAY_NAME VARIABLE_NAME
+runai_submit::split_words() {
+    local -n into="$1"
+    local -r name="$2"
+    into=()
+    [ -n "${!name:-}" ] || return 0
+    command -v python3 >/dev/null || runai_submit::err "python3 not found: it splits ${name} into words; install it or leave ${name} unset"
+    local -r entrypoints="$(CDPATH="" cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../entrypoints" && pwd)"
+    mapfile -t -d '' into < <(PYTHONPATH="${entrypoints}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_contract.shell_words runai/submit.sh "${name}" "${!name}")
+    [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit 2  # python3 said why on stderr
+    unset 'into[-1]'
 }
 
 main() {
@@ -67,11 +84,7 @@ main() {
         --existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}"
         -e "DDP_DATA_DIR=${data_dir}" -e "DDP_RUN_DIR=${run_dir}/${name}")
     local -a extra=()
-    local -
-    set -f
-    # shellcheck disable=SC2206  # RUNAI_EXTRA_ARGS is a list of flags, split on spaces
-    extra=(${RUNAI_EXTRA_ARGS:-})
-    set +f
+    runai_submit::split_words extra RUNAI_EXTRA_ARGS
     exec runai "${args[@]}" "${extra[@]}" -- "${pod_script}" "$@"
 }
 

@@ -119,33 +119,24 @@ ddp::require_data() {
         || ddp::err "${missing:-the dataset check failed (see above)}: run 'make data DATA_DIR=${data_dir}' on the login node, or set DDP_DATA_DIR"
 }
 
-# A settings variable's words, by the shell's quoting rules but with no expansion or
-# command run (as eval would): shlex.split in POSIX mode, in the node's python3 (3.6+).
-# DDP_TRAIN_ARGS='--compile-cache-dir "/a b"' is two words. Each word comes back NUL-terminated,
-# then one empty word that says the split succeeded: a process substitution's exit
-# status cannot be read in bash 4.4 (SLES 15).
-readonly DDP_SHELL_WORDS='
-import shlex, sys
-try:
-    words = shlex.split(sys.argv[2])
-except ValueError as error:
-    sys.exit("ddp: error: {}={!r} is not words of the shell ({}): close each quote as in the shell, e.g. \"a b\"".format(sys.argv[1], sys.argv[2], error))
-sys.stdout.write("".join(word + "\0" for word in words) + "\0")
-'
-
 # DDP_LAUNCH_ARGS and DDP_TRAIN_ARGS as words, split once before the job does anything;
 # `apptainer run` and its options, shared by every step.
 DDP_LAUNCH_WORDS=()
 DDP_TRAIN_WORDS=()
 DDP_APPTAINER_ARGS=(run)
 
+# A settings variable's words, by the shell's quoting rules but with no expansion or command
+# run (entrypoints/ddp_contract/shell_words.py, the rule runai/submit.sh uses too):
+# DDP_TRAIN_ARGS='--compile-cache-dir "/a b"' is two words. They come back NUL-terminated, then
+# one empty word that says the split succeeded: a process substitution's exit status cannot
+# be read in bash 4.4 (SLES 15).
 #   ddp::split_words ARRAY_NAME VARIABLE_NAME
 ddp::split_words() {
     local -n into="$1"
     local -r name="$2"
     into=()
     [ -n "${!name:-}" ] || return 0
-    mapfile -t -d '' into < <(python3 -c "${DDP_SHELL_WORDS}" "${name}" "${!name}")
+    mapfile -t -d '' into < <(ddp::on_host ddp_contract.shell_words "${DDP_LOG_TAG:-ddp}" "${name}" "${!name}")
     [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit 1  # python3 said why on stderr
     unset 'into[-1]'
 }

@@ -21,14 +21,36 @@ setup() {
     assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train -- /opt/ddp/runai/pod.sh --epochs 5"
 }
 
-@test "runai submit: settings from the environment, no RDMA, extra flags split on spaces" {
+@test "runai submit: settings from the environment, no RDMA, extra flags as words" {
     RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--node-pools a100 --preemptible" \
         RUNAI_DATA_PVC=cifar RUNAI_DATA_DIR=/data RUNAI_RUN_PVC=home.user RUNAI_RUN_DIR=/home/u/runs \
         run bash "${REPO}/runai/submit.sh" --batch-size "1 024"
 
     assert_success
-    run cat "${CALLS}"
+    run grep '^runai ' "${CALLS}"
     assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/wrn --node-pools a100 --preemptible -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+}
+
+# RUNAI_EXTRA_ARGS is split as the SLURM job scripts split DDP_TRAIN_ARGS: the shell's quoting,
+# no expansion (POSIX sh, "Quoting"; Python's shlex in POSIX mode).
+@test "runai submit: RUNAI_EXTRA_ARGS is split with the shell's quoting: a quoted argument with spaces stays one word" {
+    _stub runai 'printf "%s\n" "$@" > "'"${BATS_TEST_TMPDIR}/runai.argv"'"'
+    RUNAI_EXTRA_ARGS="--node-pools a100 -e 'NOTE=two words' --label \"\$HOME\" -e GLOB='*'" \
+        run bash "${REPO}/runai/submit.sh" --epochs 5
+
+    assert_success
+    run sed -n '/^-e$/,$p' "${BATS_TEST_TMPDIR}/runai.argv"
+    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train \
+        --node-pools a100 -e 'NOTE=two words' --label '$HOME' -e 'GLOB=*' -- /opt/ddp/runai/pod.sh --epochs 5)"
+}
+
+@test "runai submit: RUNAI_EXTRA_ARGS with an unclosed quote is one error line, exit 2, nothing submitted" {
+    RUNAI_EXTRA_ARGS="-e 'NOTE=unclosed" run bash "${REPO}/runai/submit.sh"
+
+    assert_failure 2
+    assert_output "runai/submit.sh: error: RUNAI_EXTRA_ARGS=\"-e 'NOTE=unclosed\" is not words of the shell (No closing quotation): close each quote as in the shell, e.g. \"a b\""
+    run grep -c '^runai ' "${CALLS}"
+    assert_output "0"
 }
 
 # The data and the runs live on PVCs the user names: `--existing-pvc claimname=NAME,path=PATH`

@@ -39,6 +39,8 @@ def host_entries(root: Path, data_dir: Path) -> tuple:
                   ("download", str(data_dir / "fetched"), "--url", (data_dir / "absent.tar.gz").as_uri())),
         HostEntry("ddp_contract.quarantine", "ddp_contract.quarantine", ("show", str(data_dir))),
         HostEntry("ddp_contract", "ddp_contract.__main__", ("run-dir-lock", str(data_dir))),
+        HostEntry("ddp_contract.shell_words", "ddp_contract.shell_words",
+                  ("ddp", "DDP_TRAIN_ARGS", "--note 'two words'")),
     )
 
 
@@ -103,7 +105,7 @@ def imported_modules(python: str, entry: HostEntry) -> tuple[subprocess.Complete
 
 def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]:
     """The union over the host entries, each run down its whole path."""
-    binds, dataset, download, quarantine, run_dir_lock = host_entries(root, data_dir)
+    binds, dataset, download, quarantine, run_dir_lock, shell_words = host_entries(root, data_dir)
     result, imported = imported_modules(python, binds)
     assert result.returncode == 0, result.stderr
     assert "added " in result.stderr  # the closure ran, so its modules were imported
@@ -116,7 +118,9 @@ def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]
     assert result.returncode == 0, result.stderr
     result, lock = imported_modules(python, run_dir_lock)
     assert result.returncode == 0, result.stderr  # no lock there: the run dir is free
-    return imported | more | fetched | record | lock
+    result, words = imported_modules(python, shell_words)
+    assert result.returncode == 0 and result.stdout == "--note\0two words\0\0", result.stderr
+    return imported | more | fetched | record | lock | words
 
 
 def test_host_entries_import_exactly_the_listed_modules(fake_host, partial_data):
