@@ -434,12 +434,14 @@ ddp::train() {
         "${DDP_TRAIN_WORDS[@]}" "$@"
 }
 
+# The node of rank 0, whose log a task-mode step follows: the job's first node, where sbatch runs
+# the batch script ("Slurm runs a single copy of the batch script on the first node in the set of
+# allocated nodes", sbatch(1)) and names it in SLURMD_NODENAME ("Name of the node running the job
+# script", sbatch(1), OUTPUT ENVIRONMENT VARIABLES; sbatch --batch=<features>, which no job script
+# here uses, could pick another); srun's block distribution puts task 0 there. Outside a batch
+# job: this host.
 ddp::first_node() {
-    if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null; then
-        scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1
-    else
-        hostname -s
-    fi
+    printf '%s\n' "${SLURMD_NODENAME:-$(hostname -s)}"
 }
 
 # The whole job: checks, the preflight and the fabric gate, sampler, training step, sampler

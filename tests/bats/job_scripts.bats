@@ -125,6 +125,9 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     assert_line "line 1"   # all of it, not the last 25 lines
     assert_line "line 40"
     refute_output --partial "did not stream"
+    # Rank 0's node is the batch script's own (SLURMD_NODENAME), not asked of scontrol.
+    run grep -c '^scontrol' "${CALLS}"
+    assert_output "0"
 }
 
 @test "ethernet nccl: InfiniBand disabled, generic site, one torchrun per node" {

@@ -96,6 +96,8 @@ esac'
 # A minimal environment of a 2-node batch job, with an image and staged data.
 _job_env() {
     export SLURM_JOB_ID=42 SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST='node[1-2]'
+    # sbatch runs the batch script on the job's first node and names it here (sbatch(1)).
+    export SLURMD_NODENAME=node1
     export SLURM_SUBMIT_DIR="${REPO}" DDP_MONITOR_INTERVAL=5 SLURM_JOB_PARTITION=e2e
     # The training step's own tests: the steps before it have theirs (fabric_gate.bats).
     export DDP_PREFLIGHT=0 DDP_FABRIC_GATE=0
