@@ -63,6 +63,15 @@ def _world_size(env: Mapping[str, str]) -> int:
         return 1
 
 
+def say_once(prints: bool, message: str, env: Mapping[str, str]) -> None:
+    """The one line of an error from the rank that prints it; in a distributed job every quiet
+    rank waits QUIET_RANK_GRACE_S instead, so that its exit does not cut the printing rank short."""
+    if prints:
+        warn(f"ddp-train: error: {one_line(message)}")
+    elif _world_size(env) > 1:
+        time.sleep(QUIET_RANK_GRACE_S)
+
+
 def _leave_now(code: int) -> None:
     """Exit without interpreter finalization, once the output is flushed (distributed runs only).
 
@@ -100,16 +109,11 @@ def _main(argv: Optional[Sequence[str]], env: Mapping[str, str]) -> int:
         from ddp_train.train import run  # torch is imported only when training
         return run(config, env)
     except TrainError as exc:
-        if prints_error(exc.seen, _rank_variable(env, "RANK"), _rank_variable(env, "LOCAL_RANK")):
-            warn(f"ddp-train: error: {one_line(str(exc))}")
-        elif _world_size(env) > 1:
-            time.sleep(QUIET_RANK_GRACE_S)
+        say_once(prints_error(exc.seen, _rank_variable(env, "RANK"), _rank_variable(env, "LOCAL_RANK")),
+                 str(exc), env)
         return EXIT_USAGE
     except PeerLost as exc:  # a node of the job went away: a crash, in one line
-        if exc.prints:
-            warn(f"ddp-train: error: {one_line(str(exc))}")
-        else:
-            time.sleep(QUIET_RANK_GRACE_S)
+        say_once(exc.prints, str(exc), env)
         return EXIT_FAILURE
 
 

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from ddp_train.cli import one_line, prints_error
+from ddp_train import cli
+from ddp_train.cli import QUIET_RANK_GRACE_S, one_line, prints_error, say_once
 from ddp_train.errors import Seen
 from train_helpers import trainer_env
 
@@ -25,6 +26,20 @@ from train_helpers import trainer_env
 ])
 def test_who_prints_an_error(seen, rank, local_rank, prints):
     assert prints_error(seen, rank, local_rank) is prints
+
+
+@pytest.mark.parametrize("prints,world_size,said,waited", [
+    (True, "4", 1, []),
+    (False, "4", 0, [QUIET_RANK_GRACE_S]),  # its exit must not end the printing rank before it speaks
+    (False, "1", 0, []),  # a process of its own has no one to wait for
+])
+def test_the_printing_rank_says_it_and_quiet_ranks_of_a_job_wait(prints, world_size, said, waited, capsys,
+                                                                  monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr(cli.time, "sleep", slept.append)
+    say_once(prints, "node2 went away", {"WORLD_SIZE": world_size})
+    assert capsys.readouterr().err.count("ddp-train: error: node2 went away\n") == said
+    assert slept == waited
 
 
 def test_an_error_message_stays_one_line():
