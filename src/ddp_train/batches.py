@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ddp_train.augment import random_crop_flip
+from ddp_train.config import batch_per_rank
 from ddp_train.data import Split, normalize
 
 CROP_PADDING = 4
@@ -30,7 +31,7 @@ class TrainBatches:
     def __init__(self, train_set: Split, batch_size: int, seed: int, rank: int, world_size: int):
         self.images, self.labels = train_set.images, train_set.labels
         self.batch_size, self.seed, self.rank = batch_size, seed, rank
-        self.per_rank = batch_size // world_size
+        self.per_rank = batch_per_rank(batch_size, world_size)
         self.generator = torch.Generator(device=train_set.images.device)
 
     def permutation(self, epoch: int) -> torch.Tensor:

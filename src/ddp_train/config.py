@@ -309,6 +309,11 @@ def check_world(config: TrainConfig, world_size: int) -> None:
             f"--grad-accum-steps {config.grad_accum_steps}: pass a multiple of {parts}")
 
 
+def batch_per_rank(batch_size: int, world_size: int) -> int:
+    """Each rank's share of the global --batch-size (check_world makes it divide evenly)."""
+    return batch_size // world_size
+
+
 def peak_lr(config: TrainConfig, world_size: int) -> float:
     """The linear scaling rule (Goyal et al. 2017), from the batch it is stated for.
 

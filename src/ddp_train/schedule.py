@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ddp_train.config import batch_per_rank
+
 
 @dataclass(frozen=True)
 class Steps:
@@ -20,7 +22,8 @@ def plan_steps(train_images: int, batch_size: int, world_size: int, epochs: int,
                warmup_epochs: float) -> Steps:
     """The last partial batch is dropped, so every rank takes the same number of steps."""
     per_epoch = train_images // batch_size
-    return Steps(per_epoch, per_epoch * epochs, round(warmup_epochs * per_epoch), batch_size // world_size)
+    return Steps(per_epoch, per_epoch * epochs, round(warmup_epochs * per_epoch),
+                 batch_per_rank(batch_size, world_size))
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, peak: float, schedule: str) -> float:

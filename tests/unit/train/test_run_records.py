@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from ddp_train import metrics
+from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Progress
 from ddp_train.config import config_from_args
+from ddp_train.data import Split
 from ddp_train.distributed import World
 from ddp_train.evaluate import EvalResult, target_reached
 from ddp_train.schedule import plan_steps
@@ -67,6 +69,17 @@ def test_early_stop_needs_patience_epochs_at_the_target(accuracies, expected):
 def test_steps_drop_the_last_partial_batch_so_every_rank_takes_the_same():
     steps = plan_steps(train_images=1000, batch_size=96, world_size=4, epochs=3, warmup_epochs=0.5)
     assert (steps.per_epoch, steps.total, steps.warmup, steps.batch_per_rank) == (10, 30, 5, 24)
+
+
+def test_each_ranks_batch_is_the_share_the_step_plan_records_and_the_ranks_cover_the_global_batch():
+    images = torch.zeros(1000, 3, 32, 32, dtype=torch.uint8)
+    train_set = Split(images, torch.arange(1000))
+    steps = plan_steps(train_images=1000, batch_size=96, world_size=4, epochs=1, warmup_epochs=0)
+    ranks = [TrainBatches(train_set, 96, seed=0, rank=rank, world_size=4) for rank in range(4)]
+    perm = ranks[0].permutation(epoch=0)
+    labels = [batches.batch(perm, epoch=0, step=1)[1] for batches in ranks]
+    assert [len(y) for y in labels] == [steps.batch_per_rank] * 4
+    assert torch.equal(torch.cat(labels), perm[96:192])  # step 1's global batch, split in rank order
 
 
 def test_the_run_record_has_the_fields_plotting_and_ddp_bench_read():
