@@ -1,7 +1,7 @@
 """ddp-launch's edge: read the flags and the environment, probe the node, plan, then print or exec the plan.
 
 The reads of os.environ and the node (planner.probe), the prints and the exec are here;
-everything between them is pure (planner.plan_launch).
+everything between them is pure (planner.parse, planner.questions, planner.plan).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def launch(argv: list[str]) -> int:
     env = dict(os.environ)
     options = read_options(argv, env)
-    facts = planner.probe(planner.ask(options, env))
-    plan = planner.plan_launch(options, env, facts)
+    launch_ = planner.parse(options, env)
+    plan = planner.plan(launch_, planner.probe(planner.questions(launch_)))
     if options.dry_run:
         print(plan.render_json() if options.json else plan.render_text())
         return 0

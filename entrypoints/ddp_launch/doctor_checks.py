@@ -25,6 +25,7 @@ from ddp_launch.fabric.defaults import HostLibrary, load_fabric_defaults
 from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.facts import NodeFacts, list_dir, read_text, under
 from ddp_launch.libload import load_in_child, missing_library
+from ddp_launch.options import read_options
 from ddp_launch.plan import LaunchPlan
 from ddp_launch.rendezvous import host_name_problem
 from ddp_launch.sites import SiteProfile, container_search_paths
@@ -93,15 +94,16 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
     argv = launcher_argv(profile)
     launch, problem = None, None
     try:
+        parsed = planner.parse(read_options(argv, env), env)
         # Without the CUDA question: check_gpus asks torch itself and says more than a refusal.
-        questions = replace(planner.questions(argv, env), cuda=False)
+        questions = replace(planner.questions(parsed), cuda=False)
     except LaunchError as error:
         questions, problem = planner.ProbeQuestions(directories=directories_to_probe(
             profile.name if profile else None, env)), str(error)
     facts = planner.probe(questions, root)
     if problem is None:
         try:
-            launch = planner.plan(argv, env, facts)
+            launch = planner.plan(parsed, facts)
         except LaunchError as error:
             problem = str(error)
     if launch is not None and launch.fabric is not None:

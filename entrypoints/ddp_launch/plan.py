@@ -43,6 +43,7 @@ class Endpoint:
 
     host: str
     port: int | None    # None only inside torchrun when MASTER_PORT is unset
+    address: str | None = None  # host's IPv4 address, when known: the fabric routes to it
 
 
 @dataclass(frozen=True)

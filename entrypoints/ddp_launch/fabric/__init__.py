@@ -42,6 +42,7 @@ class FabricRequest:
     multi_node: bool                    # more than one node in this job step
     site: str | None = None             # --site / DDP_LAUNCH_SITE, e.g. "olivia"; None = detect
     head_address: str | None = None     # rendezvous host, for route-based interface choice
+    head_ipv4: str | None = None        # its IPv4 address, when known (the route is to this)
     nccl_debug: str | None = None       # --nccl-debug LEVEL
     require_fabric: bool = False        # --require-fabric
     gloo: bool = False                  # CPU workers: gloo over TCP, whatever the node's HCAs
@@ -155,7 +156,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
     elif fabric == "infiniband":
         infiniband_defaults(builder, load_fabric_defaults("infiniband", request.env), facts, conditions, request.env)
     elif request.multi_node:
-        ethernet_defaults(builder, facts, request.head_address)
+        ethernet_defaults(builder, facts, request.head_address, request.head_ipv4)
 
     for item in load_fabric_defaults("common", request.env).applicable(conditions):
         builder.default(item.name, item.value, item.source)
