@@ -21,7 +21,7 @@ from ddp_launch import planner
 from ddp_launch.envvars import integer
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, plan_fabric
-from ddp_launch.fabric.defaults import HostLibrary, load_fabric_defaults
+from ddp_launch.fabric.defaults import FabricData, HostLibrary, load_fabric_defaults, read_all_fabric_defaults
 from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.facts import NodeFacts, list_dir, read_text, under
 from ddp_launch.libload import load_in_child, missing_library
@@ -92,14 +92,14 @@ def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
 def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext:
     """Probe and plan as `ddp-launch` would here; a refusal becomes ctx.plan_problem, not a crash."""
     argv = launcher_argv(profile)
+    data = FabricData(profile, read_all_fabric_defaults(env))
     launch, problem = None, None
     try:
-        parsed = planner.parse(read_options(argv, env), env)
+        parsed = planner.parse(read_options(argv, env), env, data)
         # Without the CUDA question: check_gpus asks torch itself and says more than a refusal.
         questions = replace(planner.questions(parsed), cuda=False)
     except LaunchError as error:
-        questions, problem = planner.ProbeQuestions(directories=directories_to_probe(
-            profile.name if profile else None, env)), str(error)
+        questions, problem = planner.ProbeQuestions(directories=directories_to_probe(data)), str(error)
     facts = planner.probe(questions, root)
     if problem is None:
         try:
@@ -110,7 +110,7 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
         fabric = launch.fabric
     else:
         # The planner refused before the fabric: the node's own fabric settings still get checked.
-        fabric = plan_fabric(FabricRequest(env=env, multi_node=False, site=profile.name if profile else None), facts)
+        fabric = plan_fabric(FabricRequest(env=env, multi_node=False), facts, data)
     return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, launch, problem)
 
 

@@ -1,10 +1,11 @@
 """One walk from the environment to the plan: parse it once, ask the node once, plan once.
 
 cli.launch and doctor take the same steps:
-    launch = parse(options, env);  facts = probe(questions(launch));  plan(launch, facts)
-parse picks the scheduler (schedulers/__init__.py) and reads its job; only probe() touches
-the node (files, the name service, the CUDA driver); the rest is pure. Nothing here names a
-scheduler: each module answers for itself what to probe and how to launch.
+    launch = parse(options, env, data);  facts = probe(questions(launch));  plan(launch, facts)
+parse picks the scheduler (schedulers/__init__.py) and reads its job; data is the site profile
+and the fabric defaults, read by the caller (fabric.defaults.read_fabric_data); only probe()
+touches the node (files, the name service, the CUDA driver); the rest is pure. Nothing here
+names a scheduler: each module answers for itself what to probe and how to launch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import ModuleType
 from ddp_launch import facts as node, gpus
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, directories_to_probe, plan_fabric
+from ddp_launch.fabric.defaults import FabricData
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
@@ -29,25 +31,26 @@ __all__ = ("Launch", "ProbeQuestions", "parse", "questions", "probe", "plan")
 @dataclass(frozen=True)
 class Launch:
     """The launch as read, once: the user's options, the environment, the scheduler that owns
-    it and its job (that scheduler's parse of env)."""
+    it, its job (that scheduler's parse of env) and the fabric's data files."""
 
     options: LaunchOptions
     env: Mapping[str, str]
     scheduler: ModuleType
     job: object
+    data: FabricData
 
 
-def parse(options: LaunchOptions, env: Mapping[str, str]) -> Launch:
+def parse(options: LaunchOptions, env: Mapping[str, str], data: FabricData) -> Launch:
     """The scheduler for options.mode (or detected) and its job (pure; a bad scheduler environment is refused here)."""
     scheduler = scheduler_for(options.mode, env)
-    return Launch(options, env, scheduler, scheduler.parse(env))
+    return Launch(options, env, scheduler, scheduler.parse(env), data)
 
 
 def questions(launch: Launch) -> ProbeQuestions:
     """The scheduler's questions (head, GPUs, DNS wait) and the node's (the script, the site's directories)."""
     options, env = launch.options, launch.env
     script = options.workload.script
-    directories = tuple(directories_to_probe(options.site, env))
+    directories = directories_to_probe(launch.data)
     return replace(
         launch.scheduler.questions(launch.job, options),
         directories=directories,
@@ -80,12 +83,11 @@ def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
     fabric = plan_fabric(FabricRequest(
         env=env,
         multi_node=planned.nodes > 1,
-        site=options.site,
         head_address=head.host if head is not None else None,
         head_ipv4=head.address if head is not None else None,
         nccl_debug=options.nccl_debug,
         require_fabric=options.require_fabric,
         gloo=options.cpu_workers is not None,
         log_dir=options.log_dir,
-    ), facts)
+    ), facts, launch.data)
     return replace(planned, fabric=fabric)

@@ -21,6 +21,7 @@ from elf_tree import bind_into, build_fake_olivia_host, build_library
 
 from ddp_launch import binds as binds_cli
 from ddp_launch import planner
+from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.facts import Resolved, under
 from ddp_launch.options import read_options
 
@@ -59,7 +60,7 @@ def container(tmp_path_factory):
 
 def planned_library_path(root) -> str:
     argv = ["--site", "olivia", "--cpu-workers", "1"]
-    launch = planner.parse(read_options(argv, JOB), JOB)
+    launch = planner.parse(read_options(argv, JOB), JOB, read_fabric_data("olivia", JOB))
     asked = planner.questions(launch)
     # Not the name service: the head did not resolve here (the plan passes its name).
     facts = replace(planner.probe(replace(asked, head=None), str(root)), head=Resolved(asked.head, None))

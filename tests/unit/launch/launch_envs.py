@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Mapping, Optional
 
 from ddp_launch import planner
+from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.facts import NodeFacts, Resolved
 from ddp_launch.options import read_options
 
@@ -38,8 +39,10 @@ def fake_resolver(table: Mapping[str, str] = HOSTS):
 
 
 def launch_of(env: Mapping[str, str], *argv: str) -> planner.Launch:
-    """ddp-launch's argv and env, read once as cli.launch reads them (planner.parse)."""
-    return planner.parse(read_options(list(argv), env), env)
+    """ddp-launch's argv and env, read once as cli.launch reads them (planner.parse), with the
+    site profile and fabric defaults read from the repository's containers/sites."""
+    options = read_options(list(argv), env)
+    return planner.parse(options, env, read_fabric_data(options.site, env))
 
 
 def questions_for(env: Mapping[str, str], *argv: str):

@@ -20,6 +20,7 @@ from launch_envs import HOSTS, olivia
 
 from ddp_launch import planner
 from ddp_launch.errors import LaunchError
+from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.facts import Resolved
 from ddp_launch.options import read_options
 
@@ -43,7 +44,7 @@ def node_tree(root: Path, plugin_at: str | None = None, ld_conf: str | None = No
 
 def plan_on(root: Path, env: dict):
     """cli.launch's three steps on the fake node (the head's lookup answered from the fake table)."""
-    launch = planner.parse(read_options(ARGV, env), env)
+    launch = planner.parse(read_options(ARGV, env), env, read_fabric_data("olivia", env))
     questions = planner.questions(launch)
     facts = planner.probe(replace(questions, head=None), str(root))
     facts = replace(facts, head=Resolved(questions.head, HOSTS[questions.head.name]), machine="aarch64")
