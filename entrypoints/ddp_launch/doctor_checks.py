@@ -26,7 +26,7 @@ from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.facts import NodeFacts, list_dir, read_text, under
 from ddp_launch.libload import load_in_child, missing_library
 from ddp_launch.options import read_options
-from ddp_launch.plan import LaunchPlan
+from ddp_launch.plan import LAUNCHER, LaunchPlan
 from ddp_launch.rendezvous import host_name_problem
 from ddp_launch.sites import SiteProfile, container_search_paths
 
@@ -107,7 +107,7 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
         except LaunchError as error:
             problem = str(error)
     if launch is not None and launch.fabric is not None:
-        fabric = launch.fabric
+        fabric = FabricPlan(launch.fabric, tuple(c for c in launch.changes if c.origin != LAUNCHER), launch.findings)
     else:
         # The planner refused before the fabric: the node's own fabric settings still get checked.
         fabric = plan_fabric(FabricRequest(env=env, multi_node=False), facts, data)

@@ -90,4 +90,5 @@ def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
         gloo=options.cpu_workers is not None,
         log_dir=options.log_dir,
     ), facts, launch.data)
-    return replace(planned, fabric=fabric)
+    return replace(planned, changes=planned.changes + fabric.changes, notes=planned.notes + fabric.notes,
+                   fabric=fabric.fabric, findings=fabric.findings)

@@ -27,7 +27,7 @@ from ddp_launch.fabric.ethernet import ethernet_defaults
 from ddp_launch.fabric.infiniband import choose_roce_device, infiniband_defaults
 from ddp_launch.fabric.libpaths import library_path_changes, search_directories
 from ddp_launch.fabric.slingshot import slingshot_defaults
-from ddp_launch.plan import EnvChange, Finding
+from ddp_launch.plan import SITE_PROFILE, EnvChange, Finding
 from ddp_launch.sites import SiteProfile
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
@@ -141,7 +141,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> F
         for item in profile.env:
             if item.name == "NCCL_SOCKET_IFNAME":
                 continue  # used only as a fallback when the interfaces cannot be listed
-            builder.default(item.name, item.value, f"site {profile.name}: {item.source}")
+            builder.default(item.name, item.value, f"site {profile.name}: {item.source}", SITE_PROFILE)
         builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs, facts.loader_dirs))
 
     conditions = {

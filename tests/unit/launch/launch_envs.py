@@ -14,6 +14,7 @@ from ddp_launch import planner
 from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.facts import NodeFacts, Resolved
 from ddp_launch.options import read_options
+from ddp_launch.plan import LAUNCHER
 
 PYTHON = "/usr/bin/python3"
 
@@ -88,7 +89,8 @@ def plan_on_tree(env: Mapping[str, str], root, *argv: str, machine: str = "x86_6
 
 
 def env_of(plan) -> dict:
-    return {change.name: change.value for change in plan.env_changes}
+    """The variables the scheduler's plan and ours set (not the fabric's)."""
+    return {change.name: change.value for change in plan.changes if change.origin == LAUNCHER}
 
 
 # Olivia (Sigma2's Olivia guide): sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=4, srun.

@@ -84,7 +84,8 @@ def test_fabric_changes_and_notes_are_part_of_the_printed_plan(capsys):
     def fake_fabric(request, facts, data):
         seen.append((request, facts, data))
         return types.SimpleNamespace(fabric="slingshot", notes=("kept NCCL_PROTO=LL from the user",),
-                                     changes=(EnvChange("NCCL_SOCKET_IFNAME", "hsn0", "fabric: test"),))
+                                     changes=(EnvChange("NCCL_SOCKET_IFNAME", "hsn0", "fabric: test"),),
+                                     findings=())
 
     with mock.patch("ddp_launch.planner.plan_fabric", fake_fabric):
         code, out, _ = run_main(["--dry-run", "--rdzv-host", "10.10.0.1", "--site", "olivia",
