@@ -70,15 +70,16 @@ class ProbeQuestions:
 
 @dataclass(frozen=True)
 class Resolved:
-    """The one name lookup of a launch: the head asked about, as the scheduler named it, and its
-    IPv4 address (None: no answer, or a name no resolver takes, which is never looked up)."""
+    """The one name lookup of a launch: the head asked about, as the scheduler named it (with
+    where from, for the plan's messages), and its IPv4 address (None: no answer, or a name no
+    resolver takes, which is never looked up)."""
 
-    head: Head
+    asked: Head
     address: str | None
 
     @property
     def name(self) -> str:
-        return self.head.name
+        return self.asked.name
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
         raise LaunchError(f"PET_NNODES={job.nnodes} is set but {job.master_addr_source} is not: the job's "
                           f"master address is missing; pass --rdzv-host with the master pod's service name")
     # The master questions() named, and its one lookup.
-    name, source, address = facts.head.head.checked(), facts.head.head.source, facts.head.address
+    name, source, address = facts.head.asked.checked(), facts.head.asked.source, facts.head.address
     if address is None:
         host, head_note = name, f"rendezvous host {name} ({source}) did not resolve yet: passing the name"
     else:

@@ -239,7 +239,7 @@ def _head(slurm: SlurmEnv, options: LaunchOptions, facts: NodeFacts,
     """(rendezvous host, its IPv4 address when known, note): the override as given, or the first
     node's address, or its name; from the one lookup of the head questions() named (facts.head)."""
     multi = slurm.num_nodes > 1
-    name = facts.head.head.checked()
+    name = facts.head.asked.checked()
     address = facts.head.address
     if options.rdzv_host is not None:
         if multi and is_loopback(name):
