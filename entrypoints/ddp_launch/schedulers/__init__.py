@@ -7,6 +7,8 @@ up, whether to ask the CUDA driver about the GPUs it granted, how long to wait f
 plan(job, options, env, facts) -> LaunchPlan (pure: the node was read into facts, the head's
 lookup included). The planner calls each once (planner.py) and never asks which module it has:
 what differs between schedulers (the GPU check, the Flight Recorder settings) is in the module.
+A new module's --mode names also go into options.MODES and the help's epilog (options.py, which
+the modules import, so it cannot list them itself; test_schedulers.py checks MODES).
 
 Detection order (the first that matches wins; --mode / DDP_LAUNCH_MODE skips it):
   1. torchrun    TORCHELASTIC_RUN_ID set: we are a torchrun worker; never nest torchrun.
