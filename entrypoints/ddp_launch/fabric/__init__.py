@@ -64,7 +64,7 @@ class FabricPlan:
 def directories_to_probe(data: FabricData) -> tuple[str, ...]:
     """The container directories whose existence plan_fabric needs (the site's library paths).
 
-    None for a profile that could not be read: plan_fabric raises its error, in its turn.
+    Nothing for a profile that could not be read: plan_fabric raises its error, in its turn.
     """
     if not isinstance(data.profile, SiteProfile):
         return ()

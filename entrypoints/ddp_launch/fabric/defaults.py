@@ -88,7 +88,7 @@ class FabricData:
 
     A file that could not be read is held as its error and raised by site_profile() and
     fabric_defaults() when the plan asks for it: in its turn, after the scheduler's errors,
-    and only when the plan needs that file (an Ethernet job never reads slingshot.json).
+    and only when the plan needs that file (a broken slingshot.json never stops an Ethernet job).
     """
 
     profile: SiteProfile | LaunchError | None = None
