@@ -1,7 +1,8 @@
 """ddp-launch's edge: read the flags and the environment, probe the node, plan, then print or exec the plan.
 
-The reads of os.environ and the node (planner.probe), the prints and the exec are here;
-everything between them is pure (planner.plan_launch).
+The reads of os.environ, of the data files (read_fabric_data) and of the node (planner.probe),
+the prints and the exec are here; everything between them is pure (planner.parse,
+planner.questions, planner.plan).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ddp_contract import ENV_SOURCES_VAR
 from ddp_launch import planner
 from ddp_launch.forensics import env_sources
 from ddp_launch.errors import LaunchError, run_main
+from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.options import read_options
 from ddp_launch.plan import LaunchPlan
 
@@ -31,8 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def launch(argv: list[str]) -> int:
     env = dict(os.environ)
     options = read_options(argv, env)
-    facts = planner.probe(planner.ask(options, env))
-    plan = planner.plan_launch(options, env, facts)
+    parsed = planner.parse(options, env, read_fabric_data(options.site, env))
+    plan = planner.plan(parsed, planner.probe(planner.questions(parsed)))
     if options.dry_run:
         print(plan.render_json() if options.json else plan.render_text())
         return 0

@@ -21,11 +21,12 @@ from ddp_launch import planner
 from ddp_launch.envvars import integer
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, plan_fabric
-from ddp_launch.fabric.defaults import HostLibrary, load_fabric_defaults
+from ddp_launch.fabric.defaults import FabricData, HostLibrary, load_fabric_defaults, read_all_fabric_defaults
 from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.facts import NodeFacts, list_dir, read_text, under
 from ddp_launch.libload import load_in_child, missing_library
-from ddp_launch.plan import LaunchPlan
+from ddp_launch.options import read_options
+from ddp_launch.plan import LAUNCHER, LaunchPlan
 from ddp_launch.rendezvous import host_name_problem
 from ddp_launch.sites import SiteProfile, container_search_paths
 
@@ -91,24 +92,25 @@ def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
 def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext:
     """Probe and plan as `ddp-launch` would here; a refusal becomes ctx.plan_problem, not a crash."""
     argv = launcher_argv(profile)
+    data = FabricData(profile, read_all_fabric_defaults(env))
     launch, problem = None, None
     try:
+        parsed = planner.parse(read_options(argv, env), env, data)
         # Without the CUDA question: check_gpus asks torch itself and says more than a refusal.
-        questions = replace(planner.questions(argv, env), cuda=False)
+        questions = replace(planner.questions(parsed), cuda=False)
     except LaunchError as error:
-        questions, problem = planner.ProbeQuestions(directories=directories_to_probe(
-            profile.name if profile else None, env)), str(error)
+        questions, problem = planner.ProbeQuestions(directories=directories_to_probe(data)), str(error)
     facts = planner.probe(questions, root)
     if problem is None:
         try:
-            launch = planner.plan(argv, env, facts)
+            launch = planner.plan(parsed, facts)
         except LaunchError as error:
             problem = str(error)
     if launch is not None and launch.fabric is not None:
-        fabric = launch.fabric
+        fabric = FabricPlan(launch.fabric, tuple(c for c in launch.changes if c.origin != LAUNCHER), launch.findings)
     else:
         # The planner refused before the fabric: the node's own fabric settings still get checked.
-        fabric = plan_fabric(FabricRequest(env=env, multi_node=False, site=profile.name if profile else None), facts)
+        fabric = plan_fabric(FabricRequest(env=env, multi_node=False), facts, data)
     return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, launch, problem)
 
 

@@ -6,13 +6,14 @@ NodeFacts value, so tests build one by hand (or probe a fake tree under `root`).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import struct
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from ddp_launch.rendezvous import Head, ipv4_literal
 
 IPV4_MAPPED_PREFIX = "0000:0000:0000:0000:0000:ffff:"
 RTF_UP = 0x1
@@ -52,11 +53,33 @@ class Route:
 
 
 @dataclass(frozen=True)
-class Resolved:
-    """The one name lookup of a launch: the rendezvous host and its IPv4 address (None: no answer)."""
+class ProbeQuestions:
+    """What the plan will need to know about this node beyond the environment.
 
-    name: str
+    The scheduler asks the first three (schedulers/__init__.py), the planner the rest.
+    """
+
+    head: Head | None = None                # the rendezvous host to look up (when it has no problem)
+    cuda: bool = False                      # can the CUDA driver use the GPUs the scheduler granted
+    dns_wait_s: float | None = None         # retry the lookup this long (a pod's DNS record comes late)
+    directories: tuple[str, ...] = ()       # does each exist (the fabric's library and plugin dirs)
+    files: tuple[str, ...] = ()             # does each exist (the --script)
+    plugin_dirs: tuple[str, ...] | None = None  # where to look for NCCL's net plugin (on a Slingshot node)
+    loader_dirs: bool = False               # list the image's own library dirs (a site binds host libraries)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The one name lookup of a launch: the head asked about, as the scheduler named it (with
+    where from, for the plan's messages), and its IPv4 address (None: no answer, or a name no
+    resolver takes, which is never looked up)."""
+
+    asked: Head
     address: str | None
+
+    @property
+    def name(self) -> str:
+        return self.asked.name
 
 
 @dataclass(frozen=True)
@@ -99,10 +122,9 @@ class NodeFacts:
 
     def address_of(self, host: str) -> str | None:
         """host's IPv4 address from the one lookup (an address is its own answer)."""
-        try:
-            return str(ipaddress.IPv4Address(host))
-        except ValueError:
-            pass
+        literal = ipv4_literal(host)
+        if literal is not None:
+            return literal
         return self.head.address if self.head is not None and self.head.name == host else None
 
 
@@ -198,7 +220,13 @@ def probe_net_plugin(root: str, directories: Iterable[str]) -> NetPlugin:
     return NetPlugin(tuple(d for d in directories if holds(d)), any(holds(d) for d in loader_dirs(root)))
 
 
-def probe(root: str = "/", directories: Iterable[str] = (), head: str | None = None,
+def _look_up(head: Head | None, resolve: Callable[[str], str | None] | None) -> Resolved | None:
+    if head is None or resolve is None:
+        return None
+    return Resolved(head, resolve(head.name) if head.problem is None else None)
+
+
+def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = None,
           resolve: Callable[[str], str | None] | None = None,
           cuda: Callable[[], str | None] | None = None, files: Iterable[str] = (),
           plugin_dirs: Iterable[str] | None = None, loader: bool = False) -> NodeFacts:
@@ -227,7 +255,7 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: str | None = N
         existing_dirs=frozenset(d for d in directories if os.path.isdir(under(root, d))),
         existing_files=frozenset(f for f in files if os.path.isfile(f)),
         cwd=os.getcwd(),
-        head=Resolved(head, resolve(head)) if head is not None and resolve is not None else None,
+        head=_look_up(head, resolve),
         cuda_problem=cuda() if cuda is not None else None,
         net_plugin=(probe_net_plugin(root, plugin_dirs)
                     if plugin_dirs is not None and (cxi_devices or cxi_class) else None),

@@ -40,18 +40,10 @@ def flight_recorder_env(env: Mapping[str, str]) -> tuple[EnvChange, ...]:
 def env_sources(plan: LaunchPlan) -> str:
     """Who set each variable the plan sets, for the run's manifest: {name: "who: why"} as JSON.
 
-    The site profile's values carry "site NAME:" (fabric/__init__.py), the rest of the fabric's
-    are its defaults, the scheduler's and ours the launcher's. A variable the workers have
-    that is not here was set before ddp-launch ran: by the user or their job script.
+    Each change says who (EnvChange.origin): the site profile, the fabric's defaults, or the
+    launcher (the scheduler's plan and ours). A variable the workers have that is not here
+    was set before ddp-launch ran: by the user or their job script.
     """
-    fabric = plan.fabric.changes if plan.fabric is not None else ()
-    sources = {}
-    for change in plan.changes:
-        if change.value is None:
-            continue
-        if change in fabric:
-            who = "site profile" if change.reason.startswith("site ") else "fabric default"
-        else:
-            who = "launcher"
-        sources[change.name] = f"{who}: {change.reason}"
+    sources = {change.name: f"{change.origin}: {change.reason}" for change in plan.changes
+               if change.value is not None}
     return json.dumps(sources, separators=(",", ":"))

@@ -84,6 +84,11 @@ def granted_gpus(env: Mapping[str, str]) -> GpuGrant | None:
     return None
 
 
+def grant_to_check(grant: GpuGrant | None, cpu_workers: object) -> GpuGrant | None:
+    """The granted GPUs the CUDA driver must be able to use: none when --cpu-workers runs on CPU on purpose."""
+    return grant if cpu_workers is None else None
+
+
 def require_usable_gpus(grant: GpuGrant | None, driver_problem: str | None, on_kubernetes: bool,
                         gpu_device_files: int = 0) -> None:
     """Stop before launching when GPUs were granted but CUDA cannot see any.

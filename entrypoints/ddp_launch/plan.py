@@ -9,19 +9,21 @@ import json
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ddp_launch.fabric import FabricPlan
+# Who set a variable, for the run's manifest (forensics.env_sources).
+LAUNCHER = "launcher"               # the scheduler's plan and ours
+FABRIC_DEFAULT = "fabric default"   # containers/sites/fabrics/*.json and the fabric's rules
+SITE_PROFILE = "site profile"       # containers/sites/<site>.json
 
 
 @dataclass(frozen=True)
 class EnvChange:
-    """One environment variable the plan sets (value) or removes (value None)."""
+    """One environment variable the plan sets (value) or removes (value None), why, and who set it."""
 
     name: str
     value: str | None
     reason: str
+    origin: str = LAUNCHER
 
 
 @dataclass(frozen=True)
@@ -43,34 +45,28 @@ class Endpoint:
 
     host: str
     port: int | None    # None only inside torchrun when MASTER_PORT is unset
+    address: str | None = None  # host's IPv4 address, when known: the fabric routes to it
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
     """What will be exec'd, in what environment, and what the launch looks like to doctor and readers.
 
-    env_changes and notes are the scheduler's; the fabric's come with `fabric`, and
-    `changes` / `all_notes` are the two together, in the order they are applied and printed.
+    changes and notes are in the order they are applied and printed: the scheduler's, then the
+    fabric's (each change says who set it); findings are the fabric's, typed for doctor.
     """
 
     mode: str
     argv: tuple[str, ...]
-    env_changes: tuple[EnvChange, ...] = ()
+    changes: tuple[EnvChange, ...] = ()
     notes: tuple[str, ...] = ()
     nodes: int = 1
     rendezvous: Endpoint | None = None      # None: torchrun --standalone picks its own port
-    fabric: FabricPlan | None = None
+    fabric: str | None = None               # slingshot | infiniband | ethernet; None: not planned yet
+    findings: tuple[Finding, ...] = ()
     # One line for the job's output, printed before exec by the node (or rank) that hosts the
     # rendezvous only: which node is the head and at what address, as job scripts echo it.
     announcement: str | None = None
-
-    @property
-    def changes(self) -> tuple[EnvChange, ...]:
-        return self.env_changes + (self.fabric.changes if self.fabric is not None else ())
-
-    @property
-    def all_notes(self) -> tuple[str, ...]:
-        return self.notes + (tuple(self.fabric.notes) if self.fabric is not None else ())
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """The full environment for exec: base with this plan's changes applied."""
@@ -89,7 +85,7 @@ class LaunchPlan:
             for change in self.changes:
                 shown = "(unset)" if change.value is None else shlex.quote(change.value)
                 lines.append(f"  {change.name}={shown}  # {change.reason}")
-        lines.extend(f"note: {note}" for note in self.all_notes)
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
     def render_json(self) -> str:
@@ -101,11 +97,11 @@ class LaunchPlan:
                     {"name": c.name, "value": c.value, "reason": c.reason}
                     for c in self.changes
                 ],
-                "notes": list(self.all_notes),
+                "notes": list(self.notes),
                 "nodes": self.nodes,
                 "rendezvous": None if self.rendezvous is None else {
                     "host": self.rendezvous.host, "port": self.rendezvous.port},
-                "fabric": None if self.fabric is None else self.fabric.fabric,
+                "fabric": self.fabric,
             },
             indent=2,
         )

@@ -1,67 +1,60 @@
-"""Probe, then plan: which questions a launch asks of this node, the probe that answers them, the pure plan.
+"""One walk from the environment to the plan: parse it once, ask the node once, plan once.
 
-cli.main and doctor use the same three steps:
-    facts = probe(questions(argv, env));  plan = plan(argv, env, facts)
-Only probe() touches the node (files, the name service, the CUDA driver); the rest is pure.
+cli.launch and doctor take the same steps:
+    launch = parse(options, env, data);  facts = probe(questions(launch));  plan(launch, facts)
+parse picks the scheduler (schedulers/__init__.py) and reads its job; data is the site profile
+and the fabric defaults, read by the caller (fabric.defaults.read_fabric_data); only probe()
+touches the node (files, the name service, the CUDA driver); the rest is pure. Nothing here
+names a scheduler: each module answers for itself what to probe and how to launch.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import ModuleType
 
 from ddp_launch import facts as node, gpus
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, directories_to_probe, plan_fabric
-from ddp_launch.facts import NodeFacts
-from ddp_launch.forensics import flight_recorder_env
-from ddp_launch.options import LaunchOptions, read_options
+from ddp_launch.fabric.defaults import FabricData
+from ddp_launch.facts import NodeFacts, ProbeQuestions
+from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
-from ddp_launch.rendezvous import host_name_problem, lookup_ipv4, waiting_resolver
-from ddp_launch.schedulers import kubeflow, scheduler_for, torchrun
+from ddp_launch.rendezvous import lookup_ipv4, waiting_resolver
+from ddp_launch.schedulers import scheduler_for
+
+__all__ = ("Launch", "ProbeQuestions", "parse", "questions", "probe", "plan")
 
 
 @dataclass(frozen=True)
-class ProbeQuestions:
-    """What the plan will need to know about this node beyond the environment."""
+class Launch:
+    """The launch as read, once: the user's options, the environment, the scheduler that owns
+    it, its job (that scheduler's parse of env) and the fabric's data files."""
 
-    head: str | None = None                 # the rendezvous host name to look up
-    directories: tuple[str, ...] = ()       # does each exist (the fabric's library and plugin dirs)
-    files: tuple[str, ...] = ()             # does each exist (the --script)
-    cuda: bool = False                      # can the CUDA driver use the GPUs the scheduler granted
-    dns_wait_s: float | None = None         # retry the lookup this long (a pod's DNS record comes late)
-    plugin_dirs: tuple[str, ...] | None = None  # where to look for NCCL's net plugin (on a Slingshot node)
-    loader_dirs: bool = False               # list the image's own library dirs (a site binds host libraries)
-
-
-def questions(argv: Sequence[str], env: Mapping[str, str]) -> ProbeQuestions:
-    """What to probe for ddp-launch's argv (without the program name) and environment (pure)."""
-    return ask(read_options(argv, env), env)
+    options: LaunchOptions
+    env: Mapping[str, str]
+    scheduler: ModuleType
+    job: object
+    data: FabricData
 
 
-def plan(argv: Sequence[str], env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
-    """The launch for ddp-launch's argv and environment on the node facts describe (pure)."""
-    return plan_launch(read_options(argv, env), env, facts)
-
-
-def ask(options: LaunchOptions, env: Mapping[str, str]) -> ProbeQuestions:
-    """The questions for options and env (pure; a bad scheduler environment is refused here)."""
+def parse(options: LaunchOptions, env: Mapping[str, str], data: FabricData) -> Launch:
+    """The scheduler for options.mode (or detected) and its job (pure; a bad scheduler environment is refused here)."""
     scheduler = scheduler_for(options.mode, env)
-    head = scheduler.head(scheduler.parse(env), options)
-    name = str(head.value) if head is not None else None
-    # A name no resolver takes is not asked: the plan refuses it, naming where it came from.
-    if name is not None and host_name_problem(name) is not None:
-        name = None
+    return Launch(options, env, scheduler, scheduler.parse(env), data)
+
+
+def questions(launch: Launch) -> ProbeQuestions:
+    """The scheduler's questions (head, GPUs, DNS wait) and the node's (the script, the site's directories)."""
+    options, env = launch.options, launch.env
     script = options.workload.script
-    directories = tuple(directories_to_probe(options.site, env))
-    return ProbeQuestions(
-        head=name,
+    directories = directories_to_probe(launch.data)
+    return replace(
+        launch.scheduler.questions(launch.job, options),
         directories=directories,
         files=(script,) if script is not None else (),
-        cuda=_granted_gpus_to_check(options, scheduler, env) is not None,
-        dns_wait_s=options.dns_timeout_s if scheduler is kubeflow and not options.dry_run else None,
         # The workers' LD_LIBRARY_PATH is the user's with the site's directories merged in.
         plugin_dirs=tuple(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d) + directories,
         loader_dirs=bool(directories),
@@ -78,37 +71,24 @@ def probe(questions: ProbeQuestions, root: str = "/") -> NodeFacts:
                       questions.plugin_dirs, questions.loader_dirs)
 
 
-def plan_launch(options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
-    """The whole launch, fabric included, from options, the environment and the node's facts (pure)."""
+def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
+    """The whole launch, fabric included, from the launch as read and the node's facts (pure)."""
+    options, env = launch.options, launch.env
     script = options.workload.script
     if script is not None and script not in facts.existing_files:
         raise LaunchError(f"--script {script!r} is not a file: give the path of a Python file "
                           f"(relative paths are taken from {facts.cwd})")
-    scheduler = scheduler_for(options.mode, env)
-    launch = scheduler.plan(scheduler.parse(env), options, env, facts)
-    grant = _granted_gpus_to_check(options, scheduler, env)
-    if grant is not None:
-        gpus.require_usable_gpus(grant, facts.cuda_problem, on_kubernetes=scheduler is kubeflow,
-                                 gpu_device_files=facts.gpu_device_files)
+    planned = launch.scheduler.plan(launch.job, options, env, facts)
+    head = planned.rendezvous
     fabric = plan_fabric(FabricRequest(
         env=env,
-        multi_node=launch.nodes > 1,
-        site=options.site,
-        head_address=launch.rendezvous.host if launch.rendezvous is not None else None,
+        multi_node=planned.nodes > 1,
+        head_address=head.host if head is not None else None,
+        head_ipv4=head.address if head is not None else None,
         nccl_debug=options.nccl_debug,
         require_fabric=options.require_fabric,
         gloo=options.cpu_workers is not None,
         log_dir=options.log_dir,
-    ), facts)
-    # Inside a torchrun we did not start, the workload runs as that torchrun set it up.
-    forensics = flight_recorder_env(env) if scheduler is not torchrun else ()
-    return replace(launch, fabric=fabric, env_changes=launch.env_changes + forensics)
-
-
-def _granted_gpus_to_check(options: LaunchOptions, scheduler: ModuleType,
-                           env: Mapping[str, str]) -> gpus.GpuGrant | None:
-    """GPUs the scheduler granted, when the launch will use them: inside torchrun the agent
-    already checked, and --cpu-workers is CPU on purpose."""
-    if scheduler is torchrun or options.cpu_workers is not None:
-        return None
-    return gpus.granted_gpus(env)
+    ), facts, launch.data)
+    return replace(planned, changes=planned.changes + fabric.changes, notes=planned.notes + fabric.notes,
+                   fabric=fabric.fabric, findings=fabric.findings)

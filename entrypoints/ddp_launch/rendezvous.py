@@ -9,6 +9,7 @@ import ipaddress
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ddp_launch.errors import LaunchError
 
@@ -31,6 +32,14 @@ def rendezvous_port(job_id: int, step_id: int) -> int:
     (pytorch#116974: a 10-minute join timeout).
     """
     return PORT_BASE + (job_id % PORT_JOB_SLOTS) * PORT_STEP_SLOTS + step_id % PORT_STEP_SLOTS
+
+
+def ipv4_literal(host: str) -> str | None:
+    """host when it is written as an IPv4 address (its own answer, no lookup), else None."""
+    try:
+        return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        return None
 
 
 def is_loopback(host: str) -> bool:
@@ -91,13 +100,26 @@ def host_name_problem(host: str) -> str | None:
     return None
 
 
-def check_host_name(host: str, source: str) -> str:
-    """host, or a LaunchError naming where it came from when no resolver can take it."""
-    problem = host_name_problem(host)
-    if problem is not None:
-        raise LaunchError(f"{source}={host!r} is not a valid host name ({problem}): give the head node's "
-                          f"name or IPv4 address")
-    return host
+@dataclass(frozen=True)
+class Head:
+    """The rendezvous host as a scheduler names it and where the name came from, checked once:
+    problem says why no resolver can take it (None: one can). The probe looks up only a name
+    without a problem; the plan refuses one with, in its turn after the scheduler's other checks."""
+
+    name: str
+    source: str
+    problem: str | None = None
+
+    @classmethod
+    def named(cls, name: str, source: str) -> Head:
+        return cls(name, source, host_name_problem(name))
+
+    def checked(self) -> str:
+        """The name, or a LaunchError naming where it came from when no resolver can take it."""
+        if self.problem is not None:
+            raise LaunchError(f"{self.source}={self.name!r} is not a valid host name ({self.problem}): give the "
+                              f"head node's name or IPv4 address")
+        return self.name
 
 
 def lookup_ipv4(host: str) -> str | None:
@@ -106,13 +128,10 @@ def lookup_ipv4(host: str) -> str | None:
     Debian and Ubuntu map a host's own name to 127.0.1.1 in /etc/hosts (Debian Reference,
     "The hostname resolution"), so on the head node itself getaddrinfo can answer
     ['127.0.1.1', '192.168.20.15']: the other nodes can reach only the second.
+    host was checked when it was named (Head.named); a name no resolver takes answers None.
     """
-    try:
-        ipaddress.IPv4Address(host)
+    if ipv4_literal(host) is not None:
         return host
-    except ValueError:
-        pass
-    check_host_name(host, "rendezvous host")
     try:
         infos = socket.getaddrinfo(dns_name(host), None, socket.AF_INET, socket.SOCK_STREAM)
     except (OSError, UnicodeError):

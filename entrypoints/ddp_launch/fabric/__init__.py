@@ -1,7 +1,8 @@
 """Fabric environment for NCCL/libfabric: Slingshot (CXI), InfiniBand/RoCE, Ethernet.
 
-plan_fabric(request, facts) is pure: the node was read once into NodeFacts (facts.py),
-and the values come from data with their sources. Each variable is layered as:
+plan_fabric(request, facts, data) is pure: the node was read once into NodeFacts (facts.py),
+the files once into FabricData (defaults.py, read at the edge: cli, doctor), and the values
+come from that data with their sources. Each variable is layered as:
 
     fabric default  <  site profile  <  the user's environment
 
@@ -21,13 +22,13 @@ from ddp_contract import EXPECT_FABRIC_VAR, LOG_DIR_VAR, REQUIRE_FABRIC_VAR
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts
 from ddp_launch.fabric.common import EnvBuilder
-from ddp_launch.fabric.defaults import load_fabric_defaults
+from ddp_launch.fabric.defaults import FabricData
 from ddp_launch.fabric.ethernet import ethernet_defaults
 from ddp_launch.fabric.infiniband import choose_roce_device, infiniband_defaults
 from ddp_launch.fabric.libpaths import library_path_changes, search_directories
 from ddp_launch.fabric.slingshot import slingshot_defaults
-from ddp_launch.plan import EnvChange, Finding
-from ddp_launch.sites import SiteProfile, load_site
+from ddp_launch.plan import SITE_PROFILE, EnvChange, Finding
+from ddp_launch.sites import SiteProfile
 
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 HIGH_SPEED_FABRICS = ("slingshot", "infiniband")
@@ -40,8 +41,8 @@ _NOTE_PREFIX = {"info": "", "warning": "warning: ", "error": "warning: "}
 class FabricRequest:
     env: Mapping[str, str]              # the environment the launcher was started with
     multi_node: bool                    # more than one node in this job step
-    site: str | None = None             # --site / DDP_LAUNCH_SITE, e.g. "olivia"; None = detect
     head_address: str | None = None     # rendezvous host, for route-based interface choice
+    head_ipv4: str | None = None        # its IPv4 address, when known (the route is to this)
     nccl_debug: str | None = None       # --nccl-debug LEVEL
     require_fabric: bool = False        # --require-fabric
     gloo: bool = False                  # CPU workers: gloo over TCP, whatever the node's HCAs
@@ -60,14 +61,14 @@ class FabricPlan:
         return tuple(_NOTE_PREFIX[f.severity] + f.text for f in self.findings)
 
 
-def directories_to_probe(site: str | None, env: Mapping[str, str]) -> tuple[str, ...]:
-    """The container directories whose existence plan_fabric needs (the site's library paths)."""
-    if not site:
+def directories_to_probe(data: FabricData) -> tuple[str, ...]:
+    """The container directories whose existence plan_fabric needs (the site's library paths).
+
+    Nothing for a profile that could not be read: plan_fabric raises its error, in its turn.
+    """
+    if not isinstance(data.profile, SiteProfile):
         return ()
-    try:
-        return search_directories(load_site(site, env))
-    except LaunchError:
-        return ()  # plan_fabric raises it again, in its turn after the scheduler's errors
+    return search_directories(data.profile)
 
 
 def detect_fabric(facts: NodeFacts) -> str:
@@ -119,8 +120,8 @@ def _observe_transport(builder: EnvBuilder, request: FabricRequest, fabric: str)
         builder.default("NCCL_DEBUG_FILE", nccl_debug_file(request), "one NCCL log per process; NCCL warnings land here too")
 
 
-def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
-    profile = load_site(request.site, request.env) if request.site else None
+def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> FabricPlan:
+    profile = data.site_profile()
     fabric = profile.fabric if profile and profile.fabric != "auto" else detect_fabric(facts)
     builder = EnvBuilder(request.env)
     sockets_reason = ethernet_requested(request, profile)
@@ -140,7 +141,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
         for item in profile.env:
             if item.name == "NCCL_SOCKET_IFNAME":
                 continue  # used only as a fallback when the interfaces cannot be listed
-            builder.default(item.name, item.value, f"site {profile.name}: {item.source}")
+            builder.default(item.name, item.value, f"site {profile.name}: {item.source}", SITE_PROFILE)
         builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs, facts.loader_dirs))
 
     conditions = {
@@ -150,14 +151,14 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts) -> FabricPlan:
     }
     if fabric == "slingshot":
         profile_ifname = profile.env_value("NCCL_SOCKET_IFNAME") if profile else None
-        slingshot_defaults(builder, load_fabric_defaults("slingshot", request.env), facts, conditions,
+        slingshot_defaults(builder, data.fabric_defaults("slingshot"), facts, conditions,
                            profile_ifname.value if profile_ifname else None, profile.name if profile else None)
     elif fabric == "infiniband":
-        infiniband_defaults(builder, load_fabric_defaults("infiniband", request.env), facts, conditions, request.env)
+        infiniband_defaults(builder, data.fabric_defaults("infiniband"), facts, conditions, request.env)
     elif request.multi_node:
-        ethernet_defaults(builder, facts, request.head_address)
+        ethernet_defaults(builder, facts, request.head_address, request.head_ipv4)
 
-    for item in load_fabric_defaults("common", request.env).applicable(conditions):
+    for item in data.fabric_defaults("common").applicable(conditions):
         builder.default(item.name, item.value, item.source)
 
     if request.multi_node:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ddp_launch.plan import EnvChange, Finding
+from ddp_launch.plan import FABRIC_DEFAULT, EnvChange, Finding
 
 
 @dataclass
@@ -26,7 +26,7 @@ class EnvBuilder:
     def note(self, topic: str, severity: str, text: str) -> None:
         self.findings.append(Finding(topic, severity, text))
 
-    def default(self, name: str, value: str, reason: str) -> bool:
+    def default(self, name: str, value: str, reason: str, origin: str = FABRIC_DEFAULT) -> bool:
         """Set name unless the user (or an earlier, more specific rule) already did."""
         if name in self.env:
             if self.env[name] != value:
@@ -34,10 +34,10 @@ class EnvBuilder:
             return False
         if self.planned(name) is not None:
             return False
-        self.changes.append(EnvChange(name, value, reason))
+        self.changes.append(EnvChange(name, value, reason, origin))
         return True
 
     def force(self, name: str, value: str, reason: str) -> None:
         """Set name even if the environment has it (an explicit command-line choice)."""
         self.changes = [c for c in self.changes if c.name != name]
-        self.changes.append(EnvChange(name, value, reason))
+        self.changes.append(EnvChange(name, value, reason, FABRIC_DEFAULT))

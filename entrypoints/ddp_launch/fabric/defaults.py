@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.sites import read_json_file, sites_dirs
+from ddp_launch.sites import SiteProfile, load_site, read_json_file, sites_dirs
 
 FABRICS_DIRNAME = "fabrics"
+# The files plan_fabric may need: the fabric's own (Ethernet has none), then common.json for every fabric.
+FABRIC_FILES = ("slingshot", "infiniband", "common")
 # What a value's "when" may name; plan_fabric works out each one for the job and node.
 CONDITIONS = (
     "multi_node",   # more than one node in the job step
@@ -77,6 +79,53 @@ def load_fabric_defaults(name: str, env: Mapping[str, str]) -> FabricDefaults:
             return read_fabric_defaults(path)
     raise LaunchError(f"fabric defaults {FABRICS_DIRNAME}/{name}.json not found (searched {', '.join(fabric_dirs(env))}); "
                       "restore containers/sites/fabrics from the repository (the image copies it to /opt/ddp/sites)")
+
+
+@dataclass(frozen=True)
+class FabricData:
+    """What plan_fabric reads besides the node: the site profile (None: no --site) and the fabric
+    defaults by name, read once at the edge (cli, doctor) by read_fabric_data.
+
+    A file that could not be read is held as its error and raised by site_profile() and
+    fabric_defaults() when the plan asks for it: in its turn, after the scheduler's errors,
+    and only when the plan needs that file (a broken slingshot.json never stops an Ethernet job).
+    """
+
+    profile: SiteProfile | LaunchError | None = None
+    defaults: Mapping[str, FabricDefaults | LaunchError] = field(default_factory=dict)
+
+    def site_profile(self) -> SiteProfile | None:
+        if isinstance(self.profile, LaunchError):
+            raise self.profile
+        return self.profile
+
+    def fabric_defaults(self, name: str) -> FabricDefaults:
+        found = self.defaults.get(name) or LaunchError(f"fabric defaults {FABRICS_DIRNAME}/{name}.json not read")
+        if isinstance(found, LaunchError):
+            raise found
+        return found
+
+
+def read_fabric_data(site: str | None, env: Mapping[str, str]) -> FabricData:
+    """The edge: read the site profile called site (--site / DDP_LAUNCH_SITE) and every fabric's defaults."""
+    profile: SiteProfile | LaunchError | None = None
+    if site:
+        try:
+            profile = load_site(site, env)
+        except LaunchError as error:
+            profile = error
+    return FabricData(profile, read_all_fabric_defaults(env))
+
+
+def read_all_fabric_defaults(env: Mapping[str, str]) -> dict[str, FabricDefaults | LaunchError]:
+    """The edge: each of FABRIC_FILES, or the error that says why it cannot be read."""
+    defaults: dict[str, FabricDefaults | LaunchError] = {}
+    for name in FABRIC_FILES:
+        try:
+            defaults[name] = load_fabric_defaults(name, env)
+        except LaunchError as error:
+            defaults[name] = error
+    return defaults
 
 
 def read_fabric_defaults(path: str) -> FabricDefaults:

@@ -52,14 +52,17 @@ def loopback_problem(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def ethernet_defaults(builder: EnvBuilder, facts: NodeFacts, head_address: str | None) -> None:
-    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for a multi-node job: never loopback."""
+def ethernet_defaults(builder: EnvBuilder, facts: NodeFacts, head_address: str | None,
+                      address: str | None) -> None:
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for a multi-node job: never loopback.
+
+    head_address is the rendezvous host as torchrun gets it, address its IPv4 address when known.
+    """
     problem = loopback_problem(builder.env)
     if problem:
         builder.note("interface", "error", problem)
     if not head_address:
         return
-    address = facts.address_of(head_address)
     if address is None:
         builder.note("route", "warning",
                      f"cannot resolve head node {head_address} to IPv4; socket interface left to NCCL/Gloo")

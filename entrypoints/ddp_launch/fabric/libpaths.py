@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import AbstractSet
 
-from ddp_launch.plan import EnvChange
+from ddp_launch.plan import SITE_PROFILE, EnvChange
 from ddp_launch.sites import SiteProfile, container_search_paths
 
 
@@ -50,10 +50,10 @@ def library_path_changes(profile: SiteProfile, env: Mapping[str, str], existing_
         changes.append(EnvChange(
             "LD_LIBRARY_PATH", merged,
             f"site {profile.name}: host libraries bound by `ddp-launch binds` (OFI plugin first, your entries "
-            f"kept, the image's own libraries before the host's closure)",
+            f"kept, the image's own libraries before the host's closure)", SITE_PROFILE,
         ))
     current_cpath = env.get("CPATH", "")
     merged_cpath = _merge(paths["include"], current_cpath, ())
     if merged_cpath != current_cpath:
-        changes.append(EnvChange("CPATH", merged_cpath, f"site {profile.name}: host libfabric headers"))
+        changes.append(EnvChange("CPATH", merged_cpath, f"site {profile.name}: host libfabric headers", SITE_PROFILE))
     return tuple(changes)

@@ -12,6 +12,7 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NET_PLUGIN_FILE, NodeFacts
 from ddp_launch.fabric.common import EnvBuilder
 from ddp_launch.fabric.defaults import FabricDefault, FabricDefaults
+from ddp_launch.plan import SITE_PROFILE
 
 
 def check_socket_ifname(value: str, interfaces: tuple[str, ...]) -> str | None:
@@ -85,7 +86,8 @@ def slingshot_defaults(
             "the hsn* interfaces present in /sys/class/net (bootstrap on the Slingshot NICs, not the management network)",
         )
     elif interfaces is None and profile_ifname:
-        builder.default("NCCL_SOCKET_IFNAME", profile_ifname, "site profile (could not list /sys/class/net)")
+        builder.default("NCCL_SOCKET_IFNAME", profile_ifname, "site profile (could not list /sys/class/net)",
+                        SITE_PROFILE)
     elif interfaces is not None:
         builder.note("interface", "warning", "Slingshot expected but no hsn* interface exists; NCCL_SOCKET_IFNAME left unset")
     if interfaces and "NCCL_SOCKET_IFNAME" in env:

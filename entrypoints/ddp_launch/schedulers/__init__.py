@@ -2,8 +2,13 @@
 
 Every module has the same shape: MODES (the --mode names it plans), VARIABLES (question ->
 the variables that answer it, first set wins), detect(env), parse(env) -> a frozen job,
-head(job, options) -> the rendezvous host to look up (or None), and
-plan(job, options, env, facts) -> LaunchPlan (pure: the node was read into facts).
+questions(job, options) -> ProbeQuestions (what it needs probed: the rendezvous host to look
+up, whether to ask the CUDA driver about the GPUs it granted, how long to wait for DNS), and
+plan(job, options, env, facts) -> LaunchPlan (pure: the node was read into facts, the head's
+lookup included). The planner calls each once (planner.py) and never asks which module it has:
+what differs between schedulers (the GPU check, the Flight Recorder settings) is in the module.
+A new module's --mode names also go into options.MODES and the help's epilog (options.py, which
+the modules import, so it cannot list them itself; test_schedulers.py checks MODES).
 
 Detection order (the first that matches wins; --mode / DDP_LAUNCH_MODE skips it):
   1. torchrun    TORCHELASTIC_RUN_ID set: we are a torchrun worker; never nest torchrun.

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from ddp_launch import gpus as gpu_count
 from ddp_launch.envvars import Setting, first_set, integer, is_digits, port
 from ddp_launch.errors import LaunchError
-from ddp_launch.facts import NodeFacts
+from ddp_launch.facts import NodeFacts, ProbeQuestions
+from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
-from ddp_launch.rendezvous import check_host_name, is_loopback
+from ddp_launch.rendezvous import Head, is_loopback
 from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
                                          torchrun_command, torchrun_env)
 
@@ -61,6 +62,7 @@ class KubeflowEnv:
     master_port: int | None
     run_id: str | None
     max_restarts: Setting | None
+    gpus: gpu_count.GpuGrant | None     # what the pod was granted (checked against the driver)
 
 
 def _nnodes(value: str) -> int:
@@ -102,16 +104,25 @@ def parse(env: Mapping[str, str]) -> KubeflowEnv:
         master_port=port(port_name, port_value) if port_value is not None else None,
         run_id=run_id,
         max_restarts=restarts,
+        gpus=gpu_count.granted_gpus(env),
     )
 
 
-def head(job: KubeflowEnv, options: LaunchOptions) -> Setting | None:
-    """The rendezvous host to look up: --rdzv-host, else the job's master address (None: neither)."""
+def head(job: KubeflowEnv, options: LaunchOptions) -> Head | None:
+    """The rendezvous host: --rdzv-host, else the job's master address (None: neither)."""
     if options.rdzv_host is not None:
-        return Setting(str(options.rdzv_host.value), options.rdzv_host.source)
+        return Head.named(str(options.rdzv_host.value), options.rdzv_host.source)
     if job.master_addr is not None:
-        return Setting(job.master_addr, job.master_addr_source)
+        return Head.named(job.master_addr, job.master_addr_source)
     return None
+
+
+def questions(job: KubeflowEnv, options: LaunchOptions) -> ProbeQuestions:
+    """Look up the master, waiting for its DNS record (not on a dry run); ask the CUDA driver
+    about the GPUs the pod was granted."""
+    return ProbeQuestions(head=head(job, options),
+                          cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None,
+                          dns_wait_s=options.dns_timeout_s if not options.dry_run else None)
 
 
 def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
@@ -123,12 +134,11 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
         raise LaunchError("PET_NODE_RANK and RANK are unset: this pod cannot tell whether it hosts the "
                           "rendezvous; the operator sets them, so check the job spec")
     is_head = (job.node_rank or 0) == 0
-    master = head(job, options)
-    if master is None:
+    if options.rdzv_host is None and job.master_addr is None:
         raise LaunchError(f"PET_NNODES={job.nnodes} is set but {job.master_addr_source} is not: the job's "
                           f"master address is missing; pass --rdzv-host with the master pod's service name")
-    name, source = str(master.value), master.source
-    address = facts.address_of(check_host_name(name, source))
+    # The master questions() named, and its one lookup.
+    name, source, address = facts.head.asked.checked(), facts.head.asked.source, facts.head.address
     if address is None:
         host, head_note = name, f"rendezvous host {name} ({source}) did not resolve yet: passing the name"
     else:
@@ -154,8 +164,10 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
     changes = (removed + torchrun_env(env, restarts, log_dir, f"pod{job.node_rank or 0}")
-               + workers_env(workers, env, facts.cpu_count))
+               + workers_env(workers, env, facts.cpu_count) + flight_recorder_env(env))
     announcement = (f"ddp-launch: {job.max_nodes} pods: {head_note}, port {rdzv_port}"
                     if multi and is_head else None)
-    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port),
+    gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, options.cpu_workers), facts.cuda_problem,
+                                  on_kubernetes=True, gpu_device_files=facts.gpu_device_files)
+    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port, address),
                       announcement=announcement)

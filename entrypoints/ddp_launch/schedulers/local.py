@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from ddp_launch import gpus as gpu_count
 from ddp_launch.errors import LaunchError
-from ddp_launch.facts import NodeFacts
+from ddp_launch.facts import NodeFacts, ProbeQuestions
+from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
@@ -27,16 +28,18 @@ def detect(env: Mapping[str, str]) -> bool:
 
 @dataclass(frozen=True)
 class LocalEnv:
-    """Nothing to read: one machine has no job layout."""
+    """One machine has no job layout: only the GPUs it was given, if anything says so."""
+
+    gpus: gpu_count.GpuGrant | None
 
 
 def parse(env: Mapping[str, str]) -> LocalEnv:
-    return LocalEnv()
+    return LocalEnv(gpu_count.granted_gpus(env))
 
 
-def head(job: LocalEnv, options: LaunchOptions) -> None:
-    """Nothing to look up: --standalone serves the rendezvous on this machine."""
-    return None
+def questions(job: LocalEnv, options: LaunchOptions) -> ProbeQuestions:
+    """Nothing to look up (--standalone serves the rendezvous here); ask the CUDA driver about granted GPUs."""
+    return ProbeQuestions(cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None)
 
 
 def plan(job: LocalEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
@@ -52,5 +55,8 @@ def plan(job: LocalEnv, options: LaunchOptions, env: Mapping[str, str], facts: N
                if s is not None]
     if ignored:
         notes.append(f"ignored in local mode (--standalone picks a free port): {', '.join(ignored)}")
-    changes = torchrun_env(env, restarts, options.log_dir) + workers_env(workers, env, facts.cpu_count)
+    changes = (torchrun_env(env, restarts, options.log_dir) + workers_env(workers, env, facts.cpu_count)
+               + flight_recorder_env(env))
+    gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, options.cpu_workers), facts.cuda_problem,
+                                  on_kubernetes=False, gpu_device_files=facts.gpu_device_files)
     return LaunchPlan("local", argv, changes, tuple(notes))

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from ddp_launch import gpus as gpu_count
 from ddp_launch.envvars import Setting, first_set, integer
 from ddp_launch.errors import LaunchError
-from ddp_launch.facts import NodeFacts
+from ddp_launch.facts import NodeFacts, ProbeQuestions
+from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.node_workers import task_threads, worker_notes, workers_env, workers_per_node
 from ddp_launch.nodelist import expand_nodelist
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
-from ddp_launch.rendezvous import check_host_name, is_loopback, rendezvous_port
+from ddp_launch.rendezvous import Head, is_loopback, rendezvous_port
 from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
                                          torchrun_command, torchrun_env)
 
@@ -89,6 +90,7 @@ class SlurmEnv:
     proc_id: int | None
     local_id: int | None
     cpus_per_task: int | None
+    gpus: gpu_count.GpuGrant | None  # what SLURM granted this node (checked against the driver)
 
     @property
     def num_nodes(self) -> int:
@@ -170,6 +172,7 @@ def parse(env: Mapping[str, str]) -> SlurmEnv:
         proc_id=proc_id,
         local_id=_int(first_set(env, TASK_VARIABLES["local_id"])),
         cpus_per_task=_int(first_set(env, TASK_VARIABLES["cpus_per_task"])),
+        gpus=gpu_count.granted_gpus(env),
     )
     here = slurm.tasks_here()
     if slurm.local_id is not None and here is not None and slurm.local_id >= here:
@@ -194,21 +197,30 @@ def auto_mode(slurm: SlurmEnv) -> str:
     return "slurm-node" if slurm.one_task_per_node() else "slurm-task"
 
 
-def head(job: SlurmEnv, options: LaunchOptions) -> Setting | None:
-    """The name to look up: --rdzv-host, else the first node.
+def head(job: SlurmEnv, options: LaunchOptions) -> Head:
+    """The rendezvous host: --rdzv-host, else the first node.
 
     An --rdzv-host is passed to torchrun as given; its address still picks the socket
     interface that routes to it on an Ethernet job (fabric/ethernet.py).
     """
     if options.rdzv_host is not None:
-        return Setting(str(options.rdzv_host.value), options.rdzv_host.source)
-    return Setting(job.nodes[0], f"the first host of {job.nodes_source}")
+        return Head.named(str(options.rdzv_host.value), options.rdzv_host.source)
+    return Head.named(job.nodes[0], f"the first host of {job.nodes_source}")
+
+
+def questions(job: SlurmEnv, options: LaunchOptions) -> ProbeQuestions:
+    """Look up the rendezvous host; ask the CUDA driver about the GPUs SLURM granted."""
+    return ProbeQuestions(head=head(job, options),
+                          cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None)
 
 
 def plan(job: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
     """--mode slurm-node or slurm-task when given, else the one the step's layout asks for."""
     mode = options.mode if options.mode in MODES else auto_mode(job)
-    return (_plan_node if mode == "slurm-node" else _plan_task)(job, options, env, facts)
+    launch = (_plan_node if mode == "slurm-node" else _plan_task)(job, options, env, facts)
+    gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, options.cpu_workers), facts.cuda_problem,
+                                  on_kubernetes=False, gpu_device_files=facts.gpu_device_files)
+    return launch
 
 
 # -- shared checks and the rendezvous ------------------------------------------------------
@@ -222,27 +234,27 @@ def _check_nodes(slurm: SlurmEnv, options: LaunchOptions) -> None:
                           f"only one node would join: start it with srun (SLURM_STEP_ID is unset)")
 
 
-def _head(slurm: SlurmEnv, options: LaunchOptions, facts: NodeFacts, is_head: bool) -> tuple[str, str]:
-    """(rendezvous host, note): the override, or the first node's IPv4 address, or its name."""
+def _head(slurm: SlurmEnv, options: LaunchOptions, facts: NodeFacts,
+          is_head: bool) -> tuple[str, str | None, str]:
+    """(rendezvous host, its IPv4 address when known, note): the override as given, or the first
+    node's address, or its name; from the one lookup of the head questions() named (facts.head)."""
     multi = slurm.num_nodes > 1
+    name = facts.head.asked.checked()
+    address = facts.head.address
     if options.rdzv_host is not None:
-        host = check_host_name(str(options.rdzv_host.value), options.rdzv_host.source)
-        if multi and is_loopback(host):
-            raise LaunchError(f"{options.rdzv_host.source}={host!r} is a loopback address on a "
+        if multi and is_loopback(name):
+            raise LaunchError(f"{options.rdzv_host.source}={name!r} is a loopback address on a "
                               f"{slurm.num_nodes}-node job: every node would rendezvous with itself; "
                               f"give the head node's routable name or address")
-        return host, f"rendezvous host {host} from {options.rdzv_host.source}"
-    first = head(slurm, options)
-    name = check_host_name(str(first.value), first.source)
-    address = facts.address_of(name)
+        return name, address, f"rendezvous host {name} from {options.rdzv_host.source}"
     if address is None:
-        return name, f"head node {name} (first of {slurm.nodes_source}) did not resolve here: passing the name"
+        return name, None, f"head node {name} (first of {slurm.nodes_source}) did not resolve here: passing the name"
     if multi and is_loopback(address):
         if not is_head:
             raise LaunchError(f"head node {name!r} resolves to {address} (loopback) on this node: fix the "
                               f"name service (/etc/hosts) or pass --rdzv-host with the head's address")
-        return name, f"head node {name} resolves to loopback {address} here: passing the name"
-    return address, f"head node {name} (first of {slurm.nodes_source}) = {address}"
+        return name, address, f"head node {name} resolves to loopback {address} here: passing the name"
+    return address, address, f"head node {name} (first of {slurm.nodes_source}) = {address}"
 
 
 def _announcement(slurm: SlurmEnv, speaks: bool, head_note: str, port: int) -> str | None:
@@ -272,7 +284,7 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
         raise LaunchError("SLURM_NODEID and SLURMD_NODENAME are unset, so this node cannot tell whether it "
                           "hosts the rendezvous: start ddp-launch with srun")
     is_head = index in (None, 0)
-    host, head_note = _head(slurm, options, facts, is_head)
+    host, address, head_note = _head(slurm, options, facts, is_head)
     port, port_note = _port(slurm, options)
     workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files))
     run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
@@ -285,8 +297,9 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
     node = slurm.node_name or (slurm.nodes[index] if index is not None else slurm.nodes[0])
-    changes = torchrun_env(env, restarts, options.log_dir, node) + workers_env(workers, env, facts.cpu_count)
-    return LaunchPlan("slurm-node", argv, changes, notes, slurm.num_nodes, Endpoint(host, port),
+    changes = (torchrun_env(env, restarts, options.log_dir, node) + workers_env(workers, env, facts.cpu_count)
+               + flight_recorder_env(env))
+    return LaunchPlan("slurm-node", argv, changes, notes, slurm.num_nodes, Endpoint(host, port, address),
                       announcement=_announcement(slurm, is_head, head_note, port))
 
 
@@ -312,7 +325,7 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     if local_world is None:
         raise LaunchError("cannot tell how many tasks run on this node: SLURM_STEP_TASKS_PER_NODE, "
                           "SLURM_NTASKS_PER_NODE and SLURM_TASKS_PER_NODE are unset or uneven without SLURM_NODEID")
-    host, head_note = _head(slurm, options, facts, slurm.this_node_index() == 0)
+    host, address, head_note = _head(slurm, options, facts, slurm.this_node_index() == 0)
     port, port_note = _port(slurm, options)
     device = _task_device(env, slurm.local_id or 0, local_world)
     changes = [
@@ -326,6 +339,7 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     changes += task_threads(env, slurm.cpus_per_task, facts.cpu_count, local_world)
     if "PYTHONUNBUFFERED" not in env:
         changes.append(EnvChange("PYTHONUNBUFFERED", "1", "srun reads output through pipes: lines appear as they happen"))
+    changes += flight_recorder_env(env)
     notes = [f"SLURM job {slurm.job_id}: task {slurm.proc_id} of {slurm.num_tasks}, "
              f"{local_world} task(s) on this node", head_note, port_note]
     if device.note:
@@ -338,7 +352,7 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
         notes.append(f"{options.rdzv_timeout.source} is ignored in slurm-task mode (no torchrun): "
                      f"the trainer's --dist-timeout-s bounds the wait for peers")
     return LaunchPlan("slurm-task", options.workload.direct_argv(facts.python), tuple(changes), tuple(notes),
-                      slurm.num_nodes, Endpoint(host, port),
+                      slurm.num_nodes, Endpoint(host, port, address),
                       announcement=_announcement(slurm, slurm.proc_id == 0, head_note, port))
 
 

@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_launch.envvars import is_digits
-from ddp_launch.facts import NodeFacts
+from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.options import LaunchOptions
 from ddp_launch.plan import Endpoint, LaunchPlan
+from ddp_launch.rendezvous import ipv4_literal
 
 MODES = ("torchrun",)
 VARIABLES = {
@@ -57,9 +58,9 @@ def parse(env: Mapping[str, str]) -> TorchrunEnv:
     )
 
 
-def head(job: TorchrunEnv, options: LaunchOptions) -> None:
-    """Nothing to look up: torchrun already found the master."""
-    return None
+def questions(job: TorchrunEnv, options: LaunchOptions) -> ProbeQuestions:
+    """Nothing to look up (torchrun already found the master) and no GPUs to check (its agent did)."""
+    return ProbeQuestions()
 
 
 def plan(job: TorchrunEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
@@ -72,6 +73,8 @@ def plan(job: TorchrunEnv, options: LaunchOptions, env: Mapping[str, str], facts
     if ignored:
         notes.append(f"ignored inside torchrun: {', '.join(ignored)}")
     port = job.master_port.strip() if job.master_port else ""
-    rendezvous = None if job.master_addr is None else Endpoint(job.master_addr, int(port) if is_digits(port) else None)
+    rendezvous = None if job.master_addr is None else Endpoint(
+        job.master_addr, int(port) if is_digits(port) else None, ipv4_literal(job.master_addr))
+    # No Flight Recorder settings: the workload runs as the torchrun we did not start set it up.
     return LaunchPlan("torchrun", options.workload.direct_argv(facts.python), (), tuple(notes),
                       job.nodes, rendezvous)

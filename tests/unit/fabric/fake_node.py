@@ -72,16 +72,29 @@ def node_facts(node: FakeNode, site=None, env=None, machine: str = "aarch64", he
 
     from ddp_launch import facts
     from ddp_launch.fabric import directories_to_probe
+    from ddp_launch.fabric.defaults import read_fabric_data
+    from ddp_launch.rendezvous import Head
 
     resolve = (lambda name: address) if head is not None else None
-    probed = facts.probe(str(node.root), directories_to_probe(site, env or {}), head, resolve)
+    asked = Head.named(head, "the test's head") if head is not None else None
+    probed = facts.probe(str(node.root), directories_to_probe(read_fabric_data(site, env or {})), asked, resolve)
     return replace(probed, machine=machine)
 
 
-def fabric_plan(node: FakeNode, machine: str = "aarch64", head_lookup=None, **request):
-    """plan_fabric for a FabricRequest(**request) on the fake node; head_lookup: (name, address)."""
-    from ddp_launch.fabric import FabricRequest, plan_fabric
+def fabric_plan(node: FakeNode, machine: str = "aarch64", head_lookup=None, site=None, **request):
+    """plan_fabric for a FabricRequest(**request) on the fake node, with the data files for site
+    (read as cli reads them); head_lookup: (name, address).
 
-    fabric_request = FabricRequest(**{"env": {}, "multi_node": True, **request})
+    The head's IPv4 address is the lookup's answer, or head_address itself when it is one,
+    as the planner hands it on from the scheduler's rendezvous endpoint."""
+    from ddp_launch.fabric import FabricRequest, plan_fabric
+    from ddp_launch.fabric.defaults import read_fabric_data
+    from ddp_launch.rendezvous import ipv4_literal
+
     head, address = head_lookup if head_lookup else (None, None)
-    return plan_fabric(fabric_request, node_facts(node, fabric_request.site, fabric_request.env, machine, head, address))
+    head_address = request.get("head_address")
+    if "head_ipv4" not in request and head_address is not None:
+        request["head_ipv4"] = ipv4_literal(head_address) or (address if head == head_address else None)
+    fabric_request = FabricRequest(**{"env": {}, "multi_node": True, **request})
+    return plan_fabric(fabric_request, node_facts(node, site, fabric_request.env, machine, head, address),
+                       read_fabric_data(site, fabric_request.env))

@@ -21,7 +21,9 @@ from elf_tree import bind_into, build_fake_olivia_host, build_library
 
 from ddp_launch import binds as binds_cli
 from ddp_launch import planner
-from ddp_launch.facts import under
+from ddp_launch.fabric.defaults import read_fabric_data
+from ddp_launch.facts import Resolved, under
+from ddp_launch.options import read_options
 
 # The image's own copy of a soname the host closure also carries (libfakejson.so.5 stands
 # for libcurl or libzstd), in the image's multiarch directory.
@@ -58,8 +60,11 @@ def container(tmp_path_factory):
 
 def planned_library_path(root) -> str:
     argv = ["--site", "olivia", "--cpu-workers", "1"]
-    facts = planner.probe(replace(planner.questions(argv, JOB), head=None), str(root))
-    value = next(c.value for c in planner.plan(argv, JOB, facts).changes if c.name == "LD_LIBRARY_PATH")
+    launch = planner.parse(read_options(argv, JOB), JOB, read_fabric_data("olivia", JOB))
+    asked = planner.questions(launch)
+    # Not the name service: the head did not resolve here (the plan passes its name).
+    facts = replace(planner.probe(replace(asked, head=None), str(root)), head=Resolved(asked.head, None))
+    value = next(c.value for c in planner.plan(launch, facts).changes if c.name == "LD_LIBRARY_PATH")
     return value
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.fabric.defaults import (CONDITIONS, load_fabric_defaults, parse_fabric_defaults,
-                                        read_fabric_defaults)
+from ddp_launch.fabric.defaults import (CONDITIONS, FABRIC_FILES, load_fabric_defaults, parse_fabric_defaults,
+                                        read_fabric_data, read_fabric_defaults)
 from ddp_launch.sites import available_sites, load_site
 
 REPO = Path(__file__).resolve().parents[3]
@@ -58,6 +58,24 @@ def test_the_image_layout_is_found_as_the_definition_files_copy_it(tmp_path, sit
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(opt / "sites" / "fabrics" / f"{n}.json")
                                    for n in ("slingshot", "infiniband", "common")]
+
+
+def test_the_edge_reads_every_file_the_plan_may_need():
+    assert sorted(FABRIC_FILES) == SHIPPED
+    assert {name: d.path for name, d in read_fabric_data(None, {}).defaults.items()} == {
+        name: str(FABRICS / f"{name}.json") for name in SHIPPED}
+
+
+def test_a_file_that_cannot_be_read_stops_only_a_plan_that_needs_it(tmp_path, monkeypatch):
+    from ddp_launch.fabric import FabricRequest, defaults, plan_fabric
+    from ddp_launch.facts import NodeFacts
+
+    shutil.copy(FABRICS / "common.json", tmp_path / "common.json")
+    monkeypatch.setattr(defaults, "fabric_dirs", lambda env: (str(tmp_path),))
+    data = read_fabric_data(None, {})  # read once at the edge, slingshot.json missing: no error yet
+    assert plan_fabric(FabricRequest(env={}, multi_node=False), NodeFacts(), data).fabric == "ethernet"
+    with pytest.raises(LaunchError, match=r"fabric defaults fabrics/slingshot.json not found"):
+        plan_fabric(FabricRequest(env={}, multi_node=False), NodeFacts(cxi_class=True), data)
 
 
 def test_a_missing_file_is_one_line_naming_where_it_looked(tmp_path, monkeypatch):

@@ -250,8 +250,14 @@ def test_site_value_beats_the_fabric_default_and_the_users_beats_both(node, tmp_
 
 def test_the_sites_library_directories_are_what_the_probe_is_asked(node):
     from ddp_launch.fabric import directories_to_probe
+    from ddp_launch.fabric.defaults import read_fabric_data
 
-    asked = directories_to_probe("olivia", {})
+    asked = directories_to_probe(read_fabric_data("olivia", {}))
     assert asked[:2] == ("/opt/aws-ofi-nccl/lib", "/opt/aws-ofi-nccl/lib64")
     assert "/opt/libfabric/include" in asked
-    assert directories_to_probe(None, {}) == () and directories_to_probe("atlantis", {}) == ()
+    assert directories_to_probe(read_fabric_data(None, {})) == ()
+    # An unknown site is not asked about; the plan refuses it in its turn.
+    unknown = read_fabric_data("atlantis", {})
+    assert directories_to_probe(unknown) == ()
+    with pytest.raises(LaunchError, match="unknown site 'atlantis'"):
+        unknown.site_profile()

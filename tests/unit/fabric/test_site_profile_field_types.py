@@ -14,7 +14,9 @@ import pytest
 from ddp_launch import cli
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, plan_fabric
+from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.facts import NodeFacts, Resolved, parse_routes
+from ddp_launch.rendezvous import Head
 from ddp_launch.sites import parse_profile
 
 SITES = Path(__file__).resolve().parents[3] / "containers" / "sites"
@@ -104,7 +106,7 @@ def test_a_wrong_type_through_ddp_launch_binds_is_one_line_and_exit_2(tmp_path, 
 def test_a_head_name_no_resolver_takes_leaves_the_interface_to_nccl_instead_of_raising(head):
     from fake_node import PROC_NET_ROUTE
 
-    facts = NodeFacts(routes=parse_routes(PROC_NET_ROUTE), head=Resolved(head, None))
-    plan = plan_fabric(FabricRequest(env={}, multi_node=True, head_address=head), facts)
+    facts = NodeFacts(routes=parse_routes(PROC_NET_ROUTE), head=Resolved(Head.named(head, "the test's head"), None))
+    plan = plan_fabric(FabricRequest(env={}, multi_node=True, head_address=head), facts, read_fabric_data(None, {}))
     assert "NCCL_SOCKET_IFNAME" not in {c.name for c in plan.changes}
     assert plan.notes == (f"warning: cannot resolve head node {head} to IPv4; socket interface left to NCCL/Gloo",)

@@ -11,7 +11,10 @@ from dataclasses import replace
 from typing import Mapping, Optional
 
 from ddp_launch import planner
+from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.facts import NodeFacts, Resolved
+from ddp_launch.options import read_options
+from ddp_launch.plan import LAUNCHER
 
 PYTHON = "/usr/bin/python3"
 
@@ -36,19 +39,38 @@ def fake_resolver(table: Mapping[str, str] = HOSTS):
     return resolve
 
 
+def launch_of(env: Mapping[str, str], *argv: str) -> planner.Launch:
+    """ddp-launch's argv and env, read once as cli.launch reads them (planner.parse), with the
+    site profile and fabric defaults read from the repository's containers/sites."""
+    options = read_options(list(argv), env)
+    return planner.parse(options, env, read_fabric_data(options.site, env))
+
+
+def questions_for(env: Mapping[str, str], *argv: str):
+    """What the planner asks this node for argv and env."""
+    return planner.questions(launch_of(env, *argv))
+
+
+def looked_up(asked, resolve=None):
+    """The probe's Resolved for the asked head, answered from the fake name table (or resolve)."""
+    if asked.head is None:
+        return None
+    address = (resolve or fake_resolver())(asked.head.name) if asked.head.problem is None else None
+    return Resolved(asked.head, address)
+
+
 def facts_for(env: Mapping[str, str], *argv: str, resolve=None, **fields) -> NodeFacts:
     """This test machine's facts, built by hand: 72 CPUs, no GPU device files, the head name
     the planner asks about answered from the fake name table, the --script present."""
-    asked = planner.questions(list(argv), env)
-    head = Resolved(asked.head, (resolve or fake_resolver())(asked.head)) if asked.head else None
-    made = {"python": PYTHON, "cpu_count": 72, "head": head, "existing_files": frozenset(asked.files),
-            **fields}
+    asked = questions_for(env, *argv)
+    made = {"python": PYTHON, "cpu_count": 72, "head": looked_up(asked, resolve),
+            "existing_files": frozenset(asked.files), **fields}
     return NodeFacts(**made)
 
 
 def plan_for(env: Mapping[str, str], *argv: str, resolve=None, **facts_fields):
     """The LaunchPlan exactly as cli.main builds it (fabric included), without I/O or exec."""
-    return planner.plan(list(argv), env, facts_for(env, *argv, resolve=resolve, **facts_fields))
+    return planner.plan(launch_of(env, *argv), facts_for(env, *argv, resolve=resolve, **facts_fields))
 
 
 def plan_on_tree(env: Mapping[str, str], root, *argv: str, machine: str = "x86_64"):
@@ -59,15 +81,16 @@ def plan_on_tree(env: Mapping[str, str], root, *argv: str, machine: str = "x86_6
     machine to machine is fixed as facts_for fixes it: the interpreter, 72 CPUs, the working
     directory, the architecture, and the head's address from the fake name table.
     """
-    asked = planner.questions(list(argv), env)
+    launch = launch_of(env, *argv)
+    asked = planner.questions(launch)
     probed = planner.probe(replace(asked, head=None), str(root))
-    head = Resolved(asked.head, fake_resolver()(asked.head)) if asked.head else None
-    facts = replace(probed, python=PYTHON, cpu_count=72, cwd="/", machine=machine, head=head)
-    return planner.plan(list(argv), env, facts)
+    facts = replace(probed, python=PYTHON, cpu_count=72, cwd="/", machine=machine, head=looked_up(asked))
+    return planner.plan(launch, facts)
 
 
 def env_of(plan) -> dict:
-    return {change.name: change.value for change in plan.env_changes}
+    """The variables the scheduler's plan and ours set (not the fabric's)."""
+    return {change.name: change.value for change in plan.changes if change.origin == LAUNCHER}
 
 
 # Olivia (Sigma2's Olivia guide): sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=4, srun.

@@ -81,10 +81,11 @@ def test_fabric_changes_and_notes_are_part_of_the_printed_plan(capsys):
     from ddp_launch.plan import EnvChange
     seen = []
 
-    def fake_fabric(request, facts):
-        seen.append((request, facts))
+    def fake_fabric(request, facts, data):
+        seen.append((request, facts, data))
         return types.SimpleNamespace(fabric="slingshot", notes=("kept NCCL_PROTO=LL from the user",),
-                                     changes=(EnvChange("NCCL_SOCKET_IFNAME", "hsn0", "fabric: test"),))
+                                     changes=(EnvChange("NCCL_SOCKET_IFNAME", "hsn0", "fabric: test"),),
+                                     findings=())
 
     with mock.patch("ddp_launch.planner.plan_fabric", fake_fabric):
         code, out, _ = run_main(["--dry-run", "--rdzv-host", "10.10.0.1", "--site", "olivia",
@@ -92,8 +93,8 @@ def test_fabric_changes_and_notes_are_part_of_the_printed_plan(capsys):
                                 olivia(0), capsys)
     assert code == 0 and "NCCL_SOCKET_IFNAME=hsn0  # fabric: test" in out
     assert "note: kept NCCL_PROTO=LL from the user" in out
-    request, facts = seen[0]
-    assert (request.multi_node, request.site, request.head_address, request.nccl_debug,
+    request, facts, data = seen[0]
+    assert (request.multi_node, data.profile.name, request.head_address, request.nccl_debug,
             request.require_fabric, request.log_dir) == (True, "olivia", "10.10.0.1", "INFO", True, "/scratch/logs")
     assert "DDP_LAUNCH_LOG_DIR" not in request.env  # the log dir is a field, not a fake variable
     assert facts.python == sys.executable  # the probed node, handed to the fabric as it is

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ddp_launch.forensics import env_sources, flight_recorder_env
-from ddp_launch.plan import EnvChange, LaunchPlan
+from ddp_launch.plan import FABRIC_DEFAULT, SITE_PROFILE, EnvChange, LaunchPlan
 
 
 def names(changes) -> dict[str, str]:
@@ -30,7 +30,11 @@ def test_a_user_who_turned_the_dump_off_keeps_it_off():
 
 
 def test_each_planned_variable_says_who_set_it_and_why():
-    plan = LaunchPlan(mode="local", argv=("python",), env_changes=(
-        EnvChange("OMP_NUM_THREADS", "4", "cores / workers"), EnvChange("RANK", None, "removed")))
+    plan = LaunchPlan(mode="local", argv=("python",), changes=(
+        EnvChange("OMP_NUM_THREADS", "4", "cores / workers"), EnvChange("RANK", None, "removed"),
+        EnvChange("NCCL_PROTO", "^LL128", "GH200: nccl#2001", FABRIC_DEFAULT),
+        EnvChange("CPATH", "/opt/libfabric/include", "site olivia: host libfabric headers", SITE_PROFILE)))
     sources = json.loads(env_sources(plan))
-    assert sources == {"OMP_NUM_THREADS": "launcher: cores / workers"}
+    assert sources == {"OMP_NUM_THREADS": "launcher: cores / workers",
+                       "NCCL_PROTO": "fabric default: GH200: nccl#2001",
+                       "CPATH": "site profile: site olivia: host libfabric headers"}

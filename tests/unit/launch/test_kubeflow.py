@@ -24,7 +24,7 @@ def test_runai_master_pod_hosts_the_rendezvous():
 def test_runai_worker_pod_joins_and_pod_level_ranks_are_removed():
     plan = plan_for(runai(1))
     assert "--rdzv-conf=is_host=false,read_timeout=300" in plan.argv
-    removed = {c.name for c in plan.env_changes if c.value is None}
+    removed = {c.name for c in plan.changes if c.value is None}
     assert removed == {"RANK", "WORLD_SIZE", "LOCAL_RANK"}
     assert "RANK" not in plan.environment(runai(1)) and "WORLD_SIZE" not in plan.environment(runai(1))
 
@@ -40,7 +40,7 @@ def test_trainer_v2_uses_pet_variables_only():
     plan = plan_for(trainer_v2(0))
     assert {"--nnodes=2", "--nproc-per-node=4", "--rdzv-endpoint=10.96.0.20:29400",
             "--rdzv-conf=is_host=true,read_timeout=300"} <= set(plan.argv)
-    assert not [c for c in plan.env_changes if c.value is None]  # nothing pod-level to remove
+    assert not [c for c in plan.changes if c.value is None]  # nothing pod-level to remove
 
 
 def test_v1_master_with_localhost_address_is_fine_on_rank_zero():

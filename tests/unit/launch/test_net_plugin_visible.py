@@ -20,7 +20,9 @@ from launch_envs import HOSTS, olivia
 
 from ddp_launch import planner
 from ddp_launch.errors import LaunchError
+from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.facts import Resolved
+from ddp_launch.options import read_options
 
 ARGV = ["--site", "olivia"]
 
@@ -42,10 +44,11 @@ def node_tree(root: Path, plugin_at: str | None = None, ld_conf: str | None = No
 
 def plan_on(root: Path, env: dict):
     """cli.launch's three steps on the fake node (the head's lookup answered from the fake table)."""
-    questions = planner.questions(ARGV, env)
+    launch = planner.parse(read_options(ARGV, env), env, read_fabric_data("olivia", env))
+    questions = planner.questions(launch)
     facts = planner.probe(replace(questions, head=None), str(root))
-    facts = replace(facts, head=Resolved(questions.head, HOSTS[questions.head]), machine="aarch64")
-    return planner.plan(ARGV, env, facts)
+    facts = replace(facts, head=Resolved(questions.head, HOSTS[questions.head.name]), machine="aarch64")
+    return planner.plan(launch, facts)
 
 
 def test_nothing_bound_is_refused_in_one_line_naming_the_binds_command(tmp_path):
@@ -98,9 +101,12 @@ def test_through_ddp_launch_it_is_exit_2_and_one_line(tmp_path):
     script = (
         "import sys; from dataclasses import replace\n"
         "from ddp_launch import planner, cli, gpus\n"
+        "from ddp_launch.facts import Resolved\n"
         "gpus.probe_cuda_driver = lambda library='libcuda.so.1': None  # as on a GPU node\n"
         "real = planner.probe\n"
-        f"planner.probe = lambda q, root='/': real(replace(q, head=None), {str(root)!r})\n"
+        "# The fake root, and a head that did not resolve here (not the name service).\n"
+        f"planner.probe = lambda q, root='/': replace(real(replace(q, head=None), {str(root)!r}),\n"
+        "                                             head=Resolved(q.head, None))\n"
         "sys.exit(cli.main(sys.argv[1:]))\n"
     )
     env = {**olivia(0), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(planner.__file__).parents[1])}

@@ -112,14 +112,14 @@ def test_log_dir_is_per_node_and_every_worker_stream_is_teed_with_host_and_rank(
     # torch 2.14, and older torch (NGC images) would take it for the script.
     assert not any(a.startswith("--log-line-prefix") for a in head)
     # The node's name is filled in here: torchrun before 2.14 knows no ${hostname}.
-    assert {c.name: c.value for c in plan.env_changes}["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == \
+    assert {c.name: c.value for c in plan.changes}["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == \
         "olivia-gh001:rank${rank}: "
 
 
 def test_without_log_dir_torchrun_leaves_worker_output_alone():
     plan = plan_for(olivia(0))
     assert not any(a.startswith(("--log-dir", "--tee", "--log-line-prefix")) for a in plan.argv)
-    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in {c.name for c in plan.env_changes}
+    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in {c.name for c in plan.changes}
 
 
 def test_rendezvous_timeout_reaches_torchruns_join_timeout_from_flag_or_environment():
