@@ -79,9 +79,17 @@ soak: venv sysdeps
 e2e-image: venv sysdeps
 	$(VPY) tests/e2e/e2e_image.py build
 
-# bats first, pytest last: its closing summary line is the run's verdict.
+# bats first, then pytest. The e2e suite spends most of its time waiting (collective timeouts,
+# roll calls, srun --wait, requeues: about a fifth of one CPU), so the unit suite runs beside it
+# rather than after it. Its report is printed after the e2e one; the last line is the verdict.
 test: venv sysdeps lint test-bats
-	$(VPY) -m pytest --durations=15 tests
+	@unit_log=$$(mktemp); \
+	$(VPY) -m pytest -q tests/unit > "$$unit_log" 2>&1 & unit_pid=$$!; \
+	$(VPY) -m pytest --durations=15 tests/e2e; e2e=$$?; \
+	wait $$unit_pid; unit=$$?; \
+	echo "--- tests/unit, run beside tests/e2e ---"; cat "$$unit_log"; rm -f "$$unit_log"; \
+	echo "make test: tests/e2e $$([ $$e2e = 0 ] && echo passed || echo FAILED), tests/unit $$([ $$unit = 0 ] && echo passed || echo FAILED)"; \
+	[ $$e2e = 0 ] && [ $$unit = 0 ]
 
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py
