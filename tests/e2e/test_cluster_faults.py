@@ -43,11 +43,6 @@ def revive(cluster, node: str) -> None:
 
 @pytest.fixture
 def long_job_env(job_env):
-    # The whole job, its preflight and gate steps included, as users run it. Without them the
-    # training step is StepId=J.1 in every run of the job, and once it failed: srun's kill of the
-    # lost node's step 3.1, which slurmctld could not deliver while the node was off the network,
-    # reached that node after `scontrol requeue` (same job id) and SIGKILLed the requeued run's
-    # step 3.1 there, 18 s into it. With them, the requeued training step has another id.
     return {**job_env, "DDP_TRAIN_ARGS": RUN}
 
 
@@ -58,7 +53,7 @@ def started_job(cluster, env, tmp_path) -> tuple[str, Path]:
     return job_id, run_dir
 
 
-def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_a_requeue_resumes(
+def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_the_next_run_resumes(
         cluster, long_job_env, tmp_path):
     job_id, run_dir = started_job(cluster, long_job_env, tmp_path)
     subprocess.run(["ip", "-n", cluster.netns("node2"), "link", "set", "eth0", "down"], check=True)
@@ -78,12 +73,16 @@ def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_a_requeue_
     finally:
         revive(cluster, "node2")
     # Not a stop with a checkpoint (75): the job script does not requeue it (FAILED, exit 1), and the
-    # user (here the test) does; or slurmctld saw the node go first and requeued it (NODE_FAIL).
+    # user (here the test) submits it again; or slurmctld saw the node go first and requeued it
+    # (NODE_FAIL). Again, not `scontrol requeue`: the requeued run keeps the job id and its step
+    # ids, and once here srun's kill of the lost node's training step, which slurmctld could not
+    # deliver while the node was off the network, reached it about a minute later and SIGKILLed
+    # the requeued run's step of the same id (docs/reliability.md).
     job = cluster.job(job_id)
     assert (job.state, job.exit_code) == ("FAILED", "1:0") or \
         (job.state == "PENDING" and job.fields.get("Restarts") == "1"), job.fields
     if job.state == "FAILED":
-        cluster.run(["scontrol", "requeue", job_id], timeout=30)
+        job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
     job = cluster.wait(job_id, timeout=400)
     assert job.state == "COMPLETED", job.output()
     starts = [r for r in metrics_records(run_dir) if r["type"] == "run"]
