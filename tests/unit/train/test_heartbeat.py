@@ -35,6 +35,21 @@ def test_gloo_records_its_collectives_in_the_flight_recorder_and_the_dump_lands_
     assert [e["profiling_name"] for e in entries] == ["gloo:all_reduce"]
 
 
+def test_a_flight_recorder_dump_that_cannot_be_written_is_a_warning_not_a_thread_traceback(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "forensics").write_text("a file where the dump directory goes")  # mkdir fails: EEXIST
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
+    done = subprocess.run([sys.executable, "-c", GLOO_DUMP, str(run_dir), str(tmp_path / "store")],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("ddp-train: warning: rank 0: ")]
+    assert len(warnings) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"cannot write its Flight Recorder dump {run_dir}/forensics/fr-trace-rank0" in warnings[0]
+
+
 def test_the_dump_prefix_goes_into_the_run_dir_unless_the_user_chose_one():
     environ: dict[str, str] = {}
     assert use_run_dir_for_flight_recorder("/runs/a", {}, environ) == "/runs/a/forensics/fr-trace-rank"

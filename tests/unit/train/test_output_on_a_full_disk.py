@@ -11,7 +11,6 @@ import io
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -85,29 +84,3 @@ def test_a_run_whose_stdout_is_a_full_disk_ends_with_one_error_line_and_exit_2(d
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert lines[0].startswith("ddp-train: error: cannot write the output log /dev/full (ENOSPC: "), lines
     assert "then run the same command again to resume" in lines[0]
-
-
-FORENSICS_DIR_IS_A_FILE = textwrap.dedent("""\
-    import datetime, sys, torch, torch.distributed as dist
-    from ddp_train.heartbeat import dump_flight_recorder
-    store = dist.FileStore(sys.argv[2], 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
-    dist.all_reduce(torch.ones(4))
-    print(dump_flight_recorder(sys.argv[1], 0))
-    dist.destroy_process_group()
-    """)
-
-
-def test_a_flight_recorder_dump_that_cannot_be_written_is_a_warning_not_a_thread_traceback(tmp_path):
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "forensics").write_text("a file where the dump directory goes")  # mkdir fails: EEXIST
-    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
-    done = subprocess.run([sys.executable, "-c", FORENSICS_DIR_IS_A_FILE, str(run_dir), str(tmp_path / "store")],
-                          env=env, capture_output=True, text=True, timeout=120)
-
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "None"
-    warnings = [line for line in done.stderr.splitlines() if line.startswith("ddp-train: warning: rank 0: ")]
-    assert len(warnings) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert f"cannot write its Flight Recorder dump {run_dir}/forensics/fr-trace-rank0" in warnings[0]
