@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Mapping, Optional
