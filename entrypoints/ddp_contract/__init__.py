@@ -25,6 +25,12 @@ EXIT_REQUEUE = 75   # EX_TEMPFAIL: stopped on a signal after a checkpoint; reque
 EXIT_BAD_NODE = 76  # EX_PROTOCOL ("the remote system returned something not possible"): the fabric gate
                     # or the preflight named a bad node; the job script requeues without it
 
+def free_bytes(path: str) -> int:
+    """Bytes this user may still write under path (statvfs(3) f_bavail; quotas are not visible here)."""
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
 # -- variables the launcher sets for the workers -----------------------------------------
 EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband | ethernet: check NCCL's choice
 REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"   # "1": a fallback to sockets is an error

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE
+from ddp_contract import free_bytes as contract_free_bytes
 from ddp_contract.heartbeat import HEARTBEAT_DIR_VAR
 from ddp_launch.watchdog import Watchdog, heartbeat_directory
 from ddp_launch.worker import PARENT_PID_VARIABLE
@@ -164,7 +165,7 @@ def full_log_dir_note(log_dir: str | None, free_bytes: Callable[[str], int] | No
     if not log_dir:
         return None
     try:
-        free = (free_bytes or _free_bytes)(log_dir)
+        free = (free_bytes or contract_free_bytes)(log_dir)
     except OSError:
         return None
     if free >= FULL_LOG_DIR_BYTES:
@@ -172,12 +173,6 @@ def full_log_dir_note(log_dir: str | None, free_bytes: Callable[[str], int] | No
     return (f"ddp-launch: error: the workers' logs under {log_dir} are on a full file system "
             f"({free // 1024} KiB free), so their own error lines may be missing above: "
             f"free space there, or pass another --run-dir")
-
-
-def _free_bytes(path: str) -> int:
-    """Bytes this user may still write there (statvfs(3) f_bavail)."""
-    stats = os.statvfs(path)
-    return stats.f_bavail * stats.f_frsize
 
 
 def first_line(error: BaseException) -> str:

@@ -41,19 +41,18 @@ def _fileno(stream: TextIO) -> Optional[int]:
         return None
 
 
-def write_through(stream: TextIO, text: str) -> Optional[int]:
-    """Write text to the stream's descriptor, unbuffered; its fd (None: the stream has none).
+def write_through(stream: TextIO, text: str) -> None:
+    """Write text to the stream's descriptor, unbuffered (through the stream when it has none).
     Raises OSError as the write(2) under it does."""
     fd = _fileno(stream)
     if fd is None:
         stream.write(text)
         stream.flush()
-        return None
+        return
     stream.flush()  # whatever was printed through the stream itself goes first
     data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
     while data:
         data = data[os.write(fd, data):]
-    return fd
 
 
 def warn(line: str) -> bool:

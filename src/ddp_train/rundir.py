@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
 import torch
-from ddp_contract import rundir_lock
+from ddp_contract import free_bytes, rundir_lock
 
 from ddp_train import console
 from ddp_train.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME
@@ -57,12 +57,6 @@ def check_writable(run_dir: Path) -> None:
             probe.unlink(missing_ok=True)
     except OSError as exc:
         raise TrainError(unwritable_message(run_dir, exc.errno, exc.strerror or str(exc))) from None
-
-
-def free_bytes(run_dir: Path) -> int:
-    """Bytes this user may still write there (statvfs(3) f_bavail; quotas are not visible here)."""
-    stats = os.statvfs(run_dir)
-    return stats.f_bavail * stats.f_frsize
 
 
 def low_space_warning(run_dir: Path, free: int, checkpoint_bytes: int) -> Optional[str]:

@@ -8,11 +8,12 @@ its __context__; the line names the errno, the free space and the file-size limi
 from __future__ import annotations
 
 import errno
-import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from ddp_contract import free_bytes
 
 # The errnos a user fixes by making room or raising a limit, with what to do (write(2), ERRORS).
 FIXES = {
@@ -53,8 +54,7 @@ def describe(exc: BaseException, directory: Path) -> WriteFailure:
         lines = str(exc).strip().splitlines()
         reason = f"{type(exc).__name__}: {lines[0][:120]}" if lines else type(exc).__name__
     try:
-        stats = os.statvfs(directory)
-        free: Optional[int] = stats.f_bavail * stats.f_frsize
+        free: Optional[int] = free_bytes(str(directory))
     except OSError:
         free = None
     soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
