@@ -17,6 +17,9 @@ from ddp_launch.errors import LaunchError
 SITES_DIR_VAR = "DDP_SITES_DIR"
 FABRICS = ("slingshot", "infiniband", "ethernet", "auto")
 LIBRARY_ORDERS = ("first", "prepend", "append")
+# The GPU vendors with data in containers/sites/accelerators (ddp_launch.accelerators); a profile
+# without "accelerator" means the first, so profiles written before AMD keep working.
+ACCELERATORS = ("nvidia", "amd")
 _NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
@@ -72,6 +75,7 @@ class SiteProfile(NamedTuple):
     path: str
     closure: Optional[ClosureSpec] = None
     fabric_gate: Optional[Dict[str, object]] = None  # the bus bandwidth the fabric gate expects, with its source
+    accelerator: str = ACCELERATORS[0]  # the GPU vendor: containers/sites/accelerators/<accelerator>.json
 
     def env_value(self, name: str) -> Optional[EnvDefault]:
         for item in self.env:
@@ -136,7 +140,7 @@ def parse_profile(data: object, path: str) -> SiteProfile:
 
     if not isinstance(data, dict):
         raise fail("the top level must be a JSON object")
-    allowed = {"schema", "name", "description", "fabric", "gpu", "binds", "env", "closure", "fabric_gate"}
+    allowed = {"schema", "name", "description", "fabric", "accelerator", "gpu", "binds", "env", "closure", "fabric_gate"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise fail(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
@@ -152,6 +156,9 @@ def parse_profile(data: object, path: str) -> SiteProfile:
     gpu = data.get("gpu")
     if gpu is not None and not isinstance(gpu, str):
         raise fail("'gpu' must be a string or null")
+    accelerator = data.get("accelerator", ACCELERATORS[0])
+    if accelerator not in ACCELERATORS:
+        raise fail(f"'accelerator' must be one of {', '.join(ACCELERATORS)}, got {accelerator!r}")
     binds = tuple(_bind(item, index, fail) for index, item in enumerate(_list(data, "binds", fail)))
     targets = [b.target for b in binds]
     duplicates = sorted({t for t in targets if targets.count(t) > 1})
@@ -174,6 +181,7 @@ def parse_profile(data: object, path: str) -> SiteProfile:
         path=path,
         closure=_closure(data.get("closure"), binds, fail),
         fabric_gate=_fabric_gate(data.get("fabric_gate"), fail),
+        accelerator=accelerator,
     )
 
 

@@ -1,0 +1,227 @@
+"""The GPU vendor as data: containers/sites/accelerators/<name>.json (nvidia, amd), picked by the site profile.
+
+What differs between vendors (visible-device variables, device files, the driver probe, Apptainer's
+flag, the sampler command, the collective library and its net plugin) is read here once, at the
+edge, into an Accelerator; the launcher, doctor and the job scripts ask it instead of naming a
+vendor. Runs on the HOST too (job scripts: `python3 -m ddp_launch.accelerators --site SITE
+apptainer-flag`), so standard library and Python 3.6 only (vermin checks it).
+"""
+
+import argparse
+import os
+import re
+import sys
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO, Tuple
+
+from ddp_launch.errors import LaunchError, run_main
+from ddp_launch.flags import FlagParser
+from ddp_launch.sites import ACCELERATORS, SITES_DIR_VAR, load_site, read_json_file, sites_dirs
+
+ACCELERATORS_DIRNAME = "accelerators"
+DEFAULT_ACCELERATOR = ACCELERATORS[0]  # no site profile, or one without "accelerator"
+INTERVAL_PLACEHOLDER = "{interval}"
+PROG = "python3 -m ddp_launch.accelerators"
+# What gpumon reads from a sampler CSV; each vendor's file names its column for each.
+SAMPLER_COLUMNS = ("timestamp", "index", "name", "utilization", "memory_used")
+_SECTIONS = ("visible_devices", "device_files", "driver", "apptainer", "kubernetes", "collective", "sampler")
+
+
+class Sampler(NamedTuple):
+    command: Tuple[str, ...]        # the words; INTERVAL_PLACEHOLDER stands for the period in seconds
+    repeats: bool                   # the command samples every interval itself (else the sampler loops)
+    columns: Dict[str, str]         # SAMPLER_COLUMNS -> the CSV header's column
+    memory_unit_bytes: int          # the memory_used column's unit
+    source: str
+
+    def words(self, interval: str) -> Tuple[str, ...]:
+        return tuple(word.replace(INTERVAL_PLACEHOLDER, interval) for word in self.command)
+
+
+class Accelerator(NamedTuple):
+    """One GPU vendor's words, each group with the source it comes from."""
+
+    name: str                           # nvidia | amd
+    runtime: str                        # CUDA | HIP: what "cannot use any GPU" messages name
+    visible_variables: Tuple[str, ...]  # the runtime's visible-device variables, the one it obeys first
+    device_directory: str               # where the per-GPU device files are (/dev, /dev/dri)
+    device_pattern: str                 # their names (a regular expression, matched whole)
+    device_label: str                   # how messages name them (/dev/nvidia[0-9]*)
+    driver_library: str                 # dlopened by the driver probe
+    driver_init: str                    # its init(0) symbol
+    driver_count: str                   # its count(int*) symbol
+    driver_errors: Dict[int, str]       # the init/count status codes worth naming
+    driver_version_file: str            # where doctor reads the kernel driver's version
+    apptainer_flag: str                 # --nv | --rocm
+    kubernetes_resource: str            # nvidia.com/gpu | amd.com/gpu
+    device_plugin: str                  # who hands that resource to pods
+    collective: str                     # NCCL | RCCL
+    collective_library: str             # libnccl.so.2 | librccl.so.1
+    net_plugin: str                     # the net plugin file the collective dlopens
+    ofi_plugin: str                     # the libfabric plugin's project
+    sampler: Sampler
+    sources: Dict[str, str]             # section -> source
+    path: str
+
+    def is_device_file(self, name: str) -> bool:
+        return re.fullmatch(self.device_pattern, name) is not None
+
+
+def accelerator_dirs(env: Mapping[str, str]) -> Tuple[str, ...]:
+    """Beside the site profiles ($DDP_SITES_DIR, the repo, the image), then the built-in places."""
+    ordered = []  # type: List[str]
+    for directory in sites_dirs(env) + sites_dirs({}):
+        path = os.path.join(directory, ACCELERATORS_DIRNAME)
+        if path not in ordered:
+            ordered.append(path)
+    return tuple(ordered)
+
+
+def load_accelerator(name: str, env: Mapping[str, str]) -> Accelerator:
+    if name not in ACCELERATORS:
+        raise LaunchError(f"accelerator {name!r} is not known; use one of {', '.join(ACCELERATORS)}")
+    for directory in accelerator_dirs(env):
+        path = os.path.join(directory, name + ".json")
+        if os.path.isfile(path):
+            return parse_accelerator(read_json_file(path, "accelerator data"), path)
+    raise LaunchError(f"accelerator data {ACCELERATORS_DIRNAME}/{name}.json not found (searched "
+                      f"{', '.join(accelerator_dirs(env))}); restore containers/sites/accelerators from the repository")
+
+
+def site_accelerator(site: Optional[str], env: Mapping[str, str]) -> Accelerator:
+    """The vendor the site profile names (no site, or a profile without one: nvidia)."""
+    name = load_site(site, env).accelerator if site else DEFAULT_ACCELERATOR
+    return load_accelerator(name, env)
+
+
+def parse_accelerator(data: object, path: str) -> Accelerator:
+    """Validate the JSON document; every problem names the file and the key."""
+
+    def fail(what: str) -> LaunchError:
+        return LaunchError(f"bad accelerator data {path}: {what}")
+
+    if not isinstance(data, dict):
+        raise fail("the top level must be a JSON object")
+    allowed = {"schema", "name", "description", "runtime"} | set(_SECTIONS)
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise fail(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    if type(data.get("schema")) is not int or data.get("schema") != 1:
+        raise fail(f"'schema' must be 1, got {data.get('schema')!r}")
+    name = data.get("name")
+    if name != os.path.basename(path)[:-len(".json")]:
+        raise fail(f"'name' is {name!r} but the file is named {os.path.basename(path)}")
+    sections = {key: _section(data, key, fail) for key in _SECTIONS}
+
+    def text(section: str, key: str) -> str:
+        value = sections[section].get(key)
+        if not isinstance(value, str) or not value:
+            raise fail(f"'{section}.{key}' must be a non-empty string")
+        return value
+
+    def words(section: str, key: str) -> Tuple[str, ...]:
+        value = sections[section].get(key)
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise fail(f"'{section}.{key}' must be a non-empty list of strings")
+        return tuple(value)
+
+    runtime = data.get("runtime")
+    if not isinstance(runtime, str) or not runtime:
+        raise fail("'runtime' must be a non-empty string")
+    pattern = text("device_files", "pattern")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise fail(f"'device_files.pattern' is not a regular expression ({exc})") from None
+    errors = sections["driver"].get("errors", {})
+    if not isinstance(errors, dict) or not all(k.isdigit() and isinstance(v, str) for k, v in errors.items()):
+        raise fail("'driver.errors' must map status codes (\"100\") to names")
+    return Accelerator(
+        name=name,
+        runtime=runtime,
+        visible_variables=words("visible_devices", "variables"),
+        device_directory=text("device_files", "directory"),
+        device_pattern=pattern,
+        device_label=text("device_files", "label"),
+        driver_library=text("driver", "library"),
+        driver_init=text("driver", "init"),
+        driver_count=text("driver", "count"),
+        driver_errors={int(k): v for k, v in errors.items()},
+        driver_version_file=text("driver", "version_file"),
+        apptainer_flag=text("apptainer", "flag"),
+        kubernetes_resource=text("kubernetes", "resource"),
+        device_plugin=text("kubernetes", "device_plugin"),
+        collective=text("collective", "name"),
+        collective_library=text("collective", "library"),
+        net_plugin=text("collective", "net_plugin"),
+        ofi_plugin=text("collective", "ofi_plugin"),
+        sampler=_sampler(sections["sampler"], words("sampler", "command"), fail),
+        sources={key: text(key, "source") for key in _SECTIONS},
+        path=path,
+    )
+
+
+def _section(data: Mapping[str, object], key: str, fail) -> Dict[str, object]:
+    value = data.get(key)
+    if not isinstance(value, dict):
+        raise fail(f"'{key}' must be an object (with a 'source')")
+    return value
+
+
+def _sampler(section: Mapping[str, object], command: Tuple[str, ...], fail) -> Sampler:
+    repeats = section.get("repeats")
+    if not isinstance(repeats, bool):
+        raise fail("'sampler.repeats' must be true or false")
+    if repeats and not any(INTERVAL_PLACEHOLDER in word for word in command):
+        raise fail(f"'sampler.command' repeats by itself, so one word must hold {INTERVAL_PLACEHOLDER}")
+    columns = section.get("columns")
+    if not isinstance(columns, dict) or set(columns) != set(SAMPLER_COLUMNS) or \
+            not all(isinstance(v, str) and v for v in columns.values()):
+        raise fail(f"'sampler.columns' must name a column for each of {', '.join(SAMPLER_COLUMNS)}")
+    unit = section.get("memory_unit_bytes")
+    if isinstance(unit, bool) or not isinstance(unit, int) or unit <= 0:
+        raise fail("'sampler.memory_unit_bytes' must be a positive integer")
+    return Sampler(command, repeats, dict(columns), unit, str(section.get("source")))
+
+
+# -- the job scripts' questions: python3 -m ddp_launch.accelerators --site SITE QUESTION ------
+
+QUESTIONS = {
+    "apptainer-flag": "Apptainer's GPU flag (--nv, --rocm)",
+    "sampler": "the sampler command's words, one a line (--interval fills in the period)",
+    "sampler-repeats": "1 when the sampler command repeats by itself, 0 when the caller must loop",
+    "name": "the vendor's name (nvidia, amd)",
+}
+
+
+def answer(accelerator: Accelerator, question: str, interval: str) -> Sequence[str]:
+    if question == "apptainer-flag":
+        return (accelerator.apptainer_flag,)
+    if question == "sampler":
+        return accelerator.sampler.words(interval)
+    if question == "sampler-repeats":
+        return ("1" if accelerator.sampler.repeats else "0",)
+    return (accelerator.name,)
+
+
+def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO) -> int:
+    parser = FlagParser(
+        prog=PROG, subcommand="accelerators", hint=f"see {PROG} --help",
+        description="Answer a job script's question about the site's GPU vendor.",
+        epilog="\n".join(f"  {name:16} {what}" for name, what in QUESTIONS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--site", default=env.get("DDP_SITE") or None,
+                        help=f"site profile (default $DDP_SITE; none: nvidia); also found in ${SITES_DIR_VAR}")
+    parser.add_argument("--interval", default=INTERVAL_PLACEHOLDER, help="the sampling period in seconds")
+    parser.add_argument("question", choices=sorted(QUESTIONS))
+    args = parser.parse_args(list(argv))
+    for word in answer(site_accelerator(args.site, env), args.question, args.interval):
+        print(word, file=out)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_main(lambda args: run(args, os.environ, sys.stdout), sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
