@@ -58,6 +58,7 @@ class Accelerator(NamedTuple):
     collective_library: str             # libnccl.so.2 | librccl.so.1
     net_plugin: str                     # the net plugin file the collective dlopens
     ofi_plugin: str                     # the libfabric plugin's project
+    plugin_dlopens: Optional[str]       # an unversioned runtime library that plugin builds dlopen (libcudart.so)
     sampler: Sampler
     sources: Dict[str, str]             # section -> source
     path: str
@@ -154,6 +155,7 @@ def parse_accelerator(data: object, path: str) -> Accelerator:
         collective_library=text("collective", "library"),
         net_plugin=text("collective", "net_plugin"),
         ofi_plugin=text("collective", "ofi_plugin"),
+        plugin_dlopens=_optional_text(sections["collective"], "plugin_dlopens", fail),
         sampler=_sampler(sections["sampler"], words("sampler", "command"), fail),
         sources={key: text(key, "source") for key in _SECTIONS},
         path=path,
@@ -164,6 +166,13 @@ def _section(data: Mapping[str, object], key: str, fail) -> Dict[str, object]:
     value = data.get(key)
     if not isinstance(value, dict):
         raise fail(f"'{key}' must be an object (with a 'source')")
+    return value
+
+
+def _optional_text(section: Mapping[str, object], key: str, fail) -> Optional[str]:
+    value = section.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise fail(f"'{key}' must be a non-empty string when given")
     return value
 
 

@@ -18,10 +18,12 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ddp_contract import DATASET_DIRNAME, missing_dataset_files
 from ddp_launch import planner
+from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.envvars import integer
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, plan_fabric
-from ddp_launch.fabric.defaults import FabricData, HostLibrary, load_fabric_defaults, read_all_fabric_defaults
+from ddp_launch.fabric.defaults import (FabricData, HostLibrary, for_accelerator, load_fabric_defaults,
+                                        read_all_fabric_defaults)
 from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.facts import NodeFacts, list_dir, read_text, under
 from ddp_launch.libload import load_in_child, missing_library
@@ -31,8 +33,10 @@ from ddp_launch.rendezvous import host_name_problem
 from ddp_launch.sites import SiteProfile, container_search_paths
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
-# Oldest Linux driver for each CUDA major (CUDA toolkit release notes, table 3).
+# Oldest Linux driver for each CUDA major (CUDA toolkit release notes, table 3), by runtime:
+# no such table is published for HIP (the amdgpu driver ships with each ROCm release).
 MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
+MIN_DRIVER = {"CUDA": MIN_DRIVER_FOR_CUDA}
 # NCCL dlopens libnccl-net.so unless NCCL_NET_PLUGIN=ofi names the -ofi variant.
 OFI_PLUGIN_LABEL = "OFI plugin"
 
@@ -76,6 +80,7 @@ class DoctorContext:
     probes: Probes
     facts: NodeFacts                    # this node, read once by the launcher's own probe
     fabric: FabricPlan                  # what the launcher would set on this node, from the same code
+    accelerator: Accelerator            # the site's GPU vendor (its device files, flag, driver, collective)
     launch: Optional[LaunchPlan] = None     # the launcher's plan; None when planning refused
     plan_problem: Optional[str] = None      # the launcher's one-line refusal, when it refused
 
@@ -92,14 +97,16 @@ def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
 def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext:
     """Probe and plan as `ddp-launch` would here; a refusal becomes ctx.plan_problem, not a crash."""
     argv = launcher_argv(profile)
-    data = FabricData(profile, read_all_fabric_defaults(env))
+    accelerator = load_accelerator(profile.accelerator if profile else DEFAULT_ACCELERATOR, env)
+    data = FabricData(profile, read_all_fabric_defaults(env), accelerator)
     launch, problem = None, None
     try:
         parsed = planner.parse(read_options(argv, env), env, data)
-        # Without the CUDA question: check_gpus asks torch itself and says more than a refusal.
+        # Without the driver question: check_gpus asks torch itself and says more than a refusal.
         questions = replace(planner.questions(parsed), cuda=False)
     except LaunchError as error:
-        questions, problem = planner.ProbeQuestions(directories=directories_to_probe(data)), str(error)
+        questions = planner.ProbeQuestions(directories=directories_to_probe(data), accelerator=accelerator)
+        problem = str(error)
     facts = planner.probe(questions, root)
     if problem is None:
         try:
@@ -111,7 +118,7 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
     else:
         # The planner refused before the fabric: the node's own fabric settings still get checked.
         fabric = plan_fabric(FabricRequest(env=env, multi_node=False), facts, data)
-    return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, launch, problem)
+    return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, accelerator, launch, problem)
 
 
 def fabric_expected(ctx: DoctorContext) -> Optional[str]:
@@ -134,10 +141,11 @@ def planned(ctx: DoctorContext, name: str) -> Optional[str]:
 
 def check_gpus(ctx: DoctorContext) -> Check:
     info = ctx.probes.torch_info() or {}
+    vendor = ctx.accelerator
     visible = info.get("cuda_device_count")
-    source = "torch.cuda.device_count()"
+    source = "torch.cuda.device_count()"  # ROCm builds of torch answer through torch.cuda too
     if not isinstance(visible, int):
-        visible, source = ctx.facts.gpu_device_files, "/dev/nvidia[0-9]*"
+        visible, source = ctx.facts.gpu_device_files, vendor.device_label
     # The message names the variable the count came from: a RunAI pod has no SLURM_GPUS_ON_NODE.
     granted_from = next((name for name in ("SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS") if ctx.env.get(name)), None)
     try:
@@ -146,13 +154,14 @@ def check_gpus(ctx: DoctorContext) -> Check:
         return Check("gpus", FAIL, str(error), f"give {granted_from} a whole number of GPUs")
     if granted and visible == 0:
         return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted",
-                     "run with `apptainer exec --nv` (or `apptainer run --nv`) so the GPUs enter the container")
+                     f"run with `apptainer exec {vendor.apptainer_flag}` (or `apptainer run {vendor.apptainer_flag}`) "
+                     "so the GPUs enter the container")
     if granted is not None and visible != granted:
         return Check("gpus", WARN, f"{visible} GPUs visible ({source}), {granted} granted",
-                     "check CUDA_VISIBLE_DEVICES and the job's --gpus-per-node")
+                     f"check {vendor.visible_variables[0]} and the job's --gpus-per-node")
     if visible == 0:
         return Check("gpus", WARN, "no GPUs visible; training will run on CPU",
-                     "on a GPU node, add --nv to apptainer")
+                     f"on a GPU node, add {vendor.apptainer_flag} to apptainer")
     granted_note = f", {granted} granted" if granted is not None else ""
     return Check("gpus", OK, f"{visible} GPUs visible ({source}){granted_note}")
 
@@ -164,8 +173,10 @@ def check_torch(ctx: DoctorContext) -> Check:
     parts = [f"torch {info.get('version')}"]
     if info.get("cuda"):
         parts.append(f"CUDA {info['cuda']}")
+    if info.get("hip"):
+        parts.append(f"HIP {info['hip']}")
     if info.get("nccl"):
-        parts.append(f"NCCL {info['nccl']}")
+        parts.append(f"{ctx.accelerator.collective} {info['nccl']}")
     return Check("torch", OK, ", ".join(parts))
 
 
@@ -232,9 +243,10 @@ def _find(ctx: DoctorContext, dirs: Sequence[str], pattern: str) -> Tuple[str, .
     return tuple(hits)
 
 
-def host_libraries(env: Mapping[str, str]) -> Tuple[HostLibrary, ...]:
-    """The Slingshot host libraries, in load order (containers/sites/fabrics/slingshot.json)."""
-    return load_fabric_defaults("slingshot", env).host_libraries
+def host_libraries(env: Mapping[str, str], accelerator: Accelerator) -> Tuple[HostLibrary, ...]:
+    """The Slingshot host libraries, in load order (containers/sites/fabrics/slingshot.json), with the
+    vendor's collective library and net plugin named."""
+    return tuple(for_accelerator(library, accelerator) for library in load_fabric_defaults("slingshot", env).host_libraries)
 
 
 def binds_fix(ctx: DoctorContext) -> Optional[str]:
@@ -258,12 +270,14 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
         return (Check("host libraries", SKIP, "no Slingshot fabric expected; the image's own NCCL is used"),)
     dirs = _library_dirs(ctx)
     checks = []
-    for library in host_libraries(ctx.env):
+    vendor = ctx.accelerator
+    plugin, ofi_variant = vendor.net_plugin, vendor.net_plugin.replace(".so", "-ofi.so")
+    for library in host_libraries(ctx.env, vendor):
         label = library.label
         hits = _find(ctx, dirs, library.file)
-        if not hits and label == OFI_PLUGIN_LABEL and _find(ctx, dirs, r"libnccl-net-ofi\.so"):
-            checks.append(Check(label, WARN, "only libnccl-net-ofi.so found; NCCL dlopens libnccl-net.so unless NCCL_NET_PLUGIN=ofi",
-                                "bind a plugin directory that has libnccl-net.so (the aws-ofi-nccl module provides the link)"))
+        if not hits and label == OFI_PLUGIN_LABEL and _find(ctx, dirs, re.escape(ofi_variant)):
+            checks.append(Check(label, WARN, f"only {ofi_variant} found; {vendor.collective} dlopens {plugin} unless NCCL_NET_PLUGIN=ofi",
+                                f"bind a plugin directory that has {plugin} (the {vendor.ofi_plugin} module provides the link)"))
             continue
         if not hits:
             # On a Slingshot node, or in a multi-node job, training across nodes cannot work without
@@ -280,8 +294,10 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
             checks.append(Check(label, FAIL, f"{chosen} does not load: {_load_failure(chosen, str(exc))}", library.fix))
             continue
         checks.append(Check(label, OK, f"{chosen} loads{(' (' + version + ')') if version else ''}{shadowed}"))
+    if vendor.plugin_dlopens is None:
+        return tuple(checks)
     cudart_dirs = dirs + ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/sbsa-linux/lib", "/usr/local/cuda/targets/x86_64-linux/lib")
-    if _find(ctx, cudart_dirs, r"libcudart\.so"):
+    if _find(ctx, cudart_dirs, re.escape(vendor.plugin_dlopens)):
         checks.append(Check("libcudart.so", OK, "unversioned libcudart.so present (the dynamically linked plugin needs it)"))
     else:
         checks.append(Check("libcudart.so", WARN, "no unversioned libcudart.so on the library path",
@@ -365,26 +381,31 @@ def check_fi_info(ctx: DoctorContext) -> Check:
     return Check("fi_info -p cxi", OK, first)
 
 
-def driver_version(root: str) -> Optional[Tuple[int, int]]:
-    text = read_text(root, "/proc/driver/nvidia/version") or ""
-    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+)\.(\d+)", text)
+def driver_version(root: str, accelerator: Accelerator) -> Optional[Tuple[int, int]]:
+    """The kernel driver's major.minor: NVIDIA's /proc/driver/nvidia/version line ("Kernel Module
+    550.54.15"), or a file that holds the version alone (/sys/module/amdgpu/version: "6.8.5")."""
+    text = read_text(root, accelerator.driver_version_file) or ""
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+)\.(\d+)", text) or re.match(r"(\d+)\.(\d+)", text)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def check_cuda_driver(ctx: DoctorContext) -> Check:
-    driver = driver_version(ctx.root)
+    """The kernel driver against the image's runtime (CUDA, HIP), where a minimum is published."""
+    vendor = ctx.accelerator
+    runtime, name = vendor.runtime, f"{vendor.runtime} driver"
+    driver = driver_version(ctx.root, vendor)
     if driver is None:
-        return Check("CUDA driver", SKIP, "no NVIDIA driver (/proc/driver/nvidia/version)")
+        return Check(name, SKIP, f"no {vendor.name.upper()} driver ({vendor.driver_version_file})")
     info = ctx.probes.torch_info() or {}
-    cuda = ctx.env.get("CUDA_VERSION") or info.get("cuda")
-    if not cuda:
-        return Check("CUDA driver", OK, f"driver {driver[0]}.{driver[1]}; image CUDA unknown")
-    major = int(str(cuda).split(".")[0])
-    needed = MIN_DRIVER_FOR_CUDA.get(major)
+    image = ctx.env.get(f"{runtime}_VERSION") or info.get(runtime.lower())
+    if not image:
+        return Check(name, OK, f"driver {driver[0]}.{driver[1]}; image {runtime} unknown")
+    major = int(str(image).split(".")[0])
+    needed = MIN_DRIVER.get(runtime, {}).get(major)
     if needed and driver[0] < needed:
-        return Check("CUDA driver", WARN, f"driver {driver[0]}.{driver[1]} is older than CUDA {cuda} needs (>= {needed})",
+        return Check(name, WARN, f"driver {driver[0]}.{driver[1]} is older than {runtime} {image} needs (>= {needed})",
                      "use an image built for the host's CUDA, or forward compatibility (cuda-compat) on data-centre GPUs")
-    return Check("CUDA driver", OK, f"driver {driver[0]}.{driver[1]} runs the image's CUDA {cuda}")
+    return Check(name, OK, f"driver {driver[0]}.{driver[1]} runs the image's {runtime} {image}")
 
 
 def check_interface(ctx: DoctorContext) -> Check:
@@ -492,7 +513,8 @@ def real_torch_info() -> Optional[Dict[str, object]]:
         import torch  # noqa: PLC0415 - optional, and slow: only when doctor runs
     except Exception:  # a broken install raises more than ImportError
         return None
-    info: Dict[str, object] = {"version": torch.__version__, "cuda": torch.version.cuda}
+    info: Dict[str, object] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                               "hip": getattr(torch.version, "hip", None)}
     try:
         info["cuda_device_count"] = torch.cuda.device_count()
         if torch.cuda.is_available():

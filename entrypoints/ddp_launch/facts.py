@@ -7,19 +7,16 @@ NodeFacts value, so tests build one by hand (or probe a fake tree under `root`).
 from __future__ import annotations
 
 import os
-import re
 import struct
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ddp_launch.accelerators import Accelerator
 from ddp_launch.rendezvous import Head, ipv4_literal
 
 IPV4_MAPPED_PREFIX = "0000:0000:0000:0000:0000:ffff:"
 RTF_UP = 0x1
-_GPU_DEVICE_FILE = re.compile(r"nvidia[0-9]+")
-# What NCCL dlopens for a net plugin when NCCL_NET_PLUGIN is unset (NCCL's ext-net/README.md).
-NET_PLUGIN_FILE = "libnccl-net.so"
 # Where dlopen looks after LD_LIBRARY_PATH: ld.so.cache, built from /etc/ld.so.conf(.d), and the
 # trusted directories (ld.so(8), "Shared libraries are searched ..."), with Debian's multiarch ones.
 LOADER_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64",
@@ -60,12 +57,13 @@ class ProbeQuestions:
     """
 
     head: Head | None = None                # the rendezvous host to look up (when it has no problem)
-    cuda: bool = False                      # can the CUDA driver use the GPUs the scheduler granted
+    cuda: bool = False                      # can the vendor's driver use the GPUs the scheduler granted
     dns_wait_s: float | None = None         # retry the lookup this long (a pod's DNS record comes late)
     directories: tuple[str, ...] = ()       # does each exist (the fabric's library and plugin dirs)
     files: tuple[str, ...] = ()             # does each exist (the --script)
     plugin_dirs: tuple[str, ...] | None = None  # where to look for NCCL's net plugin (on a Slingshot node)
     loader_dirs: bool = False               # list the image's own library dirs (a site binds host libraries)
+    accelerator: Accelerator | None = None  # whose device files to count, driver to ask, net plugin to look for
 
 
 @dataclass(frozen=True)
@@ -84,8 +82,10 @@ class Resolved:
 
 @dataclass(frozen=True)
 class NetPlugin:
-    """Where NCCL's net plugin (libnccl-net.so) lies on this node, looked for on a Slingshot node."""
+    """Where the collective's net plugin (libnccl-net.so, librccl-net.so) lies on this node, looked
+    for on a Slingshot node."""
 
+    file: str                   # the file looked for: what NCCL / RCCL dlopens when NCCL_NET_PLUGIN is unset
     in_dirs: tuple[str, ...]    # of the directories asked about (LD_LIBRARY_PATH, the site's)
     by_loader: bool             # in a directory dlopen searches by itself (ld.so.cache, /usr/lib...)
 
@@ -95,7 +95,7 @@ class NodeFacts:
     python: str = "python3"                     # sys.executable: workers run the launcher's interpreter
     cpu_count: int = 1                          # CPUs this process may run on (sched_getaffinity)
     machine: str = "x86_64"                     # os.uname().machine, what platform.machine() returns
-    gpu_device_files: int = 0                   # /dev/nvidia[0-9]*
+    gpu_device_files: int = 0                   # the vendor's: /dev/nvidia[0-9]*, /dev/dri/renderD*
     cxi_devices: tuple[str, ...] = ()           # /dev/cxi*
     cxi_class: bool = False                     # /sys/class/cxi exists
     rdma_devices: tuple[RdmaDevice, ...] = ()   # /sys/class/infiniband/*
@@ -105,7 +105,7 @@ class NodeFacts:
     existing_files: frozenset[str] = field(default_factory=frozenset)  # of the files asked about (the --script)
     cwd: str = "/"                              # os.getcwd(): where a relative --script is looked for
     head: Resolved | None = None                # the rendezvous host's lookup, when one was asked
-    cuda_problem: str | None = None             # why CUDA cannot be used, when it was asked
+    cuda_problem: str | None = None             # why the driver (CUDA, HIP) cannot be used, when it was asked
     net_plugin: NetPlugin | None = None         # None: not looked for (no CXI, or not asked)
     loader_dirs: tuple[str, ...] = ()           # of LOADER_DIRS, those that exist (the image's own), when asked
 
@@ -214,10 +214,18 @@ def loader_dirs(root: str) -> tuple[str, ...]:
     return tuple(d for d in listed if d.startswith("/")) + LOADER_DIRS
 
 
-def probe_net_plugin(root: str, directories: Iterable[str]) -> NetPlugin:
+def probe_net_plugin(root: str, directories: Iterable[str], plugin_file: str) -> NetPlugin:
     def holds(directory: str) -> bool:
-        return os.path.isfile(under(root, os.path.join(directory, NET_PLUGIN_FILE)))
-    return NetPlugin(tuple(d for d in directories if holds(d)), any(holds(d) for d in loader_dirs(root)))
+        return os.path.isfile(under(root, os.path.join(directory, plugin_file)))
+    return NetPlugin(plugin_file, tuple(d for d in directories if holds(d)), any(holds(d) for d in loader_dirs(root)))
+
+
+def count_device_files(root: str, accelerator: Accelerator | None, dev: tuple[str, ...]) -> int:
+    """The vendor's per-GPU device files (none when no vendor was asked about)."""
+    if accelerator is None:
+        return 0
+    names = dev if accelerator.device_directory == "/dev" else list_dir(root, accelerator.device_directory) or ()
+    return sum(1 for name in names if accelerator.is_device_file(name))
 
 
 def _look_up(head: Head | None, resolve: Callable[[str], str | None] | None) -> Resolved | None:
@@ -229,12 +237,14 @@ def _look_up(head: Head | None, resolve: Callable[[str], str | None] | None) -> 
 def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = None,
           resolve: Callable[[str], str | None] | None = None,
           cuda: Callable[[], str | None] | None = None, files: Iterable[str] = (),
-          plugin_dirs: Iterable[str] | None = None, loader: bool = False) -> NodeFacts:
+          plugin_dirs: Iterable[str] | None = None, loader: bool = False,
+          accelerator: Accelerator | None = None) -> NodeFacts:
     """This node, read once. head is looked up with resolve; cuda() runs only when given.
 
     directories are looked for under root; files (the workload's script) as given, from the
     working directory, like the python command line will. On a Slingshot node, the NCCL net
     plugin is looked for in plugin_dirs and the loader's own directories, when plugin_dirs is given.
+    accelerator: whose device files to count and whose net plugin to look for (None: no GPUs counted).
     loader: list the loader's trusted directories that exist (where the image's packages put their
     libraries; not ld.so.conf.d's, where CUDA's compat libcuda would overtake the driver's).
     """
@@ -245,7 +255,7 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
         python=sys.executable,
         cpu_count=cpu_count(),
         machine=os.uname().machine,  # not the platform module: importing it costs ~1.5 ms per launch
-        gpu_device_files=sum(1 for name in dev if _GPU_DEVICE_FILE.fullmatch(name)),
+        gpu_device_files=count_device_files(root, accelerator, dev),
         cxi_devices=cxi_devices,
         cxi_class=cxi_class,
         rdma_devices=tuple(probe_rdma_device(root, name)
@@ -257,7 +267,7 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
         cwd=os.getcwd(),
         head=_look_up(head, resolve),
         cuda_problem=cuda() if cuda is not None else None,
-        net_plugin=(probe_net_plugin(root, plugin_dirs)
-                    if plugin_dirs is not None and (cxi_devices or cxi_class) else None),
+        net_plugin=(probe_net_plugin(root, plugin_dirs, accelerator.net_plugin)
+                    if plugin_dirs is not None and accelerator is not None and (cxi_devices or cxi_class) else None),
         loader_dirs=tuple(d for d in LOADER_DIRS if os.path.isdir(under(root, d))) if loader else (),
     )

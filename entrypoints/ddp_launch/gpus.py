@@ -1,7 +1,9 @@
 """How many GPUs this node (or this task) may use, from the scheduler's words first.
 
-Order: SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, CUDA_VISIBLE_DEVICES, then the
-/dev/nvidia[0-9]* device files (counted by the probe: NodeFacts.gpu_device_files).
+Order: SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, the vendor's visible-device variables
+(CUDA_VISIBLE_DEVICES; ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES), then its device files
+(/dev/nvidia[0-9]*, /dev/dri/renderD*: counted by the probe, NodeFacts.gpu_device_files).
+The vendor's words come from its Accelerator (accelerators.py), picked by the site profile.
 """
 
 from __future__ import annotations
@@ -9,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import integer, is_digits
 from ddp_launch.errors import LaunchError
 
-# CUDA_VISIBLE_DEVICES values that mean "no GPU" (SLURM writes NoDevFiles when
+# Visible-device values that mean "no GPU" (SLURM writes NoDevFiles when
 # the step has no GPU gres; -1 is the common manual way to hide all devices).
 _NO_DEVICES = {"", "nodevfiles", "-1", "none", "void"}
 
@@ -37,111 +40,124 @@ def parse_gpus_per_node(value: str, name: str = "SLURM_GPUS_PER_NODE") -> int:
 
 
 def visible_devices(value: str) -> int:
-    """Number of devices named by CUDA_VISIBLE_DEVICES (indices, UUIDs or MIG ids)."""
+    """Number of devices named by a visible-device variable (indices, UUIDs or MIG ids)."""
     if value.strip().lower() in _NO_DEVICES:
         return 0
     return len([entry for entry in value.split(",") if entry.strip()])
 
 
-def count_gpus(env: Mapping[str, str], device_files: int) -> GpuCount | None:
+def visible_setting(env: Mapping[str, str], accelerator: Accelerator) -> tuple[str, str] | None:
+    """The first of the vendor's visible-device variables that is set, with its value."""
+    for name in accelerator.visible_variables:
+        if name in env:
+            return name, env[name]
+    return None
+
+
+def count_gpus(env: Mapping[str, str], device_files: int, accelerator: Accelerator) -> GpuCount | None:
     """GPUs on this node, or None when nothing says there are any."""
     if env.get("SLURM_GPUS_ON_NODE", "").strip():
         return GpuCount(integer("SLURM_GPUS_ON_NODE", env["SLURM_GPUS_ON_NODE"]), "SLURM_GPUS_ON_NODE")
     if env.get("SLURM_GPUS_PER_NODE", "").strip():
         return GpuCount(parse_gpus_per_node(env["SLURM_GPUS_PER_NODE"]), "SLURM_GPUS_PER_NODE")
-    if "CUDA_VISIBLE_DEVICES" in env:
-        return GpuCount(visible_devices(env["CUDA_VISIBLE_DEVICES"]), "CUDA_VISIBLE_DEVICES")
+    visible = visible_setting(env, accelerator)
+    if visible is not None:
+        return GpuCount(visible_devices(visible[1]), visible[0])
     if device_files:
-        return GpuCount(device_files, "/dev/nvidia[0-9]*")
+        return GpuCount(device_files, accelerator.device_label)
     return None
 
 
 # -- GPUs the scheduler granted, and whether the driver can reach them -----------------------
 
-# What says "this job was given GPUs", in the order a message names them. Apptainer keeps
-# these in the container's environment whether or not --nv was given.
-GRANT_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "RUNAI_NUM_OF_GPUS")
+# What says "this job was given GPUs", in the order a message names them (the vendor's visible-
+# device variables go after SLURM_JOB_GPUS). Apptainer keeps these in the container's environment
+# whether or not --nv / --rocm was given.
+COUNT_GRANT_VARIABLES = ("SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS")
+
+
+def grant_variables(accelerator: Accelerator) -> tuple[str, ...]:
+    return ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS") + accelerator.visible_variables + ("RUNAI_NUM_OF_GPUS",)
 
 
 @dataclass(frozen=True)
 class GpuGrant:
     count: int
     source: str  # "SLURM_GPUS_ON_NODE=4"
+    accelerator: Accelerator  # whose driver must be able to use them
 
 
-def granted_gpus(env: Mapping[str, str]) -> GpuGrant | None:
+def granted_gpus(env: Mapping[str, str], accelerator: Accelerator) -> GpuGrant | None:
     """GPUs the scheduler gave this node, or None when it gave none (or said nothing)."""
-    for name in GRANT_VARIABLES:
+    for name in grant_variables(accelerator):
         value = env.get(name, "").strip()
         if not value:
             continue
-        if name in ("SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS"):
+        if name in COUNT_GRANT_VARIABLES:
             count = int(value) if is_digits(value) else 0
-        else:  # SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES list devices: "0,1,2,3"
+        else:  # SLURM_JOB_GPUS and the visible-device variables list devices: "0,1,2,3"
             count = visible_devices(value)
         if count > 0:
-            return GpuGrant(count, f"{name}={value}")
+            return GpuGrant(count, f"{name}={value}", accelerator)
     return None
 
 
 def grant_to_check(grant: GpuGrant | None, cpu_workers: object) -> GpuGrant | None:
-    """The granted GPUs the CUDA driver must be able to use: none when --cpu-workers runs on CPU on purpose."""
+    """The granted GPUs the driver must be able to use: none when --cpu-workers runs on CPU on purpose."""
     return grant if cpu_workers is None else None
 
 
 def require_usable_gpus(grant: GpuGrant | None, driver_problem: str | None, on_kubernetes: bool,
                         gpu_device_files: int = 0) -> None:
-    """Stop before launching when GPUs were granted but CUDA cannot see any.
+    """Stop before launching when GPUs were granted but the runtime (CUDA, HIP) cannot see any.
 
-    Without `apptainer run --nv` the container sees the scheduler's variables and even
-    /dev/nvidia*, but not the driver's user-space libraries (Apptainer user guide, "GPU
-    Support": --nv binds them in), so torch finds no GPU and the job would quietly train
-    on CPU with one gloo worker per granted GPU. With --nv on a node without the NVIDIA
+    Without `apptainer run --nv` (--rocm on AMD) the container sees the scheduler's variables
+    and even the device files, but not the driver's user-space libraries (Apptainer user guide,
+    "GPU Support": --nv / --rocm bind them in), so torch finds no GPU and the job would quietly
+    train on CPU with one gloo worker per granted GPU. With the flag on a node without the
     driver, Apptainer finds nothing to bind and says so only as a warning; the container
     cannot tell the two apart (the real Apptainer 1.4 sets nothing for --nv), but the
-    host's /dev is bound either way: no /dev/nvidia* means no driver here to bind.
+    host's /dev is bound either way: no device files means no driver here to bind.
     """
     if grant is None or driver_problem is None:
         return
+    vendor = grant.accelerator
+    flag = vendor.apptainer_flag
     if on_kubernetes:
-        fix = "check that the pod requests nvidia.com/gpu and the NVIDIA device plugin runs on the node"
+        fix = f"check that the pod requests {vendor.kubernetes_resource} and {vendor.device_plugin} runs on the node"
     elif gpu_device_files == 0:
-        fix = ("this node has no NVIDIA devices (/dev/nvidia*), so the host has no driver libraries for "
-               "Apptainer's --nv to bind: not a GPU node? Check the job's partition and --gpus")
+        fix = (f"this node has no {vendor.name.upper()} devices ({vendor.device_label}), so the host has no "
+               f"driver libraries for Apptainer's {flag} to bind: not a GPU node? Check the job's partition and --gpus")
     else:
-        fix = "run the image with `apptainer run --nv` (or `apptainer exec --nv`)"
-    raise LaunchError(f"{grant.source} granted {grant.count} GPU(s) but CUDA cannot use any here "
+        fix = f"run the image with `apptainer run {flag}` (or `apptainer exec {flag}`)"
+    raise LaunchError(f"{grant.source} granted {grant.count} GPU(s) but {vendor.runtime} cannot use any here "
                       f"({driver_problem}): {fix}, or pass --cpu-workers N to train on CPU on purpose")
 
 
-# CUresult values worth naming (CUDA driver API, cuda.h).
-_CU_ERRORS = {100: "CUDA_ERROR_NO_DEVICE", 35: "CUDA_ERROR_INSUFFICIENT_DRIVER",
-              803: "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH", 804: "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE",
-              999: "CUDA_ERROR_UNKNOWN"}
+def probe_driver(accelerator: Accelerator) -> str | None:
+    """None when the vendor's driver initialises and sees a device, else what went wrong (the edge).
 
-
-def probe_cuda_driver(library: str = "libcuda.so.1") -> str | None:
-    """None when the CUDA driver initialises and sees a device, else what went wrong (the edge).
-
-    Asks the driver itself (dlopen + cuInit + cuDeviceGetCount) instead of counting
-    /dev/nvidia*: Apptainer binds the host's /dev without --nv too. Called only when the
-    scheduler granted GPUs, so a CPU launch never pays for it.
+    Asks the driver itself (dlopen + cuInit/hipInit + the device count) instead of counting
+    device files: Apptainer binds the host's /dev without --nv / --rocm too. Called only when
+    the scheduler granted GPUs, so a CPU launch never pays for it.
     """
     import ctypes  # only here: most launches never need it
 
+    library, init_name = accelerator.driver_library, accelerator.driver_init
+    errors = accelerator.driver_errors
     try:
-        cuda = ctypes.CDLL(library)
+        driver = ctypes.CDLL(library)
     except OSError:
-        return f"{library} not found: the NVIDIA driver libraries are not in this container"
+        return f"{library} not found: the {accelerator.name.upper()} driver libraries are not in this container"
     try:
-        init, count_devices = cuda.cuInit, cuda.cuDeviceGetCount
+        init, count_devices = getattr(driver, init_name), getattr(driver, accelerator.driver_count)
     except AttributeError:
-        return f"{library} has no cuInit: not a CUDA driver library"
+        return f"{library} has no {init_name}: not a {accelerator.runtime} driver library"
     status = init(0)
     if status != 0:
-        return f"cuInit failed with {_CU_ERRORS.get(status, status)}"
+        return f"{init_name} failed with {errors.get(status, status)}"
     count = ctypes.c_int(0)
     status = count_devices(ctypes.byref(count))
     if status != 0 or count.value == 0:
-        return f"the driver sees no GPU ({_CU_ERRORS.get(status, status) if status else '0 devices'})"
+        return f"the driver sees no GPU ({errors.get(status, status) if status else '0 devices'})"
     return None

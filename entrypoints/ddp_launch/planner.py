@@ -2,9 +2,9 @@
 
 cli.launch and doctor take the same steps:
     launch = parse(options, env, data);  facts = probe(questions(launch));  plan(launch, facts)
-parse picks the scheduler (schedulers/__init__.py) and reads its job; data is the site profile
-and the fabric defaults, read by the caller (fabric.defaults.read_fabric_data); only probe()
-touches the node (files, the name service, the CUDA driver); the rest is pure. Nothing here
+parse picks the scheduler (schedulers/__init__.py) and reads its job; data is the site profile,
+its GPU vendor and the fabric defaults, read by the caller (fabric.defaults.read_fabric_data); only
+probe() touches the node (files, the name service, the GPU driver); the rest is pure. Nothing here
 names a scheduler: each module answers for itself what to probe and how to launch.
 """
 
@@ -43,7 +43,9 @@ class Launch:
 def parse(options: LaunchOptions, env: Mapping[str, str], data: FabricData) -> Launch:
     """The scheduler for options.mode (or detected) and its job (pure; a bad scheduler environment is refused here)."""
     scheduler = scheduler_for(options.mode, env)
-    return Launch(options, env, scheduler, scheduler.parse(env), data)
+    if data.accelerator is None:
+        raise ValueError("read the data with fabric.defaults.read_fabric_data: it names the GPU vendor")
+    return Launch(options, env, scheduler, scheduler.parse(env, data.accelerator), data)
 
 
 def questions(launch: Launch) -> ProbeQuestions:
@@ -58,6 +60,7 @@ def questions(launch: Launch) -> ProbeQuestions:
         # The workers' LD_LIBRARY_PATH is the user's with the site's directories merged in.
         plugin_dirs=tuple(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d) + directories,
         loader_dirs=bool(directories),
+        accelerator=launch.data.accelerator,
     )
 
 
@@ -66,9 +69,10 @@ def probe(questions: ProbeQuestions, root: str = "/") -> NodeFacts:
     resolve = lookup_ipv4
     if questions.dns_wait_s is not None:
         resolve = waiting_resolver(questions.dns_wait_s, lambda line: print(line, file=sys.stderr, flush=True))
-    return node.probe(root, questions.directories, questions.head, resolve,
-                      gpus.probe_cuda_driver if questions.cuda else None, questions.files,
-                      questions.plugin_dirs, questions.loader_dirs)
+    vendor = questions.accelerator
+    driver = (lambda: gpus.probe_driver(vendor)) if questions.cuda and vendor is not None else None
+    return node.probe(root, questions.directories, questions.head, resolve, driver, questions.files,
+                      questions.plugin_dirs, questions.loader_dirs, vendor)
 
 
 def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:

@@ -20,7 +20,8 @@
 #   DDP_LAUNCH_ARGS ddp-launch flags
 #                   (both are words with the shell's quoting: DDP_TRAIN_ARGS='--compile-cache-dir "/scratch/my cache"')
 #   DDP_CPU_WORKERS ddp-launch --cpu-workers (CPU workers per node; unset: one per GPU)
-#   DDP_GPU         1 runs apptainer with --nv (default), 0 without
+#   DDP_GPU         1 runs apptainer with the site's GPU flag (default: --nv, --rocm for an
+#                   AMD site; python3 -m ddp_launch.accelerators), 0 without
 #   DDP_MONITOR_INTERVAL  GPU sampling period in seconds (0 disables the sampler)
 #   DDP_MAX_REQUEUES      requeues after a stop signal, counted by SLURM_RESTART_COUNT
 #   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
@@ -75,6 +76,15 @@ ddp::export_binds() {
     done
     export APPTAINER_BIND="${binds}"
     ddp::log "APPTAINER_BIND=${APPTAINER_BIND}"
+}
+
+# Apptainer's GPU flag for the site's vendor (--nv, --rocm: Apptainer user guide, "GPU Support"),
+# from the site profile's accelerator, so a job script never writes it.
+# Sets DDP_GPU_FLAG (not printed: ddp::err must stop the job, not a command substitution).
+ddp::gpu_flag() {
+    local -r site="$1"
+    DDP_GPU_FLAG="$(ddp::on_host ddp_launch.accelerators --site "${site}" apptainer-flag)" \
+        || ddp::err "python3 -m ddp_launch.accelerators --site ${site} apptainer-flag failed (see above)"
 }
 
 # Apptainer comes from a module on most clusters (MPCDF Raven: `module load apptainer`);
@@ -461,7 +471,8 @@ ddp::run_job() {
     ddp::print_job
     DDP_APPTAINER_ARGS=(run)
     if [ "${DDP_GPU:-1}" = 1 ]; then
-        DDP_APPTAINER_ARGS+=(--nv)
+        ddp::gpu_flag "${DDP_SITE}"
+        DDP_APPTAINER_ARGS+=("${DDP_GPU_FLAG}")
     fi
     ddp::show_quarantine
     # A request left by an earlier run of this job (it crashed before acting on it) is void.

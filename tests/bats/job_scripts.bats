@@ -20,9 +20,30 @@ setup() {
 
     assert_success
     run grep '^python3 -m ddp_launch' "${CALLS}"
-    assert_output "python3 -m ddp_launch.binds --site olivia"
+    assert_output "python3 -m ddp_launch.binds --site olivia
+python3 -m ddp_launch.accelerators --site olivia apptainer-flag"
     run grep '^srun-env' "${CALLS}"
     assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=/host/olivia:/opt/olivia,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
+}
+
+@test "an AMD site's profile gives apptainer --rocm: the job script never names the GPU flag" {
+    # Apptainer user guide, "GPU Support" (https://apptainer.org/docs/user/main/gpu.html):
+    # --nv for NVIDIA, --rocm for AMD; containers/sites/lumi.json says "accelerator": "amd".
+    DDP_SITE=lumi run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run _train_call
+    assert_output --partial "apptainer run --rocm ${DDP_IMAGE} --site lumi "
+    refute_output --partial "--nv"
+}
+
+@test "a site the vendor question cannot read stops the job in one line before any srun" {
+    DDP_SITE=nosuchsite run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure
+    assert_output --partial "unknown site 'nosuchsite'"
+    run grep -c '^srun .* apptainer run' "${CALLS}"
+    assert_output "0"
 }
 
 @test "olivia single GPU and one node: the same step with their own trainer defaults" {

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.errors import LaunchError
 from ddp_launch.sites import SiteProfile, load_site, read_json_file, sites_dirs
 
@@ -63,6 +64,20 @@ class FabricDefaults:
         return tuple(item for item in self.env if item.when is None or conditions[item.when])
 
 
+# What a host library's label, file, fix and source may name, filled in from the site's GPU vendor
+# (accelerators.py): one slingshot.json serves NCCL with aws-ofi-nccl and RCCL with aws-ofi-rccl.
+_VENDOR_WORDS = ("collective", "collective_library", "net_plugin", "ofi_plugin")
+
+
+def for_accelerator(library: HostLibrary, accelerator: Accelerator) -> HostLibrary:
+    """library with {collective}, {collective_library}, {net_plugin} and {ofi_plugin} filled in
+    (escaped in the file name, a regular expression)."""
+    words = {key: getattr(accelerator, key) for key in _VENDOR_WORDS}
+    escaped = {key: re.escape(value) for key, value in words.items()}
+    return replace(library, label=library.label.format(**words), file=library.file.format(**escaped),
+                   fix=library.fix.format(**words), source=library.source.format(**words))
+
+
 def fabric_dirs(env: Mapping[str, str]) -> tuple[str, ...]:
     ordered: list[str] = []
     for directory in sites_dirs(env) + sites_dirs({}):
@@ -93,6 +108,8 @@ class FabricData:
 
     profile: SiteProfile | LaunchError | None = None
     defaults: Mapping[str, FabricDefaults | LaunchError] = field(default_factory=dict)
+    # The GPU vendor the profile names (nvidia without one); None: not read (a plan of the fabric alone).
+    accelerator: Accelerator | None = None
 
     def site_profile(self) -> SiteProfile | None:
         if isinstance(self.profile, LaunchError):
@@ -107,14 +124,16 @@ class FabricData:
 
 
 def read_fabric_data(site: str | None, env: Mapping[str, str]) -> FabricData:
-    """The edge: read the site profile called site (--site / DDP_LAUNCH_SITE) and every fabric's defaults."""
+    """The edge: read the site profile called site (--site / DDP_LAUNCH_SITE), its GPU vendor's data
+    and every fabric's defaults. The vendor's data must be readable: every launch needs it."""
     profile: SiteProfile | LaunchError | None = None
     if site:
         try:
             profile = load_site(site, env)
         except LaunchError as error:
             profile = error
-    return FabricData(profile, read_all_fabric_defaults(env))
+    vendor = profile.accelerator if isinstance(profile, SiteProfile) else DEFAULT_ACCELERATOR
+    return FabricData(profile, read_all_fabric_defaults(env), load_accelerator(vendor, env))
 
 
 def read_all_fabric_defaults(env: Mapping[str, str]) -> dict[str, FabricDefaults | LaunchError]:

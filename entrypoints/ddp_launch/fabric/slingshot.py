@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.facts import NET_PLUGIN_FILE, NodeFacts
+from ddp_launch.facts import NodeFacts
 from ddp_launch.fabric.common import EnvBuilder
 from ddp_launch.fabric.defaults import FabricDefault, FabricDefaults
 from ddp_launch.plan import SITE_PROFILE
@@ -30,7 +30,7 @@ def check_socket_ifname(value: str, interfaces: tuple[str, ...]) -> str | None:
 def missing_plugin(builder: EnvBuilder, facts: NodeFacts, site: str | None) -> str | None:
     """Why NCCL could not load the net plugin that NCCL_NET requires, or None when it can (or was not looked for).
 
-    NCCL dlopens libnccl-net.so (NCCL's ext-net/README.md), so the plugin must lie in the
+    NCCL dlopens libnccl-net.so (NCCL's ext-net/README.md; RCCL librccl-net.so), so the plugin must lie in the
     workers' LD_LIBRARY_PATH or in a directory the loader searches by itself (ld.so(8)).
     """
     found = facts.net_plugin
@@ -40,7 +40,7 @@ def missing_plugin(builder: EnvBuilder, facts: NodeFacts, site: str | None) -> s
     path = planned if planned is not None else builder.env.get("LD_LIBRARY_PATH", "")
     if set(found.in_dirs) & {d for d in path.split(":") if d}:
         return None
-    return (f"NCCL_NET='AWS Libfabric' needs NCCL's OFI plugin ({NET_PLUGIN_FILE}), but it is neither on "
+    return (f"NCCL_NET='AWS Libfabric' needs NCCL's OFI plugin ({found.file}), but it is neither on "
             f"LD_LIBRARY_PATH nor in the image's library directories, so NCCL would fail at the first "
             f"collective on every rank: bind the host's on the host, "
             f'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site {site or "SITE"})", then srun again')

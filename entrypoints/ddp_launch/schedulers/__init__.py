@@ -1,9 +1,9 @@
 """The schedulers ddp-launch knows, in the order auto detection tries them; adding one is adding a module.
 
 Every module has the same shape: MODES (the --mode names it plans), VARIABLES (question ->
-the variables that answer it, first set wins), detect(env), parse(env) -> a frozen job,
+the variables that answer it, first set wins), detect(env), parse(env, accelerator) -> a frozen job,
 questions(job, options) -> ProbeQuestions (what it needs probed: the rendezvous host to look
-up, whether to ask the CUDA driver about the GPUs it granted, how long to wait for DNS), and
+up, whether to ask the GPU driver about the GPUs it granted, how long to wait for DNS), and
 plan(job, options, env, facts) -> LaunchPlan (pure: the node was read into facts, the head's
 lookup included). The planner calls each once (planner.py) and never asks which module it has:
 what differs between schedulers (the GPU check, the Flight Recorder settings) is in the module.

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_launch import gpus as gpu_count
+from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer, is_digits, port
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
@@ -63,6 +64,7 @@ class KubeflowEnv:
     run_id: str | None
     max_restarts: Setting | None
     gpus: gpu_count.GpuGrant | None     # what the pod was granted (checked against the driver)
+    accelerator: Accelerator            # the site's GPU vendor: whose variables and device files count
 
 
 def _nnodes(value: str) -> int:
@@ -75,7 +77,7 @@ def _nnodes(value: str) -> int:
     raise LaunchError(f"PET_NNODES={value!r} is not a node count: expected 'N' or 'MIN:MAX'")
 
 
-def parse(env: Mapping[str, str]) -> KubeflowEnv:
+def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
     nnodes, _ = _first(env, "nnodes")
     addr, addr_name = _first(env, "master_addr")
     if nnodes is None:
@@ -104,7 +106,8 @@ def parse(env: Mapping[str, str]) -> KubeflowEnv:
         master_port=port(port_name, port_value) if port_value is not None else None,
         run_id=run_id,
         max_restarts=restarts,
-        gpus=gpu_count.granted_gpus(env),
+        gpus=gpu_count.granted_gpus(env, accelerator),
+        accelerator=accelerator,
     )
 
 
@@ -118,7 +121,7 @@ def head(job: KubeflowEnv, options: LaunchOptions) -> Head | None:
 
 
 def questions(job: KubeflowEnv, options: LaunchOptions) -> ProbeQuestions:
-    """Look up the master, waiting for its DNS record (not on a dry run); ask the CUDA driver
+    """Look up the master, waiting for its DNS record (not on a dry run); ask the GPU driver
     about the GPUs the pod was granted."""
     return ProbeQuestions(head=head(job, options),
                           cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None,
@@ -152,7 +155,7 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
         rdzv_port, port_note = job.master_port, "port from the job's master port"
     else:
         raise LaunchError("PET_MASTER_PORT and MASTER_PORT are unset: pass --rdzv-port P")
-    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files))
+    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator))
     restarts = max_restarts(options, job.max_restarts)
     rendezvous = Rendezvous(host, rdzv_port, job.run_id or job.master_addr or name, is_head, join_timeout(options))
     log_dir = node_log_dir(options.log_dir, f"pod{job.node_rank or 0}" if multi else None)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_launch import gpus as gpu_count
+from ddp_launch.accelerators import Accelerator
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
@@ -31,14 +32,15 @@ class LocalEnv:
     """One machine has no job layout: only the GPUs it was given, if anything says so."""
 
     gpus: gpu_count.GpuGrant | None
+    accelerator: Accelerator            # the site's GPU vendor: whose variables and device files count
 
 
-def parse(env: Mapping[str, str]) -> LocalEnv:
-    return LocalEnv(gpu_count.granted_gpus(env))
+def parse(env: Mapping[str, str], accelerator: Accelerator) -> LocalEnv:
+    return LocalEnv(gpu_count.granted_gpus(env, accelerator), accelerator)
 
 
 def questions(job: LocalEnv, options: LaunchOptions) -> ProbeQuestions:
-    """Nothing to look up (--standalone serves the rendezvous here); ask the CUDA driver about granted GPUs."""
+    """Nothing to look up (--standalone serves the rendezvous here); ask the GPU driver about granted GPUs."""
     return ProbeQuestions(cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None)
 
 
@@ -46,7 +48,7 @@ def plan(job: LocalEnv, options: LaunchOptions, env: Mapping[str, str], facts: N
     if options.nodes is not None and options.nodes != 1:
         raise LaunchError(f"--nodes {options.nodes} but no scheduler was found (local mode runs on this one "
                           f"machine): start ddp-launch with srun, in a RunAI/Kubeflow job, or drop --nodes")
-    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files))
+    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator))
     restarts = max_restarts(options)
     argv = torchrun_command(facts.python, "1", workers.count, None, restarts,
                             options.log_dir, options.workload)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_launch import gpus as gpu_count
+from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
@@ -91,6 +92,7 @@ class SlurmEnv:
     local_id: int | None
     cpus_per_task: int | None
     gpus: gpu_count.GpuGrant | None  # what SLURM granted this node (checked against the driver)
+    accelerator: Accelerator         # the site's GPU vendor: whose variables and device files count
 
     @property
     def num_nodes(self) -> int:
@@ -120,7 +122,7 @@ class SlurmEnv:
         return True
 
 
-def parse(env: Mapping[str, str]) -> SlurmEnv:
+def parse(env: Mapping[str, str], accelerator: Accelerator) -> SlurmEnv:
     job = first_set(env, TASK_VARIABLES["job_id"])
     if job is None:
         raise LaunchError("SLURM_JOB_ID is not set: run under srun inside an allocation, or pass --mode local")
@@ -172,7 +174,8 @@ def parse(env: Mapping[str, str]) -> SlurmEnv:
         proc_id=proc_id,
         local_id=_int(first_set(env, TASK_VARIABLES["local_id"])),
         cpus_per_task=_int(first_set(env, TASK_VARIABLES["cpus_per_task"])),
-        gpus=gpu_count.granted_gpus(env),
+        gpus=gpu_count.granted_gpus(env, accelerator),
+        accelerator=accelerator,
     )
     here = slurm.tasks_here()
     if slurm.local_id is not None and here is not None and slurm.local_id >= here:
@@ -209,7 +212,7 @@ def head(job: SlurmEnv, options: LaunchOptions) -> Head:
 
 
 def questions(job: SlurmEnv, options: LaunchOptions) -> ProbeQuestions:
-    """Look up the rendezvous host; ask the CUDA driver about the GPUs SLURM granted."""
+    """Look up the rendezvous host; ask the GPU driver about the GPUs SLURM granted."""
     return ProbeQuestions(head=head(job, options),
                           cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None)
 
@@ -286,7 +289,7 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     is_head = index in (None, 0)
     host, address, head_note = _head(slurm, options, facts, is_head)
     port, port_note = _port(slurm, options)
-    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files))
+    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files, slurm.accelerator))
     run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
     restarts = max_restarts(options)
     argv = torchrun_command(facts.python, str(slurm.num_nodes), workers.count,
@@ -327,7 +330,7 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
                           "SLURM_NTASKS_PER_NODE and SLURM_TASKS_PER_NODE are unset or uneven without SLURM_NODEID")
     host, address, head_note = _head(slurm, options, facts, slurm.this_node_index() == 0)
     port, port_note = _port(slurm, options)
-    device = _task_device(env, slurm.local_id or 0, local_world)
+    device = _task_device(env, slurm.local_id or 0, local_world, slurm.accelerator)
     changes = [
         EnvChange("RANK", str(slurm.proc_id), "SLURM_PROCID"),
         EnvChange("WORLD_SIZE", str(slurm.num_tasks), "tasks in this step"),
@@ -365,18 +368,19 @@ class TaskDevice:
     note: str | None = None
 
 
-def _task_device(env: Mapping[str, str], local_id: int, local_world: int) -> TaskDevice:
+def _task_device(env: Mapping[str, str], local_id: int, local_world: int, accelerator: Accelerator) -> TaskDevice:
     """LOCAL_RANK and LOCAL_WORLD_SIZE for a task, given the GPUs SLURM lets it see."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
+    setting = gpu_count.visible_setting(env, accelerator)
+    variable, visible = setting if setting is not None else (accelerator.visible_variables[0], None)
     seen = gpu_count.visible_devices(visible) if visible is not None else None
     if seen == 1 and local_world > 1:
         # SLURM bound one GPU to this task (--gpus-per-task=1, --gpu-bind): it is
         # device 0 here, so LOCAL_RANK (the trainer's device index) must be 0 and
         # the task is a local world of one device.
-        return TaskDevice(0, f"SLURM bound one GPU to this task (CUDA_VISIBLE_DEVICES={visible}): device 0",
+        return TaskDevice(0, f"SLURM bound one GPU to this task ({variable}={visible}): device 0",
                           1, "each task sees only its own GPU",
                           f"task {local_id} sees one GPU ({visible}): LOCAL_RANK=0, LOCAL_WORLD_SIZE=1")
     if seen is not None and 1 < seen < local_world:
-        raise LaunchError(f"{local_world} tasks on this node but CUDA_VISIBLE_DEVICES={visible!r} lists {seen} "
+        raise LaunchError(f"{local_world} tasks on this node but {variable}={visible!r} lists {seen} "
                           f"GPUs: request one GPU per task (--gpus-per-task=1 or --gpus-per-node={local_world})")
     return TaskDevice(local_id, "SLURM_LOCALID", local_world, "tasks on this node")

@@ -47,7 +47,8 @@ class TorchrunEnv:
         return max(1, nodes)
 
 
-def parse(env: Mapping[str, str]) -> TorchrunEnv:
+def parse(env: Mapping[str, str], accelerator: object) -> TorchrunEnv:
+    """accelerator: unused (a torchrun worker launches nothing on the GPUs itself)."""
     return TorchrunEnv(
         run_id=env.get("TORCHELASTIC_RUN_ID", ""),
         rank=env.get("RANK", "?"),

@@ -82,13 +82,15 @@ esac'
     _stub apptainer 'echo "apptainer stub: must only be reached through srun" >&2; exit 2'
     _stub sbatch 'echo "sbatch stub: job scripts must not submit jobs" >&2; exit 2'
     # The host python3: the binds request is answered with one bind; the dataset check
-    # (python3 -m ddp_contract), the settings word splitter (python3 -m ddp_contract.shell_words)
+    # (python3 -m ddp_contract), the settings word splitter (python3 -m ddp_contract.shell_words),
+    # the site's GPU vendor (python3 -m ddp_launch.accelerators, from the repo's site profiles)
     # and a test's own python3 -c run for real.
     local -r real_python3="$(command -v python3)"
     _stub python3 '
 case "${1-} ${2-} ${3-} $#" in
     "-m ddp_launch.binds --site 4") echo "/host/${4}:/opt/${4}" ;;
     "-m ddp_contract dataset 4" | "-m ddp_contract run-dir-lock 4" | "-m ddp_contract.quarantine "* | "-m ddp_contract.shell_words "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
+    "-m ddp_launch.accelerators --site 5") exec "'"${real_python3}"'" "$@" ;;
     *) echo "python3 stub: unexpected arguments $*" >&2; exit 2 ;;
 esac'
 }

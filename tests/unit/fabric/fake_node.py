@@ -77,7 +77,8 @@ def node_facts(node: FakeNode, site=None, env=None, machine: str = "aarch64", he
 
     resolve = (lambda name: address) if head is not None else None
     asked = Head.named(head, "the test's head") if head is not None else None
-    probed = facts.probe(str(node.root), directories_to_probe(read_fabric_data(site, env or {})), asked, resolve)
+    data = read_fabric_data(site, env or {})
+    probed = facts.probe(str(node.root), directories_to_probe(data), asked, resolve, accelerator=data.accelerator)
     return replace(probed, machine=machine)
 
 

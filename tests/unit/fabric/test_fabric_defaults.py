@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,7 +129,27 @@ def test_no_site_profile_repeats_a_fabric_default():
 
 def test_the_host_libraries_doctor_loads_are_in_dependency_order():
     labels = [library.label for library in read_fabric_defaults(str(FABRICS / "slingshot.json")).host_libraries]
-    assert labels == ["libcxi", "libfabric", "NCCL", "OFI plugin"]
+    assert labels == ["libcxi", "libfabric", "{collective}", "OFI plugin"]
+
+
+@pytest.mark.parametrize("vendor, collective, library, plugin", [
+    ("nvidia", "NCCL", "libnccl.so.2", "libnccl-net.so"),
+    # aws-ofi-rccl README (https://github.com/ROCm/aws-ofi-rccl): RCCL loads librccl-net.so.
+    ("amd", "RCCL", "librccl.so.1", "librccl-net.so"),
+])
+def test_the_host_libraries_name_the_vendors_collective_and_its_net_plugin(vendor, collective, library, plugin):
+    from ddp_launch.accelerators import load_accelerator
+    from ddp_launch.fabric.defaults import for_accelerator
+
+    accelerator = load_accelerator(vendor, {})
+    found = [for_accelerator(item, accelerator)
+             for item in read_fabric_defaults(str(FABRICS / "slingshot.json")).host_libraries]
+    by_label = {item.label: item for item in found}
+    assert list(by_label) == ["libcxi", "libfabric", collective, "OFI plugin"]
+    assert re.fullmatch(by_label[collective].file, library)
+    assert re.fullmatch(by_label["OFI plugin"].file, plugin)
+    assert not re.fullmatch(by_label["OFI plugin"].file, plugin.replace(".", "x"))  # escaped, not a wildcard
+    assert accelerator.ofi_plugin in by_label["OFI plugin"].fix
 
 
 def test_the_data_files_are_plain_json_objects_in_file_order():

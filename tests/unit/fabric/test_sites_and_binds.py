@@ -74,7 +74,7 @@ def test_unparseable_profile_is_one_error(tmp_path):
 
 
 def test_unknown_site_lists_the_known_ones():
-    with pytest.raises(LaunchError, match=r"unknown site 'atlantis' \(known: generic, olivia, raven, rcp"):
+    with pytest.raises(LaunchError, match=r"unknown site 'atlantis' \(known: generic, lumi, olivia, raven, rcp"):
         load_site("atlantis", {})
 
 

@@ -19,4 +19,4 @@ def cuda_driver_usable(monkeypatch):
     for a GPU node is the same on this CPU machine and on a GPU one."""
     from ddp_launch import gpus
 
-    monkeypatch.setattr(gpus, "probe_cuda_driver", lambda library="libcuda.so.1": None)
+    monkeypatch.setattr(gpus, "probe_driver", lambda accelerator: None)

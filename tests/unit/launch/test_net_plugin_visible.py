@@ -102,7 +102,7 @@ def test_through_ddp_launch_it_is_exit_2_and_one_line(tmp_path):
         "import sys; from dataclasses import replace\n"
         "from ddp_launch import planner, cli, gpus\n"
         "from ddp_launch.facts import Resolved\n"
-        "gpus.probe_cuda_driver = lambda library='libcuda.so.1': None  # as on a GPU node\n"
+        "gpus.probe_driver = lambda accelerator: None  # as on a GPU node\n"
         "real = planner.probe\n"
         "# The fake root, and a head that did not resolve here (not the name service).\n"
         f"planner.probe = lambda q, root='/': replace(real(replace(q, head=None), {str(root)!r}),\n"

@@ -12,6 +12,7 @@ from unittest import mock
 import pytest
 
 from ddp_launch import gpus, options, planner
+from ddp_launch.accelerators import load_accelerator
 from ddp_launch.envvars import Setting, first_set, integer, port
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import Route, NodeFacts
@@ -21,7 +22,7 @@ from ddp_launch.schedulers import DETECTION_ORDER, kubeflow, local, scheduler_fo
 from launch_envs import (PYTHON, facts_for, kubeflow_v1, launch_of, olivia, plan_for, questions_for, raven, runai,
                          six_node_ethernet, trainer_v2)
 
-SHAPE = {"detect": ["env"], "parse": ["env"], "questions": ["job", "options"],
+SHAPE = {"detect": ["env"], "parse": ["env", "accelerator"], "questions": ["job", "options"],
          "plan": ["job", "options", "env", "facts"]}
 
 
@@ -75,7 +76,7 @@ SEEDS = {
 
 NODE_READS = ((socket, "getaddrinfo"), (socket, "gethostbyname"), (os, "listdir"), (os, "scandir"),
               (os, "stat"), (os.path, "isfile"), (os.path, "isdir"), (os.path, "exists"),
-              (gpus, "probe_cuda_driver"), (builtins, "open"))
+              (gpus, "probe_driver"), (builtins, "open"))
 
 
 @pytest.mark.parametrize("case", sorted(SEEDS))
@@ -179,9 +180,10 @@ def test_the_probe_answers_the_questions_under_a_root(tmp_path, monkeypatch):
     (tmp_path / "opt" / "plugin").mkdir(parents=True)
     script = tmp_path / "train.py"
     script.touch()
-    monkeypatch.setattr(gpus, "probe_cuda_driver", lambda: "no driver here")
+    monkeypatch.setattr(gpus, "probe_driver", lambda accelerator: "no driver here")
     facts = planner.probe(ProbeQuestions(head=Head.named("10.1.2.3", "the test"), directories=("/opt/plugin", "/opt/none"),
-                                         files=(str(script), "missing.py"), cuda=True), root=str(tmp_path))
+                                         files=(str(script), "missing.py"), cuda=True,
+                                         accelerator=load_accelerator("nvidia", {})), root=str(tmp_path))
     assert (facts.head.name, facts.head.address) == ("10.1.2.3", "10.1.2.3")
     assert facts.existing_dirs == {"/opt/plugin"} and facts.existing_files == {str(script)}
     assert (facts.gpu_device_files, facts.cuda_problem, facts.cwd) == (1, "no driver here", os.getcwd())

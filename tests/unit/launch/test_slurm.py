@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ddp_launch.accelerators import load_accelerator
 from ddp_launch.errors import LaunchError
 from ddp_launch.rendezvous import rendezvous_port
 from ddp_launch.schedulers.slurm import auto_mode, parse, parse_tasks_per_node
@@ -53,7 +54,7 @@ def test_every_node_of_a_step_computes_the_same_rendezvous():
 
 
 def test_auto_detects_slurm_node_for_one_task_per_node():
-    assert auto_mode(parse(olivia(0))) == "slurm-node"
+    assert auto_mode(parse(olivia(0), load_accelerator("nvidia", {}))) == "slurm-node"
 
 
 def test_step_nodelist_wins_over_job_nodelist():
@@ -244,7 +245,7 @@ def test_raven_task_execs_the_trainer_with_env_init_variables():
 
 
 def test_auto_detects_slurm_task_for_several_tasks_per_node():
-    assert auto_mode(parse(raven(0))) == "slurm-task"
+    assert auto_mode(parse(raven(0), load_accelerator("nvidia", {}))) == "slurm-task"
 
 
 def test_task_bound_to_one_gpu_uses_device_zero():
