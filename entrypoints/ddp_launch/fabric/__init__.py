@@ -144,10 +144,12 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> F
             builder.default(item.name, item.value, f"site {profile.name}: {item.source}", SITE_PROFILE)
         builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs, facts.loader_dirs))
 
-    conditions = {
+    conditions = {  # what a fabric default's "when" may ask (fabric/defaults.py: CONDITIONS, FACTS)
         "multi_node": request.multi_node,
-        "gh200": bool(profile and profile.gpu == "gh200" and facts.machine == "aarch64"),
         "roce": choose_roce_device(facts.rdma_devices) is not None,
+        "gpu": profile.gpu if profile else None,
+        "accelerator": profile.accelerator if profile else None,
+        "machine": facts.machine,
     }
     if fabric == "slingshot":
         profile_ifname = profile.env_value("NCCL_SOCKET_IFNAME") if profile else None

@@ -22,9 +22,39 @@ FABRIC_FILES = ("slingshot", "infiniband", "common")
 # What a value's "when" may name; plan_fabric works out each one for the job and node.
 CONDITIONS = (
     "multi_node",   # more than one node in the job step
-    "gh200",        # the site profile says gpu gh200 and this node is aarch64
     "roce",         # a RoCE device with an IPv4 RoCE v2 GID was found
 )
+# A "when" may also compare a fact with a value, KEY=VALUE, and join terms with spaces (all must
+# hold): "gpu=gh200 machine=aarch64". The hardware a fix is for is data, not a name in code.
+FACTS = (
+    "gpu",          # the site profile's gpu model (gh200, a100, mi250x)
+    "accelerator",  # the site profile's GPU vendor (nvidia, amd)
+    "machine",      # this node's architecture (os.uname().machine: aarch64, x86_64)
+)
+
+
+def when_holds(when: str | None, conditions: Mapping[str, object]) -> bool:
+    """Every term of when holds: a named condition is true, a KEY=VALUE fact equals VALUE."""
+    if when is None:
+        return True
+    for term in when.split():
+        key, equals, value = term.partition("=")
+        if not (conditions.get(key) == value if equals else bool(conditions[key])):
+            return False
+    return True
+
+
+def when_problem(when: object) -> str | None:
+    """Why when is not a valid condition, or None."""
+    if not isinstance(when, str) or not when.split():
+        return "must be a string"
+    for term in when.split():
+        key, equals, value = term.partition("=")
+        if equals and (key not in FACTS or not value):
+            return f"compares {term!r}: use KEY=VALUE with KEY one of {', '.join(FACTS)}"
+        if not equals and term not in CONDITIONS:
+            return f"names {term!r}: use one of {', '.join(CONDITIONS)} or KEY=VALUE ({', '.join(FACTS)})"
+    return None
 LIBRARY_KINDS = ("plain", "libfabric", "nccl")   # how doctor reads the loaded library's version
 _VARIABLE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
@@ -59,9 +89,9 @@ class FabricDefaults:
     host_libraries: tuple[HostLibrary, ...]
     path: str
 
-    def applicable(self, conditions: Mapping[str, bool]) -> tuple[FabricDefault, ...]:
+    def applicable(self, conditions: Mapping[str, object]) -> tuple[FabricDefault, ...]:
         """The values whose condition holds, in the order the file lists them."""
-        return tuple(item for item in self.env if item.when is None or conditions[item.when])
+        return tuple(item for item in self.env if when_holds(item.when, conditions))
 
 
 # What a host library's label, file, fix and source may name, filled in from the site's GPU vendor
@@ -193,8 +223,9 @@ def _default(key: str, item: object, fail) -> FabricDefault:
     value, source, when = item["value"], item["source"], item.get("when")
     if not isinstance(value, str) or not isinstance(source, str) or not source:
         raise fail(f"env {key}: 'value' and 'source' must be strings (source non-empty)")
-    if when is not None and when not in CONDITIONS:
-        raise fail(f"env {key}: 'when' must be one of {', '.join(CONDITIONS)}, got {when!r}")
+    problem = when_problem(when) if when is not None else None
+    if problem:
+        raise fail(f"env {key}: 'when' {problem}, got {when!r}")
     return FabricDefault(key, value, source, when)
 
 

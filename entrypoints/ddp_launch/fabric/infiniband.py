@@ -26,7 +26,7 @@ def choose_roce_device(devices: tuple[RdmaDevice, ...]) -> RdmaDevice | None:
 
 
 def infiniband_defaults(builder: EnvBuilder, defaults: FabricDefaults, facts: NodeFacts,
-                        conditions: Mapping[str, bool], env: Mapping[str, str]) -> None:
+                        conditions: Mapping[str, object], env: Mapping[str, str]) -> None:
     roce = choose_roce_device(facts.rdma_devices)
     if roce is None:
         if any(d.is_roce for d in facts.rdma_devices):

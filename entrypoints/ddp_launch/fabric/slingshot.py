@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts
 from ddp_launch.fabric.common import EnvBuilder
-from ddp_launch.fabric.defaults import FabricDefault, FabricDefaults
+from ddp_launch.fabric.defaults import FabricDefault, FabricDefaults, when_holds
 from ddp_launch.plan import SITE_PROFILE
 
 
@@ -46,12 +46,12 @@ def missing_plugin(builder: EnvBuilder, facts: NodeFacts, site: str | None) -> s
             f'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site {site or "SITE"})", then srun again')
 
 
-def _nccl_net(builder: EnvBuilder, item: FabricDefault, conditions: Mapping[str, bool],
+def _nccl_net(builder: EnvBuilder, item: FabricDefault, conditions: Mapping[str, object],
               facts: NodeFacts, site: str | None) -> None:
     """NCCL_NET, unless the user's NCCL_NET_PLUGIN would make NCCL fail to find it (CSCS docs PR #75),
     and never when the plugin it requires cannot be loaded here."""
     env = builder.env
-    if item.when is None or conditions[item.when]:
+    if when_holds(item.when, conditions):
         if "NCCL_NET_PLUGIN" in env and "NCCL_NET" not in env:
             builder.note("plugin", "info",
                          "NCCL_NET not set because you set NCCL_NET_PLUGIN; with both NCCL cannot find "
@@ -69,14 +69,14 @@ def slingshot_defaults(
     builder: EnvBuilder,
     defaults: FabricDefaults,
     facts: NodeFacts,
-    conditions: Mapping[str, bool],
+    conditions: Mapping[str, object],
     profile_ifname: str | None,
     site: str | None = None,
 ) -> None:
     for item in defaults.env:
         if item.name == "NCCL_NET":
             _nccl_net(builder, item, conditions, facts, site)
-        elif item.when is None or conditions[item.when]:
+        elif when_holds(item.when, conditions):
             builder.default(item.name, item.value, item.source)
     env = builder.env
     interfaces = facts.hsn_interfaces

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.fabric.defaults import (CONDITIONS, FABRIC_FILES, load_fabric_defaults, parse_fabric_defaults,
-                                        read_fabric_data, read_fabric_defaults)
+from ddp_launch.fabric.defaults import (FABRIC_FILES, load_fabric_defaults, parse_fabric_defaults, read_fabric_data,
+                                        read_fabric_defaults, when_holds, when_problem)
 from ddp_launch.sites import available_sites, load_site
 
 REPO = Path(__file__).resolve().parents[3]
@@ -33,7 +33,7 @@ def test_every_shipped_value_parses_and_carries_a_source(name):
     assert defaults.env, name
     for item in defaults.env + defaults.host_libraries:
         assert len(item.source) > 10, item
-    assert all(item.when in (None, *CONDITIONS) for item in defaults.env)
+    assert all(item.when is None or when_problem(item.when) is None for item in defaults.env)
 
 
 def test_the_repo_layout_is_found_without_configuration():
@@ -93,7 +93,7 @@ GOOD = {"schema": 1, "name": "lab", "env": {"X_Y": {"value": "1", "source": "lab
 @pytest.mark.parametrize("change, message", [
     ({"env": {"X_Y": {"value": "1"}}}, "env X_Y must be"),
     ({"env": {"X_Y": {"value": "1", "source": ""}}}, "source non-empty"),
-    ({"env": {"X_Y": {"value": "1", "source": "s", "when": "full_moon"}}}, "'when' must be one of multi_node"),
+    ({"env": {"X_Y": {"value": "1", "source": "s", "when": "full_moon"}}}, "'when' names 'full_moon': use one of multi_node"),
     ({"env": {"x-y": {"value": "1", "source": "s"}}}, "not a valid variable name"),
     ({"schema": 2}, "'schema' must be 1"),
     ({"name": "other"}, "'name' is 'other' but the file is named lab.json"),
@@ -156,3 +156,22 @@ def test_the_data_files_are_plain_json_objects_in_file_order():
     data = json.loads((FABRICS / "slingshot.json").read_text())
     assert list(data["env"])[:2] == ["NCCL_NET", "NCCL_PROTO"]
     assert [item.name for item in read_fabric_defaults(str(FABRICS / "slingshot.json")).env] == list(data["env"])
+
+
+@pytest.mark.parametrize("when, problem", [
+    ("gh200", "names 'gh200'"), ("gpu=", "compares 'gpu='"), ("colour=red", "compares 'colour=red'"), ("", "must be"),
+])
+def test_a_when_that_names_no_condition_or_fact_is_refused(when, problem):
+    assert problem in when_problem(when)
+
+
+def test_the_ll128_condition_is_the_profiles_gpu_and_the_nodes_machine_as_data():
+    # NVIDIA/nccl#2001: LL128 corrupts all-reduce on GH200; the rule lives in slingshot.json.
+    item = next(i for i in read_fabric_defaults(str(FABRICS / "slingshot.json")).env if i.name == "NCCL_PROTO")
+    assert item.when == "gpu=gh200 machine=aarch64"
+    assert when_holds(item.when, {"gpu": "gh200", "machine": "aarch64"})
+    assert not when_holds(item.when, {"gpu": "gh200", "machine": "x86_64"})
+    assert not when_holds(item.when, {"gpu": "mi250x", "machine": "aarch64"})
+    assert not when_holds(item.when, {"gpu": None, "machine": "aarch64"})
+    assert when_holds("multi_node accelerator=amd", {"multi_node": True, "accelerator": "amd"})
+    assert not when_holds("multi_node accelerator=amd", {"multi_node": False, "accelerator": "amd"})
