@@ -1,5 +1,6 @@
 #!/usr/bin/env bats
-# slurm/gpu-sampler.sh: one CSV per node, stopped by PID, silent where there is no GPU.
+# slurm/gpu-sampler.sh: one CSV per node, stopped by PID, silent where there is no GPU; the tool
+# is the site's vendor's (nvidia-smi by default, rocm-smi for an AMD site such as lumi).
 
 setup() {
     load 'test_helper/common-setup'
@@ -41,4 +42,59 @@ while true; do echo "2026/01/01 00:00:00.000, 0, NVIDIA GH200, 97, 40, 97871, 10
     assert_line --index 1 "2026/01/01 00:00:00.000, 0, NVIDIA GH200, 97, 40, 97871, 1000"
     run pgrep -f "${STUBS}/nvidia-smi"
     assert_failure
+}
+
+# rocm-smi as the ROCm SMI CLI documents it (https://rocm.docs.amd.com/projects/rocm_smi_lib/en/latest/python_usage.html):
+# --showuse, --showmemuse, --showmeminfo vram, --showpower, --csv; one sample per run, no repeat flag.
+# Rows as ROCm 6 prints them for two MI250X GCDs (a blank line after the table).
+_rocm_smi_stub() {
+    _stub rocm-smi '
+[ "$*" = "--showuse --showmemuse --showmeminfo vram --showpower --csv" ] \
+    || { echo "rocm-smi stub: unknown arguments $*" >&2; exit 2; }
+echo "device,GPU use (%),GPU Memory Allocated (VRAM%),VRAM Total Memory (B),VRAM Total Used Memory (B),Average Graphics Package Power (W)"
+echo "card0,97,40,68702699520,27481079808,488.0"
+echo "card1,95,40,68702699520,27481079808,N/A"
+echo'
+}
+
+@test "an AMD site without rocm-smi: the sampler names rocm-smi and exits at once" {
+    DDP_SITE=lumi PATH="${STUBS}:/usr/bin:/bin" run "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 1
+
+    assert_success
+    assert_output "gpu-sampler: rocm-smi not found on node7: no GPU to sample, not monitoring"
+    run ls "${OUT}"
+    assert_output ""
+}
+
+@test "an AMD site samples rocm-smi every interval into one CSV with a timestamp column, until TERM" {
+    _rocm_smi_stub
+    DDP_SITE=lumi "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 1 2>/dev/null &
+    local -r pid=$!
+    sleep 2.5
+
+    kill -TERM "${pid}"
+    wait "${pid}"
+
+    run grep -c '^rocm-smi --showuse --showmemuse --showmeminfo vram --showpower --csv$' "${CALLS}"
+    [ "${output}" -ge 2 ]
+    run grep -c '^timestamp,' "${OUT}/gpu-node7.csv"
+    assert_output "1"
+    run head -n 1 "${OUT}/gpu-node7.csv"
+    assert_output "timestamp,device,GPU use (%),GPU Memory Allocated (VRAM%),VRAM Total Memory (B),VRAM Total Used Memory (B),Average Graphics Package Power (W)"
+    run sed -n 2p "${OUT}/gpu-node7.csv"
+    assert_output --regexp '^[0-9]{4}/[0-9]{2}/[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3},card0,97,40,68702699520,27481079808,488\.0$'
+    run grep -c ',card1,' "${OUT}/gpu-node7.csv"
+    [ "${output}" -ge 2 ]
+    run pgrep -f "${STUBS}/rocm-smi"
+    assert_failure
+}
+
+@test "a site the sampler cannot read: it says so and monitors nothing" {
+    DDP_SITE=nosuchsite run "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 1
+
+    assert_failure
+    assert_output --partial "unknown site 'nosuchsite'"
+    assert_output --partial "gpu-sampler: cannot tell the site's sampler (see above): not monitoring"
+    run ls "${OUT}"
+    assert_output ""
 }

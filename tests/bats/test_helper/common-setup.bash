@@ -90,7 +90,7 @@ esac'
 case "${1-} ${2-} ${3-} $#" in
     "-m ddp_launch.binds --site 4") echo "/host/${4}:/opt/${4}" ;;
     "-m ddp_contract dataset 4" | "-m ddp_contract run-dir-lock 4" | "-m ddp_contract.quarantine "* | "-m ddp_contract.shell_words "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
-    "-m ddp_launch.accelerators --site 5") exec "'"${real_python3}"'" "$@" ;;
+    "-m ddp_launch.accelerators "*) exec "'"${real_python3}"'" "$@" ;;
     *) echo "python3 stub: unexpected arguments $*" >&2; exit 2 ;;
 esac'
 }
