@@ -1,4 +1,7 @@
-"""GPU sampler CSVs (slurm/gpu-sampler.sh: gpu-<node>.csv from nvidia-smi) to a summary.
+"""GPU sampler CSVs (slurm/gpu-sampler.sh: gpu-<node>.csv from nvidia-smi or rocm-smi) to a summary.
+
+Which column holds what is each vendor's data (containers/sites/accelerators/<vendor>.json,
+"sampler.columns"); a CSV is read with the vendor whose utilisation column its header has.
 
 Mean and min utilisation per GPU, in a Markdown table, plus a PNG of utilisation over
 time; GPUs far below the busiest one are flagged (the "Unbalanced GPU Usage" symptom of
@@ -8,6 +11,7 @@ the MPCDF Raven tutorial: github.com/mvigl/MPCDF_tutorial, docs/05_multi_node.md
 from __future__ import annotations
 
 import csv
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -16,6 +20,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from ddp_bench.errors import ReportError
+from ddp_launch.accelerators import ACCELERATORS, Sampler, load_accelerator
+from ddp_launch.errors import LaunchError
 
 UNBALANCED_FRACTION = 0.5  # a GPU below half the busiest GPU's mean is worth a look
 TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
@@ -50,43 +56,75 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _find_column(header: Sequence[str], prefix: str) -> int | None:
+    """nvidia-smi adds the unit to the name ("utilization.gpu [%]"), so a column is found by its start."""
+    return next((i for i, name in enumerate(header) if name.strip().startswith(prefix)), None)
+
+
 def _column(header: Sequence[str], prefix: str, path: Path) -> int:
-    for i, name in enumerate(header):
-        if name.strip().startswith(prefix):
-            return i
-    raise ReportError(f"{path}: no '{prefix}' column; write it with slurm/gpu-sampler.sh (nvidia-smi --format=csv)")
+    found = _find_column(header, prefix)
+    if found is None:
+        raise ReportError(f"{path}: no '{prefix}' column; write it with slurm/gpu-sampler.sh (nvidia-smi --format=csv)")
+    return found
+
+
+def samplers() -> dict[str, Sampler]:
+    """Each vendor's sampler, by vendor name (the data files beside the site profiles)."""
+    try:
+        return {name: load_accelerator(name, {}).sampler for name in ACCELERATORS}
+    except LaunchError as error:
+        raise ReportError(str(error)) from None
+
+
+def sampler_of(header: Sequence[str], path: Path) -> Sampler:
+    """The vendor's sampler whose utilisation column the header has (nvidia-smi when none does)."""
+    known = samplers()
+    for sampler in known.values():
+        if _find_column(header, sampler.columns["utilization"]) is not None:
+            return sampler
+    return known[ACCELERATORS[0]]
+
+
+def _index(text: str) -> int:
+    """The GPU's number: nvidia-smi's index ("0"), rocm-smi's device ("card0")."""
+    digits = re.fullmatch(r"\s*(?:card)?(\d+)\s*", text)
+    if digits is None:
+        raise ValueError(text)
+    return int(digits.group(1))
 
 
 def read_csv(path: Path) -> list[Sample]:
-    """One nvidia-smi CSV; the node is the file name's gpu-<node>.csv part."""
+    """One sampler CSV (nvidia-smi's, or rocm-smi's with the sampler's timestamp column); the node
+    is the file name's gpu-<node>.csv part."""
     node = path.stem[len("gpu-"):] if path.stem.startswith("gpu-") else path.stem
     try:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f, skipinitialspace=True))
     except (UnicodeDecodeError, csv.Error) as exc:
-        raise ReportError(f"{path} is not an nvidia-smi CSV ({type(exc).__name__}); pass the gpu-<node>.csv "
+        raise ReportError(f"{path} is not a GPU sampler CSV ({type(exc).__name__}); pass the gpu-<node>.csv "
                           f"files slurm/gpu-sampler.sh writes") from None
     except OSError as exc:
         raise ReportError(f"{path} cannot be read ({exc.strerror}); check its permissions") from None
     if not rows:
         return []
     header = rows[0]
-    cols = {key: _column(header, key, path) for key in
-            ("timestamp", "index", "name", "utilization.gpu", "memory.used")}
+    sampler = sampler_of(header, path)
+    cols = {key: _column(header, column, path) for key, column in sampler.columns.items()}
+    mib_per_unit = sampler.memory_unit_bytes / 2**20
     samples = []
     for row in rows[1:]:
         if len(row) < len(header) or row[0] == header[0]:
             continue  # a cut-off last line, or a repeated header from a restarted sampler
-        util = _number(row[cols["utilization.gpu"]])
+        util = _number(row[cols["utilization"]])
         if util is None:
             continue
         try:
             when = datetime.strptime(row[cols["timestamp"]].strip(), TIME_FORMAT)
-            index = int(row[cols["index"]])
+            index = _index(row[cols["index"]])
         except ValueError:  # a garbled line: the sampler was killed mid-write
             continue
         samples.append(Sample(node, index, row[cols["name"]].strip(), when, util,
-                              _number(row[cols["memory.used"]]) or 0.0))
+                              (_number(row[cols["memory_used"]]) or 0.0) * mib_per_unit))
     return samples
 
 
@@ -100,7 +138,7 @@ def csv_files(paths: Iterable[Path]) -> list[Path]:
         else:
             raise ReportError(f"{path} does not exist: pass gpu-<node>.csv files or the directory holding them")
     if not files:
-        raise ReportError("no gpu-<node>.csv files found: was the job run where nvidia-smi exists? "
+        raise ReportError("no gpu-<node>.csv files found: was the job run where nvidia-smi (rocm-smi on AMD) exists? "
                           "(see the sampler-<node>.log files)")
     return files
 
