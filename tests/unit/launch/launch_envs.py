@@ -27,6 +27,8 @@ HOSTS = {
     "master-node": "192.168.20.15",
     "job-master-0": "10.96.0.10",
     "trainjob-node-0-0.trainjob": "10.96.0.20",
+    "nid005000": "10.30.0.50",
+    "nid005001": "10.30.0.51",
 }
 
 
@@ -140,6 +142,33 @@ def raven(rank: int, tasks_per_node: int = 4, **extra: str) -> dict:
     node = rank // tasks_per_node
     return {**RAVEN_STEP, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % tasks_per_node),
             "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"raven012{node + 3}", **extra}
+
+
+# LUMI-G (LUMI-AI-Guide 05-multi-gpu-and-node, run_ddp_torchrun_4.sh): --nodes=2
+# --ntasks-per-node=1 --gpus-per-node=8 (8 MI250X GCDs a node), srun; SLURM names the GCDs
+# to ROCm in ROCR_VISIBLE_DEVICES (gres.conf(5)).
+LUMI_STEP = {
+    "SLURM_JOB_ID": "8123456",
+    "SLURM_JOB_NODELIST": "nid[005000-005001]",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURM_NTASKS": "2",
+    "SLURM_NTASKS_PER_NODE": "1",
+    "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_GPUS_PER_NODE": "8",
+    "SLURM_CPUS_PER_TASK": "56",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEP_NODELIST": "nid[005000-005001]",
+    "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+    "SLURM_GPUS_ON_NODE": "8",
+    "ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+}
+
+
+def lumi(node: int, **extra: str) -> dict:
+    return {**LUMI_STEP, "SLURM_NODEID": str(node), "SLURM_PROCID": str(node), "SLURM_LOCALID": "0",
+            "SLURMD_NODENAME": f"nid00500{node}", **extra}
 
 
 # A plain-Ethernet cluster: 6 nodes x 1 GPU (master-node, node01-05), --ntasks-per-node=1

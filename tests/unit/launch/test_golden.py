@@ -2,7 +2,8 @@
 
 The first four plan on a node built by hand (Ethernet: no fabric devices). The fabric goldens
 plan on a fake node tree probed as `ddp-launch` probes "/" (planner.probe with a root, the hook
-the fabric and doctor tests use): Olivia on a CXI node, Raven on InfiniBand, RCP on RoCE. They
+the fabric and doctor tests use): Olivia on a CXI node, LUMI on a CXI node with AMD GPUs, Raven
+on InfiniBand, RCP on RoCE. They
 pin every fabric variable, its value and its reason, and the LD_LIBRARY_PATH order of the binds;
 the Olivia host's APPTAINER_BIND (`ddp-launch binds`) is pinned beside them.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_envs import olivia, plan_for, plan_on_tree, raven, runai
+from launch_envs import lumi, olivia, plan_for, plan_on_tree, raven, runai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
 
@@ -84,6 +85,28 @@ def olivia_cxi_node(node: FakeNode) -> None:
     node.root.joinpath("lib").symlink_to("usr/lib")
 
 
+def amd_gpus(node: FakeNode, count: int = 8) -> None:
+    """/dev/kfd and one /dev/dri/renderD<N> per GPU (N from 128), beside the card<N> nodes that
+    must not count (ROCm docs, Docker and ROCm: the devices a container needs)."""
+    node.file("/dev/kfd")
+    for index in range(count):
+        node.file(f"/dev/dri/renderD{128 + index}")
+        node.file(f"/dev/dri/card{index}")
+
+
+def lumi_cxi_node(node: FakeNode) -> None:
+    """A LUMI-G node inside the container, after `ddp-launch binds --site lumi`: four CXI NICs
+    with hsn0-3, eight MI250X GCDs, the host files bound where lumi-aif-singularity-bindings
+    binds them (same paths), and an image that installs aws-ofi-rccl's plugin in /usr/lib64."""
+    node.cxi(4)
+    amd_gpus(node)
+    node.file("/opt/cray/libfabric/1.15.2.0/lib64/libfabric.so.1", "libfabric stand-in\n")
+    node.file("/usr/lib64/libcxi.so.1", "libcxi stand-in\n")
+    node.file("/usr/lib64/libjansson.so.4", "libjansson stand-in\n")
+    node.file("/usr/lib64/librccl-net.so", "aws-ofi-rccl plugin stand-in\n")
+    node.file("/opt/rocm/lib/librccl.so.1", "RCCL stand-in\n")
+
+
 def raven_infiniband_node(node: FakeNode) -> None:
     """A Raven A100 node: two Mellanox HCAs on native InfiniBand (link layer InfiniBand,
     only link-local GIDs, as an IB port shows them), ib0/ib1, no Slingshot devices."""
@@ -107,6 +130,7 @@ def rcp_roce_node(node: FakeNode) -> None:
 FABRIC_CASES = {
     # name: (tree, environment, argv, machine)
     "olivia_cxi_head": (olivia_cxi_node, olivia(0), ("--site", "olivia", "--", "--epochs", "100"), "aarch64"),
+    "lumi_cxi_head": (lumi_cxi_node, lumi(0), ("--site", "lumi"), "x86_64"),
     "raven_infiniband_task5": (raven_infiniband_node, raven(5), ("--site", "raven"), "x86_64"),
     "rcp_roce_worker": (rcp_roce_node, runai(1), ("--site", "rcp"), "x86_64"),
 }

@@ -199,3 +199,50 @@ def test_cpu_workers_skip_the_driver_check(monkeypatch, capsys):
 
     assert cli.main(["--dry-run"]) == 0
     assert "--nproc-per-node=2" in capsys.readouterr().out
+
+
+# -- an AMD site end to end: the plan counts and checks the GPUs with the vendor's words -----
+
+def _lumi_node(tmp_path, gcds: int = 8):
+    """A LUMI-G node's /dev: /dev/kfd and one render node per MI250X GCD, four CXI NICs."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
+    from fake_node import FakeNode
+
+    node = FakeNode(tmp_path / "node")
+    node.cxi(4)
+    node.file("/dev/kfd")
+    for index in range(gcds):
+        node.file(f"/dev/dri/renderD{128 + index}")
+    node.file("/usr/lib64/librccl-net.so")
+    return node.root
+
+
+def _without(env, *names):
+    return {k: v for k, v in env.items() if k not in names}
+
+
+def test_an_amd_site_counts_workers_from_rocr_visible_devices_then_the_render_nodes(tmp_path):
+    from launch_envs import lumi, plan_on_tree
+
+    root = _lumi_node(tmp_path)
+    rocr = _without(lumi(0), "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
+    assert "8 worker(s) per node from ROCR_VISIBLE_DEVICES" in plan_on_tree(rocr, root, "--site", "lumi").notes
+    bare = _without(rocr, "ROCR_VISIBLE_DEVICES")
+    assert "8 worker(s) per node from /dev/dri/renderD*" in plan_on_tree(bare, root, "--site", "lumi").notes
+
+
+def test_an_amd_site_asks_the_hip_driver_and_names_apptainer_rocm(tmp_path, monkeypatch):
+    from launch_envs import lumi, plan_on_tree
+
+    asked = []
+    monkeypatch.setattr(gpus, "probe_driver", lambda vendor: asked.append(vendor.name) or
+                        f"{vendor.driver_library} not found: the AMD driver libraries are not in this container")
+    with pytest.raises(LaunchError) as raised:
+        plan_on_tree(lumi(0), _lumi_node(tmp_path), "--site", "lumi")
+    message = str(raised.value)
+    assert asked == ["amd"]
+    assert message.startswith("SLURM_GPUS_ON_NODE=8 granted 8 GPU(s) but HIP cannot use any here (libamdhip64.so")
+    assert "apptainer run --rocm" in message and "--nv" not in message
