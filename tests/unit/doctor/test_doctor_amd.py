@@ -1,0 +1,80 @@
+"""`ddp-launch doctor` on an AMD site (LUMI-G: MI250X on Slingshot): the vendor's device files,
+Apptainer flag, driver, collective (RCCL) and net plugin (aws-ofi-rccl's librccl-net.so)."""
+
+from __future__ import annotations
+
+from test_doctor import FakeProbes, doctor
+
+# torch's ROCm build answers through torch.cuda (HIP is exposed as the CUDA device type); its
+# torch.version.cuda is None and torch.version.hip is set (PyTorch HIP semantics notes).
+ROCM_TORCH = {"version": "2.5.1+rocm6.2", "cuda": None, "hip": "6.2.41133", "nccl": "2.20.5", "cuda_device_count": 8}
+LIBRARY_PATH = "/opt/cray/libfabric/1.15.2.0/lib64:/usr/lib64:/opt/rocm/lib"
+# Node 0 of a 2-node LUMI-G step (srun --ntasks-per-node=1 --gpus-per-node=8).
+LUMI_JOB = {
+    "SLURM_JOB_ID": "8123456", "SLURM_STEP_ID": "0",
+    "SLURM_JOB_NODELIST": "nid[005000-005001]", "SLURM_STEP_NODELIST": "nid[005000-005001]",
+    "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+    "SLURMD_NODENAME": "nid005000", "SLURM_GPUS_ON_NODE": "8", "ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+    "LD_LIBRARY_PATH": LIBRARY_PATH, "APPTAINER_BIND": "/opt/cray,/usr/lib64/libcxi.so.1",
+}
+
+
+def lumi_node(node, plugin=True, gcds=8):
+    """/dev/kfd and a render node per GCD (ROCm docs, Docker and ROCm), the amdgpu module's
+    version in sysfs, the host files LUMI's bindings module binds, RCCL in the image."""
+    node.cxi(4)
+    node.file("/dev/kfd")
+    for index in range(gcds):
+        node.file(f"/dev/dri/renderD{128 + index}")
+        node.file(f"/dev/dri/card{index}")
+    node.file("/sys/module/amdgpu/version", "6.8.5\n")
+    node.file("/usr/lib64/libcxi.so.1")
+    node.file("/opt/cray/libfabric/1.15.2.0/lib64/libfabric.so.1")
+    node.file("/opt/rocm/lib/librccl.so.1")
+    if plugin:
+        node.file("/usr/lib64/librccl-net.so")
+
+
+def test_a_healthy_lumi_node_passes_with_rccl_its_plugin_and_the_hip_driver(node):
+    lumi_node(node)
+    fake = FakeProbes(torch=ROCM_TORCH)
+    code, checks, report = doctor(node, ["--site", "lumi", "--offline"], LUMI_JOB, fake)
+    assert code == 0 and report["ok"], [c for c in checks.values() if c["status"] == "FAIL"]
+    assert checks["gpus"]["detail"] == "8 GPUs visible (torch.cuda.device_count()), 8 granted"
+    assert checks["torch"]["detail"] == "torch 2.5.1+rocm6.2, HIP 6.2.41133, RCCL 2.20.5"
+    assert checks["RCCL"]["status"] == "OK" and "/opt/rocm/lib/librccl.so.1 loads" in checks["RCCL"]["detail"]
+    assert "/usr/lib64/librccl-net.so loads" in checks["OFI plugin"]["detail"]
+    assert checks["HIP driver"] == {"name": "HIP driver", "status": "OK",
+                                    "detail": "driver 6.8 runs the image's HIP 6.2.41133", "fix": ""}
+    assert "libcudart.so" not in checks and "CUDA driver" not in checks and "NCCL" not in checks
+
+
+def test_granted_gcds_that_torch_cannot_see_fail_naming_apptainer_rocm(node):
+    lumi_node(node)
+    code, checks, _ = doctor(node, ["--site", "lumi", "--offline"], LUMI_JOB,
+                             FakeProbes(torch=dict(ROCM_TORCH, cuda_device_count=0)))
+    assert code == 1 and checks["gpus"]["status"] == "FAIL"
+    assert "apptainer exec --rocm" in checks["gpus"]["fix"] and "--nv" not in checks["gpus"]["fix"]
+
+
+def test_without_torch_the_gpus_are_counted_from_the_render_nodes_not_kfd_or_cards(node):
+    lumi_node(node, gcds=6)
+    _, checks, _ = doctor(node, ["--site", "lumi", "--offline"], LUMI_JOB, FakeProbes(torch={"version": "x"}))
+    assert checks["gpus"]["status"] == "WARN"
+    assert checks["gpus"]["detail"] == "6 GPUs visible (/dev/dri/renderD*), 8 granted"
+    assert "ROCR_VISIBLE_DEVICES" in checks["gpus"]["fix"]
+
+
+def test_a_missing_rccl_plugin_fails_and_names_aws_ofi_rccl(node):
+    lumi_node(node, plugin=False)
+    code, checks, _ = doctor(node, ["--site", "lumi", "--offline"], LUMI_JOB, FakeProbes(torch=ROCM_TORCH))
+    assert code == 1 and checks["OFI plugin"]["status"] == "FAIL"
+    assert "aws-ofi-rccl" in checks["OFI plugin"]["fix"]
+
+
+def test_no_amdgpu_module_skips_the_driver_check_with_the_file_it_read(node):
+    node.net("eth0")
+    _, checks, _ = doctor(node, ["--site", "lumi", "--offline"], {}, FakeProbes(torch=ROCM_TORCH))
+    assert checks["HIP driver"]["status"] == "SKIP"
+    assert checks["HIP driver"]["detail"] == "no AMD driver (/sys/module/amdgpu/version)"
