@@ -1,6 +1,6 @@
 """`ddp-launch doctor --image`: what an image must pass at build time (%test), on any builder.
 
-Apptainer runs %test with the builder's environment but without --nv, often inside a
+Apptainer runs %test with the builder's environment but without --nv (--rocm), often inside a
 SLURM build job (Apptainer user guide, "Definition Files", %test), so nothing here may
 depend on GPUs, fabric devices, the network or the job: it checks what the image
 itself carries, and fails on an image that could not train anywhere.
@@ -96,6 +96,6 @@ def image_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
         check_site_profiles(ctx.env),
         check_fabric_defaults(ctx.env),
         check_launch_plan(ctx.env),
-        Check("gpus", SKIP, "not checked at build time (%test runs without --nv); "
+        Check("gpus", SKIP, "not checked at build time (%test runs without --nv or --rocm); "
                             "run `ddp-launch doctor` on a GPU node"),
     )

@@ -32,6 +32,8 @@ WRONG = [
     (("fabric",), 5, "'fabric' must be"), (("fabric",), ["slingshot"], "'fabric' must be"),
     (("fabric",), {}, "'fabric' must be"),
     (("gpu",), 5, "'gpu' must be a string"), (("gpu",), ["gh200"], "'gpu' must be"),
+    (("accelerator",), 5, "'accelerator' must be one of nvidia, amd"), (("accelerator",), "intel", "'accelerator' must be one of"),
+    (("accelerator",), ["amd"], "'accelerator' must be one of"), (("accelerator",), None, "'accelerator' must be one of"),
     (("binds",), {}, "'binds' must be a list"), (("binds",), "x", "'binds' must be a list"),
     (("binds",), None, "'binds' must be a list"),
     (("binds", 0), "x", "binds[0] must be an object"), (("binds", 0), 5, "binds[0] must be an object"),
