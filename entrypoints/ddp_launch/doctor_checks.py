@@ -297,10 +297,11 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
     if vendor.plugin_dlopens is None:
         return tuple(checks)
     cudart_dirs = dirs + ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/sbsa-linux/lib", "/usr/local/cuda/targets/x86_64-linux/lib")
-    if _find(ctx, cudart_dirs, re.escape(vendor.plugin_dlopens)):
-        checks.append(Check("libcudart.so", OK, "unversioned libcudart.so present (the dynamically linked plugin needs it)"))
+    runtime = vendor.plugin_dlopens
+    if _find(ctx, cudart_dirs, re.escape(runtime)):
+        checks.append(Check(runtime, OK, f"unversioned {runtime} present (the dynamically linked plugin needs it)"))
     else:
-        checks.append(Check("libcudart.so", WARN, "no unversioned libcudart.so on the library path",
+        checks.append(Check(runtime, WARN, f"no unversioned {runtime} on the library path",
                             "the cuda-dl OFI plugin dlopens libcudart.so (aws-ofi-nccl#244); symlink it to libcudart.so.12"))
     return tuple(checks)
 
