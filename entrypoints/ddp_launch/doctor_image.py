@@ -14,6 +14,7 @@ import subprocess
 import sys
 from typing import Callable, Mapping, Optional, Tuple
 
+from ddp_launch import accelerators
 from ddp_launch.doctor_checks import FAIL, OK, SKIP, Check, DoctorContext, check_torch
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.defaults import load_fabric_defaults
@@ -70,6 +71,18 @@ def check_fabric_defaults(env: Mapping[str, str]) -> Check:
     return Check("fabric defaults", OK, ", ".join(found))
 
 
+def check_accelerators(env: Mapping[str, str]) -> Check:
+    """Every GPU vendor's data reached the image and parses: a site profile picks one at launch."""
+    found = []
+    for name in accelerators.ACCELERATORS:
+        try:
+            found.append(accelerators.load_accelerator(name, env).path)
+        except LaunchError as error:
+            return Check("accelerators", FAIL, str(error),
+                         "the image's %files must copy containers/sites (with accelerators/) to /opt/ddp/sites")
+    return Check("accelerators", OK, ", ".join(found))
+
+
 def self_test_env(env: Mapping[str, str]) -> dict:
     return {k: v for k, v in env.items() if not k.startswith(_SCHEDULER_PREFIXES)}
 
@@ -95,6 +108,7 @@ def image_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
         check_trainer_imports(),
         check_site_profiles(ctx.env),
         check_fabric_defaults(ctx.env),
+        check_accelerators(ctx.env),
         check_launch_plan(ctx.env),
         Check("gpus", SKIP, "not checked at build time (%test runs without --nv or --rocm); "
                             "run `ddp-launch doctor` on a GPU node"),

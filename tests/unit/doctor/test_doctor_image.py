@@ -25,7 +25,7 @@ def test_a_build_job_with_gpus_granted_and_none_visible_passes():
     assert code == 0, report
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses["gpus"] == "SKIP" and statuses["trainer"] == "OK" and statuses["launch plan"] == "OK"
-    assert statuses["fabric defaults"] == "OK"
+    assert statuses["fabric defaults"] == "OK" and statuses["accelerators"] == "OK"
 
 
 def test_missing_entry_points_fail():
@@ -55,6 +55,17 @@ def test_fabric_defaults_left_out_of_the_image_fail(tmp_path, monkeypatch):
     monkeypatch.setattr(defaults, "fabric_dirs", lambda env: (str(tmp_path / "fabrics"),))
     check = check_fabric_defaults({})
     assert check.status == "FAIL" and "fabrics/slingshot.json not found" in check.detail
+    assert "/opt/ddp/sites" in check.fix
+
+
+def test_accelerator_data_left_out_of_the_image_fails(tmp_path, monkeypatch):
+    from ddp_launch import accelerators
+    from ddp_launch.doctor_image import check_accelerators
+
+    assert check_accelerators({}).status == "OK"
+    monkeypatch.setattr(accelerators, "accelerator_dirs", lambda env: (str(tmp_path / "accelerators"),))
+    check = check_accelerators({})
+    assert check.status == "FAIL" and "accelerators/nvidia.json not found" in check.detail
     assert "/opt/ddp/sites" in check.fix
 
 
