@@ -57,6 +57,7 @@ sysdeps:
 lint: venv sysdeps
 	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh containers/*.sh
 	cd entrypoints && $(abspath $(VENV))/bin/vermin --target=3.6- --violations --no-tips $$(grep -v '^#' host-modules.txt)
+	$(VENV)/bin/vermin --target=3.6- --violations --no-tips containers/base_image.py
 
 test-bats: sysdeps
 	bats --recursive tests/bats

@@ -21,6 +21,8 @@
 # One log file per rank: $DDP_RUN_DIR/logs/<job>-<node>-rank<N>.out; rank 0's streams into this output.
 # The site profile (DDP_SITE=lumi) says the rest: the AMD accelerator (so Apptainer gets --rocm,
 # chosen in slurm/lib/ddp.sh from the profile, never written here), the host binds, RCCL's env.
+# LUMI's own runtime is SingularityCE's `singularity`, which slurm/lib/ddp.sh cannot yet run
+# (containers/README.md, "Adding a cluster"): there this script stops at its Apptainer check.
 # Submit from the repository root, with your project: sbatch --account=project_NNNNNNNNN
 #   slurm/lumi-multinode.sh [trainer flags...], e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win);
 # ddp-launch flags go in DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
