@@ -19,7 +19,7 @@ help:
 	@echo "make data    fetch CIFAR-100 into $(DATA_DIR) (login node, once)"
 	@echo "make bench   launcher and trainer benchmarks, printed side by side (bench-gpu on a GPU node)"
 	@echo "make soak    N faulty 2-node jobs on the test cluster (N=50 SEED=...), totals in docs/reliability.md"
-	@echo "make build-olivia | build-x86 | build-cpu | dockerfile   container images"
+	@echo "make build-olivia | build-lumi | build-x86 | build-cpu | dockerfile   container images"
 
 # The venv is rebuilt only when pyproject.toml changes.
 $(VENV)/.installed: pyproject.toml
@@ -57,6 +57,7 @@ sysdeps:
 lint: venv sysdeps
 	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh containers/*.sh
 	cd entrypoints && $(abspath $(VENV))/bin/vermin --target=3.6- --violations --no-tips $$(grep -v '^#' host-modules.txt)
+	$(VENV)/bin/vermin --target=3.6- --violations --no-tips containers/base_image.py
 
 test-bats: sysdeps
 	bats --recursive tests/bats
@@ -105,7 +106,7 @@ bench-gpu: venv
 # Container images (images engineer). Each target says what it builds and where
 # the SIF lands. Apptainer is needed only here; on clusters: module load apptainer.
 # ---------------------------------------------------------------------------
-.PHONY: build-olivia build-x86 build-cpu build-olivia-job dockerfile
+.PHONY: build-olivia build-lumi build-x86 build-cpu build-olivia-job dockerfile
 
 SIF_DIR          ?= .
 APPTAINER        ?= apptainer
@@ -113,9 +114,15 @@ BUILD_FLAGS      ?= --fakeroot
 IMAGE_VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 GIT_COMMIT       := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 NGC_PYTORCH      ?= nvcr.io/nvidia/pytorch:25.06-py3
-# Olivia's pre-pulled NGC SIF is the base when it exists (no registry pull); else the NGC image.
-OLIVIA_BASE_SIF  ?= /cluster/work/support/container/pytorch_nvidia_25.06_arm64.sif
+# A site's base image is data (containers/base-images.json, with its source): the SIF pre-pulled
+# on the cluster when it exists (no registry pull), else the registry image it was made from.
+base_image        = $(shell $(PYTHON) $(CURDIR)/containers/base_image.py $(1) $(2))
+OLIVIA_BASE_SIF  ?= $(call base_image,olivia,sif)
+OLIVIA_BASE_DOCKER ?= $(call base_image,olivia,docker)
 OLIVIA_SIF       ?= $(SIF_DIR)/train-olivia-arm64.sif
+LUMI_BASE_SIF    ?= $(call base_image,lumi,sif)
+LUMI_BASE_DOCKER ?= $(call base_image,lumi,docker)
+LUMI_SIF         ?= $(SIF_DIR)/train-lumi-x86_64.sif
 X86_SIF          ?= $(SIF_DIR)/train-x86_64.sif
 CPU_SIF          ?= $(SIF_DIR)/train-cpu.sif
 OLIVIA_ACCOUNT   ?= $(SBATCH_ACCOUNT)
@@ -123,6 +130,7 @@ IMAGE_ARGS        = --build-arg VERSION=$(IMAGE_VERSION) --build-arg GIT_COMMIT=
 # One definition for every GPU image; its build arguments pick the target (see its header).
 GPU_DEF          := containers/gpu.def
 OLIVIA_ARGS      := --build-arg ARCH=arm64 --build-arg SITE=olivia
+LUMI_ARGS        := --build-arg ARCH=amd64 --build-arg SITE=lumi
 X86_ARGS         := --build-arg ARCH=amd64
 
 # Bases: the NGC image from its registry; the e2e tests swap in a local SIF
@@ -141,8 +149,8 @@ APPTAINER_MIN    := 1.3
 BUILD_SCRATCH     ?= $(or $(USERWORK),$(SCRATCH),$(SIF_DIR))/.apptainer-build
 BUILD_MIN_FREE_GB ?= 40
 build-cpu: BUILD_MIN_FREE_GB = 8
-build-olivia build-x86 build-cpu: export APPTAINER_CACHEDIR := $(or $(APPTAINER_CACHEDIR),$(abspath $(BUILD_SCRATCH))/cache)
-build-olivia build-x86 build-cpu: export APPTAINER_TMPDIR := $(or $(APPTAINER_TMPDIR),$(abspath $(BUILD_SCRATCH))/tmp)
+build-olivia build-lumi build-x86 build-cpu: export APPTAINER_CACHEDIR := $(or $(APPTAINER_CACHEDIR),$(abspath $(BUILD_SCRATCH))/cache)
+build-olivia build-lumi build-x86 build-cpu: export APPTAINER_TMPDIR := $(or $(APPTAINER_TMPDIR),$(abspath $(BUILD_SCRATCH))/tmp)
 
 define need_apptainer
 	@command -v $(APPTAINER) >/dev/null 2>&1 || { echo "error: '$(APPTAINER)' not found on PATH; on a cluster run 'module load apptainer', elsewhere install it (https://apptainer.org/docs/admin/main/installation.html)" >&2; exit 127; }
@@ -171,10 +179,24 @@ build-olivia:
 	   unsquashfs -no-xattrs -o "$$offset" -d "$$rootfs" "$(OLIVIA_BASE_SIF)" >/dev/null; \
 	   base="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=$$rootfs"; \
 	 elif [ -f "$(OLIVIA_BASE_SIF)" ]; then base="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=$(OLIVIA_BASE_SIF)"; \
-	 else base="--arch arm64 --build-arg BOOTSTRAP=docker --build-arg BASE_IMAGE=$(NGC_PYTORCH)"; fi; \
+	 else base="--arch arm64 --build-arg BOOTSTRAP=docker --build-arg BASE_IMAGE=$(OLIVIA_BASE_DOCKER)"; fi; \
 	 echo "building $(GPU_DEF) for Olivia ($(OLIVIA_ARGS), $$base) -> $(OLIVIA_SIF)"; \
 	 $(APPTAINER) build $(BUILD_FLAGS) $$notest $$base $(OLIVIA_ARGS) $(IMAGE_ARGS) "$(OLIVIA_SIF)" $(GPU_DEF)
 	@echo "SIF: $(OLIVIA_SIF)"
+
+# LUMI (MI250X GCDs, x86_64): gpu.def on the LUMI AI Factory's ROCm PyTorch image, which already
+# carries RCCL's libfabric plugin. LUMI disables sudo and fakeroot, so building there "is, unfortunately,
+# not in general possible" (https://docs.lumi-supercomputer.eu/software/containers/singularity/):
+# this runs on a machine with Apptainer, from the Docker Hub copy of that image, and the SIF is
+# copied to LUMI; where the LUMI SIF itself is readable, it is the base.
+build-lumi:
+	$(need_apptainer)
+	@set -e; sif="$(LUMI_BASE_SIF)"; \
+	 if [ -f "$$sif" ]; then base="--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE=$$sif"; \
+	 else base="--build-arg BOOTSTRAP=docker --build-arg BASE_IMAGE=$(LUMI_BASE_DOCKER)"; fi; \
+	 echo "building $(GPU_DEF) for LUMI ($(LUMI_ARGS), $$base) -> $(LUMI_SIF)"; \
+	 $(APPTAINER) build $(BUILD_FLAGS) $$base $(LUMI_ARGS) $(IMAGE_ARGS) "$(LUMI_SIF)" $(GPU_DEF)
+	@echo "SIF: $(LUMI_SIF)"
 
 build-x86:
 	$(need_apptainer)

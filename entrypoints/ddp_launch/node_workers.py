@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ddp_launch.envvars import Setting
 from ddp_launch.gpus import GpuCount
-from ddp_launch.options import LaunchOptions
+from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import EnvChange
 
 NO_GPU = "no GPU found"

@@ -9,16 +9,13 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from ddp_launch import __version__
 from ddp_launch.envvars import Setting, first_set, integer, port
 from ddp_launch.errors import LaunchError
 from ddp_launch.flags import FlagParser
-
-MODES = ("auto", "slurm-node", "slurm-task", "kubeflow", "torchrun", "local")
-DEFAULT_MODULE = "ddp_train"
-DEFAULT_DNS_TIMEOUT_S = 120.0
+from ddp_launch.launch_options import DEFAULT_DNS_TIMEOUT_S, DEFAULT_MODULE, LaunchOptions, Workload
+from ddp_launch.schedulers import MODES
 
 # Launcher settings that may also come from the environment (a site profile or
 # a job script sets them once; a flag on one run still wins).
@@ -35,14 +32,18 @@ ENV_OVERRIDES = {
 
 
 USAGE = "ddp-launch [options] [-- workload arguments]\n       ddp-launch doctor|binds [...]"
-EPILOG = """\
-modes (auto detection, in this order):
-  torchrun    TORCHELASTIC_RUN_ID set: already a torchrun worker, run the workload
-  slurm-task  SLURM_JOB_ID set and more than one task on a node: exec the workload
-              per task with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* (env://)
-  slurm-node  SLURM_JOB_ID set, one task per node: torchrun per node, c10d rendezvous
-  kubeflow    PET_NNODES or PET_MASTER_ADDR set (RunAI, Kubeflow): torchrun per pod
-  local       otherwise: torchrun --standalone on this machine
+
+
+def mode_lines(modes: Mapping[str, str]) -> str:
+    """The help's modes, each scheduler module's own words (schedulers.MODES), in detection order."""
+    lines = []
+    for mode, text in modes.items():
+        first, *more = text.splitlines()
+        lines += [f"  {mode:<11} {first}", *(f"  {'':<11} {line}" for line in more)]
+    return "\n".join(lines)
+
+
+EPILOG = "modes (auto detection, in this order):\n" + mode_lines(MODES) + """
 
 precedence: command line > DDP_LAUNCH_* environment > scheduler environment > default
   DDP_LAUNCH_MODE, DDP_LAUNCH_RDZV_HOST, DDP_LAUNCH_RDZV_PORT, DDP_LAUNCH_SITE,
@@ -54,53 +55,6 @@ rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODEL
 
 everything after -- goes to the workload unchanged (default workload: python -m ddp_train)
 """
-
-# Every worker runs through this module: it dies with its launcher (worker.py).
-WORKER_MODULE = "ddp_launch.worker"
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the workers run: a module (python -m MOD) or a Python file, plus its arguments."""
-
-    module: str | None = DEFAULT_MODULE
-    script: str | None = None
-    args: tuple[str, ...] = ()
-
-    def _wrapped(self) -> tuple[str, ...]:
-        """ddp_launch.worker's arguments: the python command line's own (-m MOD | SCRIPT) ARGS."""
-        if self.script is not None:
-            return (WORKER_MODULE, self.script, *self.args)
-        return (WORKER_MODULE, "-m", str(self.module), *self.args)
-
-    def direct_argv(self, python: str) -> tuple[str, ...]:
-        """The command for one worker started without torchrun."""
-        return (python, "-m", *self._wrapped())
-
-    def torchrun_args(self) -> tuple[str, ...]:
-        """The tail of a torchrun command: its -m flag and the wrapped workload."""
-        return ("-m", *self._wrapped())
-
-
-@dataclass(frozen=True)
-class LaunchOptions:
-    workload: Workload = Workload()
-    mode: str = "auto"
-    nodes: int | None = None
-    nproc_per_node: int | None = None
-    cpu_workers: Setting | None = None
-    rdzv_host: Setting | None = None
-    rdzv_port: Setting | None = None
-    max_restarts: Setting | None = None
-    rdzv_timeout: Setting | None = None
-    log_dir: str | None = None
-    site: str | None = None
-    nccl_debug: str | None = None
-    require_fabric: bool = False
-    dns_timeout_s: float = DEFAULT_DNS_TIMEOUT_S
-    dry_run: bool = False           # print the plan instead of running it
-    json: bool = False              # with dry_run: print it as JSON
-
 
 def positive_int(name: str, value: object, minimum: int = 1) -> int:
     return integer(name, value, minimum, expected="an integer >= 0" if minimum == 0 else None,
@@ -122,8 +76,8 @@ def merge_options(args: object, workload_args: tuple[str, ...], env: Mapping[str
 
     mode = _pick(get("mode"), "--mode", env, "mode")
     mode_value = str(mode.value) if mode else "auto"
-    if mode_value not in MODES:
-        raise LaunchError(f"{mode.source}={mode_value!r} is not a mode: choose one of {', '.join(MODES)}")
+    if mode_value != "auto" and mode_value not in MODES:
+        raise LaunchError(f"{mode.source}={mode_value!r} is not a mode: choose one of {', '.join(['auto', *MODES])}")
 
     cpu = _pick(get("cpu_workers"), "--cpu-workers", env, "cpu_workers")
     if cpu:
@@ -186,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=_help_formatter,
                         description="Turn a scheduler's environment into a correct torchrun launch.")
     add = parser.add_argument
-    add("--mode", help="auto (default), slurm-node, slurm-task, kubeflow, torchrun or local")
+    add("--mode", help=f"auto (default), {', '.join(MODES)}")
     add("--nodes", metavar="N", help="expected node count; an error if the scheduler disagrees")
     add("--nproc-per-node", metavar="N", help="workers per node (default: GPUs on the node)")
     add("--cpu-workers", metavar="N", help="N CPU workers per node with gloo (GPUs hidden)")

@@ -20,7 +20,7 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, directories_to_probe, plan_fabric
 from ddp_launch.fabric.defaults import FabricData
 from ddp_launch.facts import NodeFacts, ProbeQuestions
-from ddp_launch.options import LaunchOptions
+from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
 from ddp_launch.rendezvous import lookup_ipv4, waiting_resolver
 from ddp_launch.schedulers import scheduler_for

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_launch.envvars import Setting, integer
-from ddp_launch.options import LaunchOptions, Workload
+from ddp_launch.launch_options import LaunchOptions, Workload
 from ddp_launch.plan import EnvChange
 
 # ddp_launch.agent is torch.distributed.run plus exit codes and signal forwarding (agent.py).

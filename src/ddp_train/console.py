@@ -68,10 +68,11 @@ def warn(line: str) -> bool:
 class Console:
     """A text stream for ProgressBar and the trainer's lines; writes only where `enabled` (rank 0)."""
 
-    def __init__(self, enabled: bool, stream: Optional[TextIO] = None):
+    def __init__(self, enabled: bool, stream: Optional[TextIO] = None, kept: str = KEPT):
         # sys.stdout looked up now, not at import: it may have been replaced since (pytest, tee).
         self.stream = stream if stream is not None else sys.stdout
         self.enabled = enabled
+        self.kept = kept  # what the error line says is unharmed
         self.failed: Optional[TrainError] = None
 
     def say(self, *lines: str) -> None:
@@ -85,7 +86,7 @@ class Console:
         except OSError as exc:
             path = output_path(_fileno(self.stream))
             self.failed = TrainError(write_failure.message("output log", path,
-                                                           write_failure.describe(exc, path.parent), KEPT))
+                                                           write_failure.describe(exc, path.parent), self.kept))
 
     def flush(self) -> None:
         """Every write is already out: os.write has no buffer of ours."""

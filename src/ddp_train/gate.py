@@ -16,14 +16,16 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR, check_nccl_transport
 
-from ddp_train import distributed
+from ddp_train import distributed, write_failure
 from ddp_train.config import BACKENDS, resolve_backend
+from ddp_train.console import Console, warn
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, TrainError
 from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
@@ -180,15 +182,32 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         report = decide(world, node_groups, pair_groups, expectation, sockets, time.perf_counter() - started,
                         f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes)
         if dist_env.is_main:
-            write_report(report, args.run_dir)
-            print(report.text(), flush=True)
-            print(f"fabric gate: report in {os.path.join(args.run_dir, 'gate.json')} and gate.txt", flush=True)
+            publish(report, args.run_dir)
         distributed.barrier()
     finally:
         distributed.destroy_process_group()
     if report.ok:
         return EXIT_OK
     return EXIT_BAD_NODE if report.bad_nodes else EXIT_FAILURE
+
+
+NOTHING_CHANGED = "no training ran and no checkpoint changed"
+
+
+def publish(report, run_dir: str) -> None:
+    """gate.json and gate.txt in the run dir, the report on stdout. A write that fails (a full disk,
+    a quota, a run dir that is not a directory) is one line, not a traceback: the trainer's rule
+    (console.py)."""
+    try:
+        write_report(report, run_dir)
+    except OSError as exc:
+        path = Path(run_dir) / "gate.json"
+        raise TrainError(write_failure.message("fabric gate report", path, write_failure.describe(exc, path.parent),
+                                               NOTHING_CHANGED)) from None
+    console = Console(enabled=True, kept=NOTHING_CHANGED)
+    console.say(report.text(), f"fabric gate: report in {os.path.join(run_dir, 'gate.json')} and gate.txt")
+    if console.failed:
+        raise console.failed
 
 
 def stop_requests_exit_75() -> None:
@@ -208,7 +227,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         code = gate(parse_args(argv), os.environ)
     except TrainError as error:
         if os.environ.get("RANK", "0") == "0":
-            print(f"fabric gate: error: {one_line(str(error))}", file=sys.stderr, flush=True)
+            warn(f"fabric gate: error: {one_line(str(error))}")
         code = EXIT_USAGE
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         _leave_now(code)  # see cli._leave_now: gloo's threads and interpreter finalization

@@ -22,6 +22,9 @@ FIXES = {
     errno.EFBIG: "raise the file-size limit (`ulimit -f unlimited` in the job script) or pass another --run-dir",
     errno.EROFS: "the file system went read-only: ask your site, or pass another --run-dir",
     errno.EIO: "the file system reported an I/O error: ask your site, or pass another --run-dir",
+    errno.ENOTDIR: "a part of that path is a file, not a directory: pass another --run-dir",
+    errno.EEXIST: "a file of that name is in the way of a directory: move it or pass another --run-dir",
+    errno.EACCES: "you may not write there: fix its permissions or pass another --run-dir",
 }
 
 

@@ -8,7 +8,10 @@ Faults: none; USR2 (to the batch shell, as SLURM sends it at the time limit for 
 --signal=B:USR2@120) and TERM (to every process of the job's steps; that job runs unsquashed), each
 a stop: checkpoint, exit 75, the job script requeues, the job resumes at the step it stopped and
 completes; SIGKILL of one worker, of a launcher, or of a whole node (slurmd and its processes), a
-network drop of a node, each a crash: exit 1, FAILED, or NODE_FAIL where SLURM saw the node go first. For every job: the SLURM state and exit code match the fault, the
+network drop of a node, each a crash: exit 1, FAILED, or NODE_FAIL where SLURM saw the node go first;
+a full disk under the run dir (its own small file system): one line, exit 2, FAILED, the checkpoint
+intact, and a new job on the same run dir resumes from it once space is freed. For every job: the
+SLURM state and exit code match the fault, the
 checkpoint loads and holds every epoch before the fault, no job process is left on any node, every
 line of metrics.jsonl is whole JSON, a requeued job resumes at the stopped step.
 Prints one line of totals and writes it to docs/reliability.md. The same seed draws the same faults.
@@ -19,8 +22,8 @@ import argparse
 import collections
 import datetime
 import json
+import os
 import random
-import re
 import subprocess
 import sys
 import tempfile
@@ -34,7 +37,7 @@ import apptainer_root  # noqa: E402
 import conftest  # noqa: E402  (the e2e harness: cluster, images, data, job environment)
 
 REPO = conftest.REPO
-FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "net-drop")
+FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "net-drop", "disk-full")
 # How each stop is sent (scancel(1)) and what its job's environment needs.
 # USR2 goes to the batch shell alone (--batch), as SLURM sends --signal=B:USR2@120 at the time
 # limit: ddp.sh's trap passes it on through <run-dir>/.ddp-stop-request.
@@ -142,6 +145,55 @@ def is_agent(cmdline) -> bool:
 NODE_FAULTS = ("kill-node", "net-drop")
 
 
+class SmallDisk:
+    """A 64 MiB ext4 on a loop device mounted over the run dir, here and in every node's mount
+    namespace (the nodes' are private: cluster.sh unshares them with --propagation private). One
+    block device mounted three times is one file system, as a shared one is, so this machine reads
+    what the nodes write. The same setup as the e2e test
+    test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_space_is_freed."""
+
+    def __init__(self, cluster, run_dir: Path, image: Path):
+        self.cluster, self.run_dir, self.image, self.loop = cluster, run_dir, image, None
+
+    def __enter__(self) -> "SmallDisk":
+        subprocess.run(["truncate", "-s", "64M", str(self.image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(self.image)], check=True)  # -m 0: no root reserve
+        self.loop = subprocess.run(["losetup", "--find", "--show", str(self.image)], check=True,
+                                   capture_output=True, text=True).stdout.strip()
+        self.run_dir.mkdir()
+        subprocess.run(["mount", self.loop, str(self.run_dir)], check=True)
+        for node in self.cluster.node_names:
+            mounted = self.cluster.node_exec(node, ["mount", self.loop, str(self.run_dir)], timeout=60)
+            if mounted.returncode != 0:
+                raise RuntimeError(f"mount on {node} failed: {mounted.stderr.strip()[-200:]}")
+        # The new file system's root is root's: the jobs' user must write there.
+        os.chown(self.run_dir, apptainer_root.TEST_UID, apptainer_root.TEST_UID)
+        return self
+
+    def between_saves(self) -> bool:
+        """No checkpoint write in flight (checkpoint.save_atomic: a .tmp, then renames): epoch 2's
+        save left checkpoint.prev.pt, and epoch 3's comes an epoch later."""
+        names = os.listdir(self.run_dir)
+        return "checkpoint.prev.pt" in names and not any(name.endswith(".tmp") for name in names)
+
+    def fill(self, leave_kib: int = 2048) -> None:
+        """All but leave_kib taken: the logs' lines fit, the next checkpoint (8 MiB) does not."""
+        stat = os.statvfs(self.run_dir)
+        free_kib = stat.f_bavail * stat.f_frsize // 1024
+        subprocess.run(["fallocate", "-l", f"{max(free_kib - leave_kib, 0)}k", str(self.run_dir / "filler")],
+                       check=True)
+
+    def free(self) -> None:
+        (self.run_dir / "filler").unlink()
+
+    def __exit__(self, *_) -> None:
+        for node in self.cluster.node_names:
+            self.cluster.node_exec(node, ["umount", "-l", str(self.run_dir)], timeout=60)
+        subprocess.run(["umount", "-l", str(self.run_dir)])
+        subprocess.run(["losetup", "-d", self.loop])
+        self.image.unlink(missing_ok=True)
+
+
 def inject(cluster, kind: str, job_id: str, nodes: list[str], rng: random.Random) -> str:
     """The fault, on one of the job's nodes (the cluster has spares); returns that node."""
     node = rng.choice(nodes)
@@ -182,6 +234,9 @@ def wait_terminal(cluster, job_id: str, timeout: float):
 
 def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, base_env: dict, out: Path) -> None:
     run_dir = out / f"run-{index:03d}"
+    if kind == "disk-full":
+        with SmallDisk(cluster, run_dir, out / f"disk-{index:03d}.img") as disk:
+            return full_disk_job(cluster, books, index, disk, base_env, out)
     env = {**base_env, **STOPS.get(kind, ({}, []))[0], "DDP_RUN_DIR": str(run_dir), "DDP_TRAIN_ARGS": RUN,
            "DDP_MONITOR_INTERVAL": "0"}
     job_id = cluster.sbatch(["--partition=e2e", "--gpus-per-node=0", f"--output={out}/%j.out",
@@ -244,6 +299,11 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
             problems.append(f"resume {[(s['resumed_from_epoch'], s['resumed_from_step']) for s in starts]} "
                             f"after stop {stopped}")
 
+    settle(cluster, books, index, kind, job, problems)
+
+
+def settle(cluster, books: Books, index: int, kind: str, job, problems: list) -> None:
+    """No job process left on any node; the job's line; its problems kept for the report."""
     deadline = time.monotonic() + 90  # KillWait and srun --wait bound what SLURM leaves running
     left = job_processes(cluster)
     while left and time.monotonic() < deadline:
@@ -255,9 +315,53 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
         for entry in left:
             subprocess.run(["kill", "-KILL", entry.split(":")[1]])
     status = "ok" if not problems else "PROBLEM: " + "; ".join(problems)
-    print(f"soak job {index + 1}: {kind}: job {job_id} {job.state} {job.exit_code}: {status}", flush=True)
+    print(f"soak job {index + 1}: {kind}: job {job.job_id} {job.state} {job.exit_code}: {status}", flush=True)
     if problems:
-        books.problems.append(f"job {index + 1} ({kind}, {job_id}): {'; '.join(problems)}")
+        books.problems.append(f"job {index + 1} ({kind}, {job.job_id}): {'; '.join(problems)}")
+
+
+def full_disk_job(cluster, books: Books, index: int, disk: SmallDisk, base_env: dict, out: Path) -> None:
+    """Filled between two saves: the job stops in one line with exit 2 (a user's problem, never
+    requeued), the checkpoint intact; once space is freed a new job on the run dir resumes from it."""
+    run_dir = disk.run_dir
+    env = {**base_env, "DDP_RUN_DIR": str(run_dir), "DDP_TRAIN_ARGS": RUN, "DDP_MONITOR_INTERVAL": "0"}
+    submit = ["--partition=e2e", "--gpus-per-node=0", f"--output={out}/%j.out", "slurm/olivia-multinode.sh"]
+    job_id = cluster.sbatch(submit, env=env)
+    deadline = time.monotonic() + 300
+    while not (epochs_done(run_dir) >= 2 and disk.between_saves()) and time.monotonic() < deadline and \
+            cluster.job(job_id).state not in conftest.TERMINAL_STATES:
+        time.sleep(0.5)
+    before = epochs_done(run_dir)
+    disk.fill()
+    job = wait_terminal(cluster, job_id, 600)
+    books.jobs += 1
+    books.faults["disk-full"] += 1
+    problems = []
+    output = job.output()
+    errors = [line for line in output.splitlines() if "ddp-train: error:" in line]
+    outcome = (job.state, job.exit_code, job.fields.get("Restarts"))
+    if outcome != ("FAILED", "2:0", "0") or len(errors) != 1 or "No space left on device" not in errors[0] \
+            or "Traceback" in output:
+        books.wrong_states += 1
+        problems.append(f"state, exit, restarts {outcome}, error lines {errors[:2]} do not match a full disk")
+    saved = saved_epoch(run_dir)
+    if before >= 2 and (saved is None or saved < before - 1):
+        books.lost_checkpoints += 1
+        problems.append(f"checkpoint epoch {saved} after {before} epochs done before the disk filled")
+    disk.free()
+    again = wait_terminal(cluster, cluster.sbatch(submit, env=env), 600)
+    if (again.state, again.exit_code) != ("COMPLETED", "0:0"):
+        books.wrong_states += 1
+        problems.append(f"the job after space was freed ended {again.state} {again.exit_code}")
+    if not metrics_whole(run_dir):
+        books.truncated_metrics += 1
+        problems.append("metrics.jsonl has a partial line")
+    else:
+        starts = [r for r in records(run_dir) if r["type"] == "run"]
+        if saved is not None and (len(starts) < 2 or starts[-1]["resumed_from_epoch"] != saved):
+            books.bad_resumes += 1
+            problems.append(f"resume {[s['resumed_from_epoch'] for s in starts]} after a checkpoint of epoch {saved}")
+    settle(cluster, books, index, "disk-full", job, problems)
 
 
 def start_load(count: int) -> list[subprocess.Popen]:
@@ -284,6 +388,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--load", type=int, default=1, help="busy loops beside the jobs")
     parser.add_argument("--no-report", action="store_true", help="do not write docs/reliability.md")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"the kinds to draw from, comma-separated (default: all of {','.join(FAULTS)})")
     parser.add_argument("--minutes", type=float, default=0,
                         help="start no job after this many minutes (0: no limit); the totals say so")
     args = parser.parse_args(argv)
@@ -294,8 +400,12 @@ def main(argv=None) -> int:
     if reason:
         print(f"soak: cannot run: {reason}", file=sys.stderr)
         return 2
+    drawn_from = tuple(args.faults.split(","))
+    unknown = sorted(set(drawn_from) - set(FAULTS))
+    if unknown:
+        parser.error(f"--faults: unknown kind(s) {', '.join(unknown)}; choose from {','.join(FAULTS)}")
     rng = random.Random(args.seed)
-    kinds = [rng.choice(FAULTS) for _ in range(args.jobs)]
+    kinds = [rng.choice(drawn_from) for _ in range(args.jobs)]
     out = Path(tempfile.mkdtemp(prefix="ddp-soak-"))
     print(f"soak: run dirs and job output in {out}", flush=True)
     data = conftest.stage_data(out / "data")

@@ -1,14 +1,15 @@
 """The schedulers ddp-launch knows, in the order auto detection tries them; adding one is adding a module.
 
-Every module has the same shape: MODES (the --mode names it plans), VARIABLES (question ->
+Every module has the same shape: MODES (the --mode names it plans, each with its line in
+--help), VARIABLES (question ->
 the variables that answer it, first set wins), detect(env), parse(env, accelerator) -> a frozen job,
 questions(job, options) -> ProbeQuestions (what it needs probed: the rendezvous host to look
 up, whether to ask the GPU driver about the GPUs it granted, how long to wait for DNS), and
 plan(job, options, env, facts) -> LaunchPlan (pure: the node was read into facts, the head's
 lookup included). The planner calls each once (planner.py) and never asks which module it has:
 what differs between schedulers (the GPU check, the Flight Recorder settings) is in the module.
-A new module's --mode names also go into options.MODES and the help's epilog (options.py, which
-the modules import, so it cannot list them itself; test_schedulers.py checks MODES).
+A new scheduler is one new module and its place in DETECTION_ORDER: --mode's choices and the
+help's lines are read from the modules (MODES below; options.py uses them).
 
 Detection order (the first that matches wins; --mode / DDP_LAUNCH_MODE skips it):
   1. torchrun    TORCHELASTIC_RUN_ID set: we are a torchrun worker; never nest torchrun.
@@ -27,6 +28,8 @@ from types import ModuleType
 from ddp_launch.schedulers import kubeflow, local, slurm, torchrun
 
 DETECTION_ORDER = (torchrun, slurm, kubeflow, local)
+# Every --mode name but "auto", with its help line, in detection order.
+MODES = {mode: line for scheduler in DETECTION_ORDER for mode, line in scheduler.MODES.items()}
 
 
 def scheduler_for(mode: str, env: Mapping[str, str]) -> ModuleType:

@@ -16,13 +16,14 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
-from ddp_launch.options import LaunchOptions
+from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, is_loopback
 from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
                                          torchrun_command, torchrun_env)
 
-MODES = ("kubeflow",)
+# --mode names and their lines in ddp-launch --help.
+MODES = {"kubeflow": "PET_NNODES or PET_MASTER_ADDR set (RunAI, Kubeflow): torchrun per pod"}
 
 # First variable set wins. PET_* first: Trainer v2 sets only those, v1 sets
 # both with equal values, RunAI sets MASTER_ADDR (an IP) and RANK.

@@ -14,11 +14,12 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
-from ddp_launch.options import LaunchOptions
+from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
 from ddp_launch.torchrun_command import max_restarts, torchrun_command, torchrun_env
 
-MODES = ("local",)
+# --mode names and their lines in ddp-launch --help.
+MODES = {"local": "otherwise: torchrun --standalone on this machine"}
 VARIABLES: dict[str, tuple[str, ...]] = {}
 
 

@@ -19,13 +19,18 @@ from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.node_workers import task_threads, worker_notes, workers_env, workers_per_node
 from ddp_launch.nodelist import expand_nodelist
-from ddp_launch.options import LaunchOptions
+from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, is_loopback, rendezvous_port
 from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
                                          torchrun_command, torchrun_env)
 
-MODES = ("slurm-node", "slurm-task")
+# --mode names and their lines in ddp-launch --help.
+MODES = {
+    "slurm-task": "SLURM_JOB_ID set and more than one task on a node: exec the workload\n"
+                  "per task with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* (env://)",
+    "slurm-node": "SLURM_JOB_ID set, one task per node: torchrun per node, c10d rendezvous",
+}
 
 # Step-scoped names first: right for an srun that uses part of the allocation.
 # Each list is tried in order; the first variable that is set wins.

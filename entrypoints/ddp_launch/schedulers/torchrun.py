@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from ddp_launch.envvars import is_digits
 from ddp_launch.facts import NodeFacts, ProbeQuestions
-from ddp_launch.options import LaunchOptions
+from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, LaunchPlan
 from ddp_launch.rendezvous import ipv4_literal
 
-MODES = ("torchrun",)
+# --mode names and their lines in ddp-launch --help.
+MODES = {"torchrun": "TORCHELASTIC_RUN_ID set: already a torchrun worker, run the workload"}
 VARIABLES = {
     "run_id": ("TORCHELASTIC_RUN_ID",),
     "rank": ("RANK",),

@@ -41,10 +41,11 @@ def make(target: str, tmp_path, env: dict, *variables: str) -> subprocess.Comple
         capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("target", ["build-olivia", "build-x86", "build-cpu"])
+@pytest.mark.parametrize("target", ["build-olivia", "build-lumi", "build-x86", "build-cpu"])
 def test_unset_cache_and_tmp_go_to_scratch_and_are_named(target, tmp_path):
     scratch = tmp_path / "scratch"
-    result = make(target, tmp_path, {"SCRATCH": str(scratch)}, f"OLIVIA_BASE_SIF={tmp_path}/absent.sif")
+    result = make(target, tmp_path, {"SCRATCH": str(scratch)}, f"OLIVIA_BASE_SIF={tmp_path}/absent.sif",
+                  f"LUMI_BASE_SIF={tmp_path}/absent.sif")
     assert result.returncode == 0, result.stderr
     cache, tmp = f"{scratch}/.apptainer-build/cache", f"{scratch}/.apptainer-build/tmp"
     assert (tmp_path / "apptainer.env").read_text().splitlines() == [cache, tmp]

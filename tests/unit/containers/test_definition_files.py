@@ -76,6 +76,22 @@ def test_olivia_base_can_be_a_local_sif():
     assert rendered.startswith("Bootstrap: localimage\nFrom: /cluster/base.sif\n")
 
 
+def test_lumi_is_the_gpu_definition_on_a_rocm_base_sif():
+    # LUMI's base is a pre-built SIF (or its Docker Hub copy): only the bootstrap, the base and
+    # the build arguments differ from the NGC image, so no second definition file.
+    name, lumi = BUILDS["lumi"]
+    base = "/appl/local/laifs/containers/x/lumi-multitorch-torch-x.sif"
+    rendered = render(text(name), {**lumi, "BOOTSTRAP": "localimage", "BASE_IMAGE": base})
+    assert (name, rendered.splitlines()[:2]) == ("gpu.def", ["Bootstrap: localimage", f"From: {base}"])
+    assert labels("lumi")["org.ddp.site"] == "lumi" and labels("lumi")["org.ddp.architecture"] == "amd64"
+
+
+def test_lumi_help_says_rocm_where_the_examples_say_nv():
+    help_text = sections(render(text("gpu.def"), BUILDS["lumi"][1]))["help"]
+    assert "for amd64 GPU nodes" in help_text and 'Default site profile: "lumi"' in help_text
+    assert "use --rocm where the examples below say --nv" in help_text
+
+
 def labels(build: str) -> dict:
     name, arguments = BUILDS[build]
     # Apptainer's rule: key, then the rest of the line as the value, "" when there is none
@@ -84,7 +100,8 @@ def labels(build: str) -> dict:
     return {pair[0]: (pair[1].strip() if len(pair) == 2 else "") for pair in pairs if pair[0]}
 
 
-@pytest.mark.parametrize("build, architecture, site", [("olivia", "arm64", "olivia"), ("x86", "amd64", "")])
+@pytest.mark.parametrize("build, architecture, site", [("olivia", "arm64", "olivia"), ("lumi", "amd64", "lumi"),
+                                                       ("x86", "amd64", "")])
 def test_build_arguments_name_the_architecture_and_site(build, architecture, site):
     assert labels(build)["org.ddp.architecture"] == architecture
     assert labels(build)["org.ddp.site"] == site
@@ -98,12 +115,12 @@ def run_environment(build: str, env: dict) -> dict:
     return dict(item.split("=", 1) for item in done.stdout.split("\0") if item)
 
 
-@pytest.mark.parametrize("build, site", [("olivia", "olivia"), ("x86", ""), ("cpu", None)])
+@pytest.mark.parametrize("build, site", [("olivia", "olivia"), ("lumi", "lumi"), ("x86", ""), ("cpu", None)])
 def test_site_build_argument_is_the_default_site_profile(build, site):
     assert run_environment(build, {"PATH": "/usr/bin:/bin"}).get("DDP_LAUNCH_SITE") == site
 
 
-@pytest.mark.parametrize("build", ["olivia", "x86"])
+@pytest.mark.parametrize("build", ["olivia", "lumi", "x86"])
 def test_a_site_the_user_set_wins_over_the_images_default(build):
     # Apptainer sources %environment after passing the host's variables in, so a plain
     # export would override the user ("Environment and Metadata", Environment variable precedence).

@@ -65,7 +65,7 @@ def make(target: str, tmp_path, path="/usr/bin:/bin", *variables):
                           env={"PATH": path, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("target", ["build-olivia", "build-x86", "build-cpu"])
+@pytest.mark.parametrize("target", ["build-olivia", "build-lumi", "build-x86", "build-cpu"])
 def test_build_without_apptainer_says_how_to_get_it(target, tmp_path):
     result = make(target, tmp_path)
     assert result.returncode != 0
@@ -75,6 +75,7 @@ def test_build_without_apptainer_says_how_to_get_it(target, tmp_path):
 
 @pytest.mark.parametrize("target, definition, sif", [
     ("build-olivia", "containers/gpu.def", "train-olivia-arm64.sif"),
+    ("build-lumi", "containers/gpu.def", "train-lumi-x86_64.sif"),
     ("build-x86", "containers/gpu.def", "train-x86_64.sif"),
     ("build-cpu", "containers/cpu.def", "train-cpu.sif"),
 ])
@@ -92,10 +93,12 @@ def build_args(argv: list) -> dict:
     return dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "--build-arg")
 
 
-@pytest.mark.parametrize("target, build", [("build-olivia", "olivia"), ("build-x86", "x86"), ("build-cpu", "cpu")])
+@pytest.mark.parametrize("target, build", [("build-olivia", "olivia"), ("build-lumi", "lumi"), ("build-x86", "x86"),
+                                           ("build-cpu", "cpu")])
 def test_each_target_passes_its_images_build_arguments(target, build, tmp_path):
     fake, log = fake_apptainer(tmp_path)
-    result = make(target, tmp_path, f"{fake}:/usr/bin:/bin", f"OLIVIA_BASE_SIF={tmp_path}/absent.sif")
+    result = make(target, tmp_path, f"{fake}:/usr/bin:/bin", f"OLIVIA_BASE_SIF={tmp_path}/absent.sif",
+                  f"LUMI_BASE_SIF={tmp_path}/absent.sif")
     assert result.returncode == 0, result.stderr
     passed = build_args(log.read_text().splitlines())
     definition, arguments = BUILDS[build]
@@ -151,7 +154,7 @@ def test_olivia_uses_the_prepulled_sif_when_present(tmp_path):
         assert not Path(rootfs).exists()  # removed after the build
 
 
-@pytest.mark.parametrize("target", ["build-olivia", "build-x86", "build-cpu"])
+@pytest.mark.parametrize("target", ["build-olivia", "build-lumi", "build-x86", "build-cpu"])
 def test_build_with_an_apptainer_older_than_1_3_stops_in_one_line(target, tmp_path):
     # gpu.def's empty %arguments default (SITE=) fails on 1.2 (apptainer#1584).
     fake, log = fake_apptainer(tmp_path, version="1.2.5")
@@ -170,6 +173,35 @@ def test_olivia_from_ngc_targets_arm64_and_skips_tests_off_arm(tmp_path):
     argv = log.read_text().splitlines()
     assert argv[argv.index("--arch") + 1] == "arm64"
     assert ("--notest" in argv) == (platform.machine() != "aarch64")
+
+
+BASE_IMAGES = json.loads((REPO / "containers" / "base-images.json").read_text())
+
+
+def test_lumi_uses_its_sif_when_present_else_the_docker_hub_copy(tmp_path):
+    # LUMI's SIF is an x86_64 image: built on directly, no unpacking as for Olivia's arm64 one.
+    base = tmp_path / "lumi-multitorch-torch-u24r70f21m50t210-20260415_130625.sif"
+    base.write_bytes(b"")
+    fake, log = fake_apptainer(tmp_path)
+    assert make("build-lumi", tmp_path, f"{fake}:/usr/bin:/bin", f"LUMI_BASE_SIF={base}").returncode == 0
+    assert {"BOOTSTRAP=localimage", f"BASE_IMAGE={base}"} <= set(log.read_text().splitlines())
+    assert not (tmp_path / "unsquashfs.argv").exists()
+    base.unlink()
+    assert make("build-lumi", tmp_path, f"{fake}:/usr/bin:/bin", f"LUMI_BASE_SIF={base}").returncode == 0
+    argv = log.read_text().splitlines()
+    assert {"BOOTSTRAP=docker", f"BASE_IMAGE={BASE_IMAGES['lumi']['docker']}"} <= set(argv)
+    assert build_args(argv)["BASE_IMAGE"] == "lumiaifactory/lumi-multitorch:torch-u24r70f21m50t210"
+
+
+@pytest.mark.parametrize("site", ["olivia", "lumi"])
+def test_a_sites_base_sif_comes_from_base_images_json(site, tmp_path):
+    # No *_BASE_SIF on the command line: the Makefile asks containers/base_image.py. On this
+    # machine the cluster's SIF is absent, so the build pulls the registry image named beside it.
+    fake, log = fake_apptainer(tmp_path)
+    result = make(f"build-{site}", tmp_path, f"{fake}:/usr/bin:/bin")
+    assert result.returncode == 0, result.stderr
+    assert build_args(log.read_text().splitlines())["BASE_IMAGE"] == BASE_IMAGES[site]["docker"]
+    assert "localimage" not in result.stdout
 
 
 def test_base_is_a_build_argument_defaulting_to_the_definitions_base(dockerfile):

@@ -1,7 +1,7 @@
 """The commands the documentation quotes agree with the code that runs them.
 
 A reader copies these lines as they are, so a doc that drifts from the job scripts or the
-image is a bug: the srun flags of the training step, and `--nv` on every run of the GPU image.
+image is a bug: the srun flags of the training step, and `--nv` (`--rocm` for LUMI) on every run of the GPU image.
 """
 
 from __future__ import annotations
@@ -48,15 +48,20 @@ def test_documented_srun_step_flags_are_the_job_scripts(doc):
             assert wait == expected["wait"], f"{doc.name} quotes --wait={wait}"
 
 
+def gpu_flag(image: str) -> str:
+    """The Apptainer flag of the vendor the image is for: the LUMI image runs on AMD GCDs."""
+    return "--rocm" if "lumi" in image else "--nv"
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda path: str(path.relative_to(REPO)))
-def test_every_documented_run_of_the_gpu_image_has_nv(doc):
-    # Without --nv no GPU enters the container (Apptainer user guide, "GPU Support":
-    # https://apptainer.org/docs/user/main/gpu.html), and inside a GPU allocation the launcher
-    # refuses the granted GPUs it cannot use (exit 2).
+def test_every_documented_run_of_the_gpu_image_has_its_gpu_flag(doc):
+    # Without --nv (NVIDIA) or --rocm (AMD) no GPU enters the container (Apptainer user guide,
+    # "GPU Support": https://apptainer.org/docs/user/main/gpu.html), and inside a GPU allocation
+    # the launcher refuses the granted GPUs it cannot use (exit 2).
     runs = [(flags, image) for verb, flags, image, program in APPTAINER_RUN.findall(doc.read_text())
             if "cpu" not in image and (verb == "run" or program.strip("`") == "ddp-launch")]
-    missing = [f"apptainer ...{flags} {image}" for flags, image in runs if "--nv" not in flags.split()]
-    assert not missing, f"{doc.name}: add --nv to {missing}"
+    missing = [f"apptainer ...{flags} {image}" for flags, image in runs if gpu_flag(image) not in flags.split()]
+    assert not missing, f"{doc.name}: add the GPU flag (--nv, or --rocm for LUMI) to {missing}"
 
 
 def test_the_checks_see_the_commands_they_guard():

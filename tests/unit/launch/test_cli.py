@@ -36,7 +36,7 @@ def run_main(argv, env, capsys):
 
 
 @pytest.mark.parametrize("argv, env, message", [
-    (["--mode", "fast"], {}, "--mode='fast' is not a mode: choose one of auto, slurm-node"),
+    (["--mode", "fast"], {}, "--mode='fast' is not a mode: choose one of auto, torchrun, slurm-task"),
     ([], {"DDP_LAUNCH_MODE": "slurm"}, "DDP_LAUNCH_MODE='slurm' is not a mode"),
     (["--nodes", "two"], {}, "--nodes='two' is not a positive integer"),
     (["--nproc-per-node", "0"], {}, "--nproc-per-node='0' is not a positive integer"),

@@ -30,7 +30,8 @@ SHAPE = {"detect": ["env"], "parse": ["env", "accelerator"], "questions": ["job"
 def test_every_scheduler_module_has_the_same_shape(scheduler):
     for name, parameters in SHAPE.items():
         assert list(inspect.signature(getattr(scheduler, name)).parameters) == parameters, name
-    assert scheduler.MODES and all(isinstance(mode, str) for mode in scheduler.MODES)
+    assert scheduler.MODES and all(isinstance(mode, str) and isinstance(line, str) and line
+                                   for mode, line in scheduler.MODES.items())
     tables = [scheduler.VARIABLES]
     while tables:  # slurm's table holds its three scopes
         for names in tables.pop().values():
@@ -42,8 +43,22 @@ def test_every_scheduler_module_has_the_same_shape(scheduler):
 
 def test_the_mode_flag_accepts_exactly_the_modes_the_schedulers_plan():
     planned = [mode for scheduler in DETECTION_ORDER for mode in scheduler.MODES]
-    assert sorted(options.MODES) == sorted(["auto", *planned])
-    assert all(scheduler_for(mode, {}).MODES.count(mode) == 1 for mode in planned)
+    assert len(planned) == len(set(planned))  # one module per mode
+    assert all(mode in scheduler_for(mode, {}).MODES for mode in planned)
+    for mode in ["auto", *planned]:
+        assert options.read_options(["--mode", mode], {}).mode == mode
+    with pytest.raises(LaunchError, match="'slurm' is not a mode: choose one of auto, torchrun, slurm-task"):
+        options.read_options(["--mode", "slurm"], {})
+
+
+def test_the_help_lists_every_mode_in_detection_order_in_its_modules_own_words():
+    help_text = options.build_parser().format_help()
+    listed = help_text[help_text.index("modes (auto detection"):help_text.index("precedence:")]
+    at = [listed.index(f"  {mode} ") for scheduler in DETECTION_ORDER for mode in scheduler.MODES]
+    assert at == sorted(at)
+    for scheduler in DETECTION_ORDER:
+        for line in "\n".join(scheduler.MODES.values()).splitlines():
+            assert line in listed
 
 
 def test_detection_tries_torchrun_slurm_kubeflow_then_local_which_takes_anything():

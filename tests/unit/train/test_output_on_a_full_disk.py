@@ -84,3 +84,36 @@ def test_a_run_whose_stdout_is_a_full_disk_ends_with_one_error_line_and_exit_2(d
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert lines[0].startswith("ddp-train: error: cannot write the output log /dev/full (ENOSPC: "), lines
     assert "then run the same command again to resume" in lines[0]
+
+
+# The fabric gate, alone on this machine (no torchrun: one rank, nothing to compare, a report all the same).
+GATE = [sys.executable, "-m", "ddp_train.gate", "--device", "cpu", "--sizes", "4096", "--iters", "1"]
+
+
+@needs_dev_full
+def test_a_fabric_gate_whose_stdout_is_a_full_disk_ends_with_one_error_line_and_exit_2(tmp_path):
+    run_dir = tmp_path / "run"
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([*GATE, "--run-dir", str(run_dir)], stdout=full, stderr=subprocess.PIPE,
+                              env=trainer_env(), text=True, timeout=120)
+
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith("fabric gate: error: cannot write the output log /dev/full (ENOSPC: "), lines
+    assert "no training ran and no checkpoint changed" in lines[0]
+    assert (run_dir / "gate.json").is_file()  # written before the report's print failed
+
+
+def test_a_fabric_gate_report_with_a_file_in_the_run_dirs_place_is_one_line_and_exit_2(tmp_path):
+    in_the_way = tmp_path / "run"
+    in_the_way.write_text("a file, not a directory\n")
+    done = subprocess.run([*GATE, "--run-dir", str(in_the_way)], capture_output=True, env=trainer_env(), text=True,
+                          timeout=120)
+
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"fabric gate: error: cannot write the fabric gate report {in_the_way}/gate.json ")
+    assert "a file of that name is in the way of a directory: move it or pass another --run-dir" in lines[0]
+    assert in_the_way.read_text() == "a file, not a directory\n"
