@@ -23,7 +23,8 @@ LUMI_MASKS="0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000f
 
     assert_success
     run _train_call
-    assert_output --regexp "^srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run [^ ]* ?${DDP_IMAGE} "
+    # --rocm from containers/sites/lumi.json's accelerator (Apptainer user guide, "GPU Support").
+    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --rocm ${DDP_IMAGE} "
     assert_output --partial " ${DDP_IMAGE} --site lumi --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 512 --base-lr 0.01 --epochs 3"
     run grep '^python3 -m ddp_launch.binds' "${CALLS}"
     assert_output "python3 -m ddp_launch.binds --site lumi"

@@ -171,6 +171,18 @@ def lumi(node: int, **extra: str) -> dict:
             "SLURMD_NODENAME": f"nid00500{node}", **extra}
 
 
+# slurm/lumi-multinode.sh (the AI Guide's run_ddp_srun_4.sh): --nodes=2 --ntasks-per-node=8
+# --cpus-per-task=7 --gpus-per-node=8, one task per GCD; every task sees the node's 8 GCDs.
+LUMI_TASK_STEP = {**LUMI_STEP, "SLURM_NTASKS": "16", "SLURM_NTASKS_PER_NODE": "8", "SLURM_TASKS_PER_NODE": "8(x2)",
+                  "SLURM_CPUS_PER_TASK": "7", "SLURM_STEP_NUM_TASKS": "16", "SLURM_STEP_TASKS_PER_NODE": "8(x2)"}
+
+
+def lumi_task(rank: int, tasks_per_node: int = 8) -> dict:
+    node = rank // tasks_per_node
+    return {**LUMI_TASK_STEP, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % tasks_per_node),
+            "SLURM_NODEID": str(node), "SLURMD_NODENAME": f"nid00500{node}"}
+
+
 # A plain-Ethernet cluster: 6 nodes x 1 GPU (master-node, node01-05), --ntasks-per-node=1
 # --gpus-per-node=1, explicit --nodelist.
 SIX_NODE_ETHERNET_STEP = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_envs import lumi, olivia, plan_for, plan_on_tree, raven, runai
+from launch_envs import lumi_task, olivia, plan_for, plan_on_tree, raven, runai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
 
@@ -130,7 +130,8 @@ def rcp_roce_node(node: FakeNode) -> None:
 FABRIC_CASES = {
     # name: (tree, environment, argv, machine)
     "olivia_cxi_head": (olivia_cxi_node, olivia(0), ("--site", "olivia", "--", "--epochs", "100"), "aarch64"),
-    "lumi_cxi_head": (lumi_cxi_node, lumi(0), ("--site", "lumi"), "x86_64"),
+    # slurm/lumi-multinode.sh's step: one task per GCD (--mode slurm-task), rank 5 on the head node.
+    "lumi_cxi_task5": (lumi_cxi_node, lumi_task(5), ("--site", "lumi", "--mode", "slurm-task"), "x86_64"),
     "raven_infiniband_task5": (raven_infiniband_node, raven(5), ("--site", "raven"), "x86_64"),
     "rcp_roce_worker": (rcp_roce_node, runai(1), ("--site", "rcp"), "x86_64"),
 }
