@@ -40,6 +40,8 @@ def workers_per_node(options: LaunchOptions, scheduler: Setting | None, gpus: Gp
 def workers_env(workers: Workers, env: Mapping[str, str], cpu_count: int) -> tuple[EnvChange, ...]:
     changes = []
     if workers.on_cpu and workers.source != NO_GPU:
+        # Every vendor: HIP honours CUDA_VISIBLE_DEVICES as it does HIP_VISIBLE_DEVICES (ROCm docs,
+        # GPU isolation techniques), so ROCm's torch hides its GPUs too.
         changes.append(EnvChange("CUDA_VISIBLE_DEVICES", "",
                                  f"{workers.source}: workers run on CPU with gloo, GPUs hidden"))
     if workers.count > 1 and "OMP_NUM_THREADS" not in env:
