@@ -70,7 +70,15 @@ echo'
     _rocm_smi_stub
     DDP_SITE=lumi "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 1 2>/dev/null &
     local -r pid=$!
-    sleep 2.5
+    # Two samples (a second apart), waited for with a bound rather than a fixed sleep: the
+    # machine may be slow to start python3 and rocm-smi.
+    local waited=0 rows=0
+    until [ "${rows}" -ge 2 ] || [ "${waited}" -ge 300 ]; do
+        sleep 0.1
+        waited=$((waited + 1))
+        rows="$(grep -c ',card1,' "${OUT}/gpu-node7.csv" 2>/dev/null || true)"
+        rows="${rows:-0}"
+    done
 
     kill -TERM "${pid}"
     wait "${pid}"
