@@ -31,7 +31,14 @@ while true; do echo "2026/01/01 00:00:00.000, 0, NVIDIA GH200, 97, 40, 97871, 10
     _nvidia_smi_stub
     "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 2 2>/dev/null &
     local -r pid=$!
-    sleep 1
+    # The sampler first asks python3 which tool the site samples with: wait, with a bound, for a row.
+    local waited=0 lines=0
+    until [ "${lines}" -ge 2 ] || [ "${waited}" -ge 300 ]; do
+        sleep 0.1
+        waited=$((waited + 1))
+        lines="$(wc -l < "${OUT}/gpu-node7.csv" 2>/dev/null || true)"
+        lines="${lines:-0}"
+    done
 
     kill -TERM "${pid}"
     wait "${pid}"
