@@ -112,6 +112,16 @@ def saved_epoch(run_dir: Path) -> int | None:
     return int(done.stdout) if done.returncode == 0 else None
 
 
+def checkpoint_kept(books: Books, problems: list, run_dir: Path, before: int) -> int | None:
+    """The checkpoint's epoch after the fault; lost when it is gone, corrupt, or older than the
+    epoch before the last one finished before the fault (a save may have been in flight)."""
+    saved = saved_epoch(run_dir)
+    if before >= 2 and (saved is None or saved < before - 1):
+        books.lost_checkpoints += 1
+        problems.append(f"checkpoint epoch {saved} after {before} epochs done before the fault")
+    return saved
+
+
 def job_processes(cluster) -> list[str]:
     found = []
     for node in cluster.node_names:
@@ -285,10 +295,7 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
         books.wrong_states += 1
         problems.append(f"state, exit, restarts {outcome} do not match {kind}")
 
-    saved = saved_epoch(run_dir)
-    if before >= 2 and (saved is None or saved < before - 1):
-        books.lost_checkpoints += 1
-        problems.append(f"checkpoint epoch {saved} after {before} epochs done before the fault")
+    saved = checkpoint_kept(books, problems, run_dir, before)
 
     if not metrics_whole(run_dir):
         books.truncated_metrics += 1
@@ -350,10 +357,7 @@ def full_disk_job(cluster, books: Books, index: int, disk: SmallDisk, base_env: 
             or "Traceback" in output:
         books.wrong_states += 1
         problems.append(f"state, exit, restarts {outcome}, error lines {errors[:2]} do not match a full disk")
-    saved = saved_epoch(run_dir)
-    if before >= 2 and (saved is None or saved < before - 1):
-        books.lost_checkpoints += 1
-        problems.append(f"checkpoint epoch {saved} after {before} epochs done before the disk filled")
+    saved = checkpoint_kept(books, problems, run_dir, before)
     disk.free()
     again = wait_terminal(cluster, cluster.sbatch(submit, env=env), 600)
     if (again.state, again.exit_code) != ("COMPLETED", "0:0"):
