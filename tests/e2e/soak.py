@@ -295,7 +295,7 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
         books.wrong_states += 1
         problems.append(f"state, exit, restarts {outcome} do not match {kind}")
 
-    saved = checkpoint_kept(books, problems, run_dir, before)
+    checkpoint_kept(books, problems, run_dir, before)
 
     if not metrics_whole(run_dir):
         books.truncated_metrics += 1
