@@ -21,8 +21,8 @@
 # One log file per rank: $DDP_RUN_DIR/logs/<job>-<node>-rank<N>.out; rank 0's streams into this output.
 # The site profile (DDP_SITE=lumi) says the rest: the AMD accelerator (so Apptainer gets --rocm,
 # chosen in slurm/lib/ddp.sh from the profile, never written here), the host binds, RCCL's env.
-# LUMI's own runtime is SingularityCE's `singularity`, which slurm/lib/ddp.sh cannot yet run
-# (containers/README.md, "Adding a cluster"): there this script stops at its Apptainer check.
+# LUMI's runtime is SingularityCE's `singularity`, part of the OS, with no `apptainer` command
+# (https://docs.lumi-supercomputer.eu/software/containers/singularity/): DDP_CONTAINER_RUNTIME.
 # Submit from the repository root, with your project: sbatch --account=project_NNNNNNNNN
 #   slurm/lumi-multinode.sh [trainer flags...], e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win);
 # ddp-launch flags go in DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
@@ -31,6 +31,7 @@ source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" |
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-lumi-x86_64.sif"
 ddp::default DDP_SITE lumi
+ddp::default DDP_CONTAINER_RUNTIME singularity
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/lumi-multinode-${SLURM_JOB_ID:-local}"
 # 32 images per GCD on 2 nodes, as per GPU in the Raven scripts.

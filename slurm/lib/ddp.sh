@@ -15,7 +15,9 @@
 #   DDP_IMAGE       the SIF to run              DDP_SITE      site profile (binds, fabric)
 #   DDP_DATA_DIR    holds cifar-100-python/     DDP_RUN_DIR   metrics, checkpoint, logs
 #                   (both made absolute; ',' and ':' are refused: APPTAINER_BIND cannot carry them)
-#   DDP_APPTAINER_MODULE  module that provides apptainer, loaded when it is not on PATH
+#   DDP_CONTAINER_RUNTIME apptainer (default) or singularity (SingularityCE, LUMI's): the command
+#                   the steps run, and the variable the binds go in (APPTAINER_BIND, SINGULARITY_BIND)
+#   DDP_APPTAINER_MODULE  module that provides that command, loaded when it is not on PATH
 #   DDP_TRAIN_ARGS  trainer flags before the job script's arguments (which win)
 #   DDP_LAUNCH_ARGS ddp-launch flags
 #                   (both are words with the shell's quoting: DDP_TRAIN_ARGS='--compile-cache-dir "/scratch/my cache"')
@@ -74,8 +76,12 @@ ddp::export_binds() {
     for path in "$@"; do
         binds="${binds:+${binds},}${path}:${path}"
     done
-    export APPTAINER_BIND="${binds}"
-    ddp::log "APPTAINER_BIND=${APPTAINER_BIND}"
+    # Each runtime reads its own variable: APPTAINER_BIND (Apptainer user guide, "Bind Paths and
+    # Mounts", https://apptainer.org/docs/user/main/bind_paths_and_mounts.html), SINGULARITY_BIND
+    # (SingularityCE user guide, same section, https://docs.sylabs.io/guides/latest/user-guide/bind_paths_and_mounts.html).
+    local -r variable="${DDP_RUNTIME^^}_BIND"
+    export "${variable}=${binds}"
+    ddp::log "${variable}=${binds}"
 }
 
 # Apptainer's GPU flag for the site's vendor (--nv, --rocm: Apptainer user guide, "GPU Support"),
@@ -90,13 +96,22 @@ ddp::gpu_flag() {
 # Apptainer comes from a module on most clusters (MPCDF Raven: `module load apptainer`);
 # without it the job would fail only inside srun, once per node. A script that knows
 # its site's module sets DDP_APPTAINER_MODULE, and the module is loaded when needed.
-ddp::require_apptainer() {
+# LUMI has SingularityCE's `singularity` in the OS and no `apptainer`
+# (https://docs.lumi-supercomputer.eu/software/containers/singularity/): its script sets
+# DDP_CONTAINER_RUNTIME=singularity. Both take the `run`/`exec` options the steps use
+# (--nv, --rocm, binds through the environment).
+ddp::require_runtime() {
+    DDP_RUNTIME="${DDP_CONTAINER_RUNTIME:-apptainer}"
+    case "${DDP_RUNTIME}" in
+        apptainer | singularity) ;;
+        *) ddp::err "DDP_CONTAINER_RUNTIME=${DDP_RUNTIME} is not a runtime the job scripts run: use apptainer or singularity (SingularityCE)" ;;
+    esac
     local -r module="${DDP_APPTAINER_MODULE:-}"
-    if ! command -v apptainer >/dev/null && [ -n "${module}" ] && type module >/dev/null 2>&1; then
+    if ! command -v "${DDP_RUNTIME}" >/dev/null && [ -n "${module}" ] && type module >/dev/null 2>&1; then
         module load "${module}" >/dev/null 2>&1 || true
     fi
-    command -v apptainer >/dev/null \
-        || ddp::err "apptainer is not on PATH: run 'module load ${module:-apptainer}' (or set DDP_APPTAINER_MODULE to your site's module) before sbatch"
+    command -v "${DDP_RUNTIME}" >/dev/null \
+        || ddp::err "${DDP_RUNTIME} is not on PATH: run 'module load ${module:-${DDP_RUNTIME}}' (or set DDP_APPTAINER_MODULE to your site's module) before sbatch"
 }
 
 # APPTAINER_BIND is "src:dst,src:dst" with absolute paths: a relative directory, or one
@@ -134,6 +149,7 @@ ddp::require_data() {
 DDP_LAUNCH_WORDS=()
 DDP_TRAIN_WORDS=()
 DDP_APPTAINER_ARGS=(run)
+DDP_RUNTIME=apptainer  # DDP_CONTAINER_RUNTIME, checked by ddp::require_runtime
 
 # A settings variable's words, by the shell's quoting rules but with no expansion or command
 # run (entrypoints/ddp_contract/shell_words.py, the rule runai/submit.sh uses too):
@@ -276,7 +292,7 @@ ddp::preflight() {
     # override --ntasks-per-node and run two doctors into one node's file.
     srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 \
         --kill-on-bad-exit=0 --output="${dir}/doctor-%N.json" --error="${dir}/doctor-%N.err" \
-        apptainer "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
+        "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
         doctor --json --site "${DDP_SITE}" --data-dir "${DDP_DATA_DIR}" || true
     ddp::log "preflight step: $((SECONDS - started)) s"
     local status=0
@@ -363,7 +379,7 @@ ddp::launch_step() {
     # gives them DDP_STEP_WAIT seconds to end on their own after the first task ends
     # (srun(1): -K overrides -W), which still bounds a hang behind a crashed node.
     local -a step=(srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${srun_args[@]}"
-        apptainer "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}"
+        "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}"
         "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" "${extra_args[@]}"
         -- "$@")
     local status=0
@@ -462,7 +478,7 @@ ddp::run_job() {
     ddp::split_words DDP_TRAIN_WORDS DDP_TRAIN_ARGS
     ddp::absolute_dir_setting DDP_DATA_DIR
     ddp::absolute_dir_setting DDP_RUN_DIR
-    ddp::require_apptainer
+    ddp::require_runtime
     ddp::require_image "${DDP_IMAGE}"
     ddp::require_data "${DDP_DATA_DIR}"
     ddp::require_free_run_dir "${DDP_RUN_DIR}"

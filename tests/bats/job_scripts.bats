@@ -370,6 +370,39 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     assert_output "0"
 }
 
+@test "DDP_CONTAINER_RUNTIME=singularity runs singularity, binds in SINGULARITY_BIND; a runtime it does not know is one line" {
+    export DDP_CONTAINER_RUNTIME=singularity
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run _train_call
+    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 singularity run --nv ${DDP_IMAGE} --site olivia "
+    run grep '^srun-env' "${CALLS}"
+    assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=unset"
+    assert_line "srun-env SINGULARITY_BIND=/host/olivia:/opt/olivia,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
+
+    : > "${CALLS}"
+    DDP_CONTAINER_RUNTIME=podman run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output "ddp: error: DDP_CONTAINER_RUNTIME=podman is not a runtime the job scripts run: use apptainer or singularity (SingularityCE)"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
+
+@test "singularity missing from PATH stops the job in one line naming it, before any srun" {
+    rm "${STUBS}/singularity"
+    export PATH="${STUBS}:/usr/bin:/bin" DDP_CONTAINER_RUNTIME=singularity
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "singularity is not on PATH: run 'module load singularity'"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
+
 @test "raven loads its apptainer module when apptainer is not on PATH" {
     rm "${STUBS}/apptainer"
     export PATH="${STUBS}:/usr/bin:/bin"

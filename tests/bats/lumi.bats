@@ -23,11 +23,26 @@ LUMI_MASKS="0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000f
 
     assert_success
     run _train_call
-    # --rocm from containers/sites/lumi.json's accelerator (Apptainer user guide, "GPU Support").
-    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer run --rocm ${DDP_IMAGE} "
+    # --rocm from containers/sites/lumi.json's accelerator (SingularityCE, like Apptainer, has
+    # --rocm: Apptainer user guide, "GPU Support", https://apptainer.org/docs/user/main/gpu.html).
+    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out singularity run --rocm ${DDP_IMAGE} "
     assert_output --partial " ${DDP_IMAGE} --site lumi --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 512 --base-lr 0.01 --epochs 3"
     run grep '^python3 -m ddp_launch.binds' "${CALLS}"
     assert_output "python3 -m ddp_launch.binds --site lumi"
+}
+
+@test "lumi: SingularityCE runs the image, with the binds in SINGULARITY_BIND, the variable it reads" {
+    # LUMI has singularity (SingularityCE) and no apptainer command
+    # (https://docs.lumi-supercomputer.eu/software/containers/singularity/).
+    rm "${STUBS}/apptainer"
+
+    run bash "${REPO}/slurm/lumi-multinode.sh"
+
+    assert_success
+    run grep '^srun-env SINGULARITY_BIND=' "${CALLS}"
+    assert_line "srun-env SINGULARITY_BIND=/host/lumi:/opt/lumi,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
+    run grep -c -E '^srun .* apptainer ' "${CALLS}"
+    assert_output "0"
 }
 
 @test "lumi: the script leaves the GPU flag to ddp.sh and the site profile, never writing --rocm or --nv" {

@@ -1,5 +1,5 @@
 # Shared setup for the bats tests: bats-assert, the repository root, and stubs of
-# srun, sbatch, scontrol, sinfo, apptainer, nvidia-smi and the host launcher helper on PATH.
+# srun, sbatch, scontrol, sinfo, apptainer, singularity, nvidia-smi and the host launcher helper on PATH.
 # Every stub appends "name argv..." to $CALLS and rejects options it does not know.
 
 _common_setup() {
@@ -37,8 +37,9 @@ for arg in "$@"; do
 done
 # A training step takes a while; the sampler step beside it must get to record itself.
 # Its argv is also kept one word per line, where word boundaries show.
-case " $* " in *" apptainer "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
+case " $* " in *" apptainer "* | *" singularity "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
 printf "srun-env NCCL_IB_DISABLE=%s APPTAINER_BIND=%s\n" "${NCCL_IB_DISABLE-unset}" "${APPTAINER_BIND-unset}" >> "'"${CALLS}"'"
+[ -z "${SINGULARITY_BIND+set}" ] || printf "srun-env SINGULARITY_BIND=%s\n" "${SINGULARITY_BIND}" >> "'"${CALLS}"'"
 # The preflight: a doctor report per node, where --output=...%N says; $DOCTOR_FAILS names a failing node.
 case " $* " in *" doctor --json "*)
     for node in node1 node2; do
@@ -80,6 +81,7 @@ case "${1-} ${2-}" in
 esac'
     _stub sinfo '[ "$*" = "-h -p e2e -o %N" ] || { echo "sinfo stub: unknown arguments $*" >&2; exit 2; }; echo "node[1-3]"'
     _stub apptainer 'echo "apptainer stub: must only be reached through srun" >&2; exit 2'
+    _stub singularity 'echo "singularity stub: must only be reached through srun" >&2; exit 2'
     _stub sbatch 'echo "sbatch stub: job scripts must not submit jobs" >&2; exit 2'
     # The host python3: the binds request is answered with one bind; the dataset check
     # (python3 -m ddp_contract), the settings word splitter (python3 -m ddp_contract.shell_words),
@@ -109,10 +111,11 @@ _job_env() {
     touch "${DDP_IMAGE}"
     mkdir -p "${DDP_DATA_DIR}/cifar-100-python"
     touch "${DDP_DATA_DIR}/cifar-100-python/"{train,test,meta}
-    unset SLURM_RESTART_COUNT DDP_TRAIN_ARGS DDP_LAUNCH_ARGS DDP_SITE DDP_REPO NCCL_IB_DISABLE APPTAINER_BIND
+    unset SLURM_RESTART_COUNT DDP_TRAIN_ARGS DDP_LAUNCH_ARGS DDP_SITE DDP_REPO NCCL_IB_DISABLE APPTAINER_BIND \
+        SINGULARITY_BIND DDP_CONTAINER_RUNTIME
 }
 
-# The recorded srun call that runs apptainer (the training step).
+# The recorded srun call that runs the image (the training step).
 _train_call() {
-    grep '^srun .* apptainer .* -- --data-dir ' "${CALLS}"
+    grep -E '^srun .* (apptainer|singularity) .* -- --data-dir ' "${CALLS}"
 }
