@@ -9,7 +9,6 @@ interrupted or corrupt download leaves nothing that looks like a dataset to the 
 
 import hashlib
 import os
-import shutil
 import sys
 import tarfile
 import tempfile
