@@ -118,8 +118,10 @@ def test_a_node_that_dies_ends_the_job_naming_it_and_slurm_says_it_failed(cluste
 def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_finishes(cluster, job_env, tmp_path):
     env = {**job_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 6") + " --checkpoint-every 1"}
     first, run_dir = started_job(cluster, env, tmp_path)
+    # The lock goes at the end, and a checkpoint being written (a .tmp, renamed: checkpoint.save_atomic)
+    # is not one yet.
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")
-                    if "logs" not in p.parts and not p.name.startswith(".ddp-run"))  # the lock goes at the end
+                    if "logs" not in p.parts and not p.name.startswith(".ddp-run") and not p.name.endswith(".tmp"))
 
     second = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=1", "--cpus-per-task=1"), "slurm/olivia-multinode.sh"], env=env)
     refused = cluster.wait(second, timeout=120)

@@ -161,7 +161,10 @@ STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": (UNSQUASHED, ["--si
 def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path,
                                                                              stop_signal):
     mount_env, scancel_args = STOPS[stop_signal]
-    job_env = {**job_env, **mount_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 3")}
+    # Six epochs of about 2 s: the stop must land before the last one ends. The request file is read
+    # every 5 s (signals.REQUEST_POLL_S) and USR2 takes scancel -> slurmctld -> the batch shell's
+    # trap first; with three epochs a loaded machine let the run finish before it saw the request.
+    job_env = {**job_env, **mount_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 6")}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
     _wait_for_epochs(cluster, run_dir, 1)
