@@ -37,6 +37,8 @@ readonly DDP_EXIT_REQUEUE=75
 readonly DDP_EXIT_BAD_NODE=76
 # ddp_contract.STOP_REQUEST_FILE: in the run dir, a stop the batch script asks of the trainer.
 readonly DDP_STOP_REQUEST_FILE=.ddp-stop-request
+# In the run dir: "JOB N", the number of step ids job JOB has taken so far (ddp::take_step_id).
+readonly DDP_STEP_IDS_FILE=.ddp-step-ids
 
 ddp::log() {
     printf '%s: %s\n' "${DDP_LOG_TAG:-ddp}" "$*" >&2
@@ -183,6 +185,66 @@ ddp::print_job() {
     ddp::log "image ${DDP_IMAGE}, site ${DDP_SITE}, data ${DDP_DATA_DIR}, run ${DDP_RUN_DIR}"
 }
 
+# Step ids across requeues. A requeued job keeps its id and numbers its steps from 0 again
+# (slurmctld's batch_requeue_fini resets next_step_id; https://github.com/SchedMD/slurm,
+# src/slurmctld/job_mgr.c). A signal that slurmctld could not deliver to a node (srun's SIGKILL of
+# a step on a node that dropped off the network) waits in its retry list and is sent again every
+# 60 s until the node answers (src/slurmctld/agent.c, RPC_RETRY_INTERVAL), and it names only the
+# job and the step id (REQUEST_SIGNAL_TASKS). Once the node is back, it kills whatever step of the
+# requeued run has that id there. So every run writes down, before each step, how many step ids the
+# job has taken, and a requeued run first uses up its predecessors' ids with steps that do nothing:
+# none of its own steps can then be the target of a late kill.
+DDP_STEP_IDS_TAKEN=0
+
+# Record one more step id taken, before the srun that takes it (a run killed by NODE_FAIL never
+# reaches its end, so the record is kept current rather than written at exit).
+ddp::take_step_id() {
+    [ -n "${SLURM_JOB_ID:-}" ] || return 0
+    DDP_STEP_IDS_TAKEN=$((DDP_STEP_IDS_TAKEN + 1))
+    ddp::write_step_ids
+}
+
+ddp::write_step_ids() {
+    local -r record="${DDP_RUN_DIR}/${DDP_STEP_IDS_FILE}"
+    if ! { printf '%s %s\n' "${SLURM_JOB_ID}" "${DDP_STEP_IDS_TAKEN}" > "${record}.tmp" \
+        && mv -f "${record}.tmp" "${record}"; }; then
+        ddp::log "warning: cannot record the job's step ids in ${record}: a requeue of this job may reuse them"
+    fi
+}
+
+# In a requeued run: steps that only print their id, all at once, until the ids the runs before
+# took are used up (a step that SLURM could not create takes none, hence the check).
+ddp::skip_used_step_ids() {
+    [ -n "${SLURM_JOB_ID:-}" ] || return 0
+    local -r record="${DDP_RUN_DIR}/${DDP_STEP_IDS_FILE}"
+    local job="" used=0 highest=-1 id
+    [ ! -r "${record}" ] || read -r job used < "${record}" || true
+    if [ "${job}" != "${SLURM_JOB_ID}" ] || ! [[ "${used}" =~ ^[0-9]+$ ]] || [ "${used}" -eq 0 ]; then
+        DDP_STEP_IDS_TAKEN=0
+        ddp::write_step_ids
+        return 0
+    fi
+    local -r started="${SECONDS}"
+    for _ in 1 2 3; do
+        while read -r id; do
+            [[ "${id}" =~ ^[0-9]+$ ]] && [ "${id}" -gt "${highest}" ] && highest="${id}"
+        done < <(
+            for ((id = highest + 1; id < used; id++)); do
+                srun --overlap --nodes=1 --ntasks=1 --kill-on-bad-exit=0 printenv SLURM_STEP_ID 2>/dev/null &
+            done
+            wait
+        )
+        [ "$((highest + 1))" -lt "${used}" ] || break
+    done
+    if [ "$((highest + 1))" -lt "${used}" ]; then
+        ddp::log "warning: could not skip the step ids 0-$((used - 1)) of this job's earlier runs (reached $((highest + 1))): a late kill of one of them could end this run"
+        highest=$((used - 1))
+    fi
+    DDP_STEP_IDS_TAKEN=$((highest + 1))
+    ddp::write_step_ids
+    ddp::log "restart ${SLURM_RESTART_COUNT:-?}: skipped step ids 0-$((used - 1)), which this job's earlier runs used (a kill SLURM could not deliver then cannot reach this run's steps; $((SECONDS - started)) s)"
+}
+
 # One sampler per node as an overlapping job step; DDP_MONITOR_PID is the srun that
 # runs them, and killing it (by PID) stops every node's sampler.
 ddp::monitor_start() {
@@ -192,6 +254,7 @@ ddp::monitor_start() {
         return 0
     fi
     mkdir -p "${out_dir}"
+    ddp::take_step_id
     srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
         --output="${out_dir}/sampler-%N.log" \
         "${DDP_REPO}/slurm/gpu-sampler.sh" "${out_dir}" "${interval}" &
@@ -290,6 +353,7 @@ ddp::preflight() {
     local -r started="${SECONDS}"
     # --ntasks as well: a step inherits the job's task count (SLURM_NTASKS), which would
     # override --ntasks-per-node and run two doctors into one node's file.
+    ddp::take_step_id
     srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 \
         --kill-on-bad-exit=0 --output="${dir}/doctor-%N.json" --error="${dir}/doctor-%N.err" \
         "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
@@ -383,6 +447,7 @@ ddp::launch_step() {
         "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" "${extra_args[@]}"
         -- "$@")
     local status=0
+    ddp::take_step_id
     if [ "${mode}" = task ]; then
         ddp::log "${name}: per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0's follows"
         ddp::run_following "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node)-rank0.out" "${step[@]}" || status=$?
@@ -491,6 +556,7 @@ ddp::run_job() {
         DDP_APPTAINER_ARGS+=("${DDP_GPU_FLAG}")
     fi
     ddp::show_quarantine
+    ddp::skip_used_step_ids
     # A request left by an earlier run of this job (it crashed before acting on it) is void.
     rm -f -- "${DDP_RUN_DIR}/${DDP_STOP_REQUEST_FILE}"
     trap 'ddp::request_stop USR2' USR2

@@ -282,6 +282,67 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     assert_output "scontrol requeue 42"
 }
 
+# A requeued job numbers its steps from 0 again (slurmctld's batch_requeue_fini resets next_step_id),
+# and a signal slurmctld could not deliver to an unreachable node is retried every 60 s naming only
+# the job and step id (src/slurmctld/agent.c): it would kill the requeued run's step of that id.
+@test "every run records in its run dir how many step ids the job has taken, before each step" {
+    export DDP_PREFLIGHT=1 DDP_FABRIC_GATE=1
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    # preflight, fabric gate, GPU sampler, training: SLURM's ids 0 to 3.
+    run cat "${DDP_RUN_DIR}/.ddp-step-ids"
+    assert_output "42 4"
+    assert_equal "$(cat "${BATS_TEST_TMPDIR}/next-step-id")" 4
+    run grep -c 'printenv SLURM_STEP_ID' "${CALLS}"
+    assert_output "0"
+}
+
+@test "a requeued run uses up the step ids its predecessors took before its first real step" {
+    export SLURM_RESTART_COUNT=1
+    mkdir -p "${DDP_RUN_DIR}"
+    echo "42 4" > "${DDP_RUN_DIR}/.ddp-step-ids"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "restart 1: skipped step ids 0-3, which this job's earlier runs used"
+    # Four steps that only print their id, then the sampler and the training step as ids 4 and 5.
+    run grep '^srun ' "${CALLS}"
+    assert_line --index 0 'srun --overlap --nodes=1 --ntasks=1 --kill-on-bad-exit=0 printenv SLURM_STEP_ID'
+    assert_equal "$(grep -c 'printenv SLURM_STEP_ID' "${CALLS}")" 4
+    assert_line --index 4 --partial 'gpu-sampler.sh'
+    run cat "${DDP_RUN_DIR}/.ddp-step-ids"
+    assert_output "42 6"
+}
+
+@test "a step SLURM refuses to create takes no id, so the skipping goes on until the ids are used up" {
+    export SLURM_RESTART_COUNT=2 SRUN_REFUSE_STEPS=2
+    mkdir -p "${DDP_RUN_DIR}"
+    echo "42 3" > "${DDP_RUN_DIR}/.ddp-step-ids"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_equal "$(grep -c 'printenv SLURM_STEP_ID' "${CALLS}")" 5
+    run cat "${DDP_RUN_DIR}/.ddp-step-ids"
+    assert_output "42 5"
+}
+
+@test "step ids recorded by another job in the same run dir are not skipped" {
+    mkdir -p "${DDP_RUN_DIR}"
+    echo "41 9" > "${DDP_RUN_DIR}/.ddp-step-ids"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run grep -c 'printenv SLURM_STEP_ID' "${CALLS}"
+    assert_output "0"
+    run cat "${DDP_RUN_DIR}/.ddp-step-ids"
+    assert_output "42 2"
+}
+
 @test "USR2 to the batch shell (--signal=B:USR2) asks the running training step to stop through the run dir; the job requeues" {
     # sbatch(1) --signal "B:": SLURM signals the batch shell alone, and bash runs a trap only
     # between commands (bash(1), SIGNALS), so the script must wait for the step in the background.

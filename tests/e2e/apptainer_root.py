@@ -18,9 +18,7 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -65,16 +63,8 @@ def _log(message: str) -> None:
     print(f"apptainer-root: {message}", file=sys.stderr, flush=True)
 
 
-def _run(argv: list[str], step: str, log: Path | None = None) -> str:
-    started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if log is not None:
-        log.write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        raise e2e_image.ImageError(f"{step} failed (exit {done.returncode}):\n{tail}")
-    _log(f"{step}: {time.monotonic() - started:.0f} s")
-    return done.stdout
+def _run(argv: list, step: str, log: Path) -> str:
+    return e2e_image.run_step(argv, step, log, tag="apptainer-root")
 
 
 def missing_tools() -> str | None:
@@ -88,7 +78,7 @@ def missing_tools() -> str | None:
 
 def _add_user(tree: Path, wanted: RootRecipe) -> None:
     _run(["chroot", str(tree), "useradd", "--create-home", "--uid", str(wanted.uid), "--user-group",
-          "--shell", "/bin/bash", wanted.user], f"useradd {wanted.user}")
+          "--shell", "/bin/bash", wanted.user], f"useradd {wanted.user} in the cluster's root", CACHE / "useradd.log")
     for name in ("subuid", "subgid"):
         (tree / "etc" / name).write_text(f"{wanted.user}:{SUBID_RANGE}\n")
 
@@ -97,7 +87,7 @@ def build() -> Path:
     """The root for the current recipe, built when missing; one build at a time."""
     reason = missing_tools()
     if reason:
-        raise e2e_image.ImageError(reason)
+        raise e2e_image.ImageError("tools for the cluster's root", reason)
     wanted = recipe()
     path = root_path(wanted)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -109,10 +99,12 @@ def build() -> Path:
         tree = CACHE / f"building-{wanted.key()}"
         shutil.rmtree(tree, ignore_errors=True)
         _run(["debootstrap", "--variant=minbase", "--include=" + ",".join(wanted.packages), wanted.suite,
-              str(tree), wanted.mirror], "debootstrap", CACHE / "debootstrap.log")
+              str(tree), wanted.mirror], f"debootstrap of the cluster's root (Debian {wanted.suite})",
+             CACHE / "debootstrap.log")
         _add_user(tree, wanted)
         # The Apptainer version this root runs, for `make test`'s summary.
-        version = _run(["chroot", str(tree), "apptainer", "--version"], "apptainer --version").strip()
+        version = _run(["chroot", str(tree), "apptainer", "--version"], "apptainer --version in the cluster's root",
+                       CACHE / "version.log").strip()
         (tree / ".complete").write_text(version + "\n")
         shutil.rmtree(path, ignore_errors=True)
         tree.rename(path)

@@ -231,7 +231,20 @@ class Cluster:
 
 
 class SetupError(RuntimeError):
-    """The cluster or its images could not be made; the message says which step failed."""
+    """The test world (the cluster's root, the cluster, its images) could not be made. The
+    message is one line: the step, the first error line of its log, and the log's path."""
+
+
+def setup_failed(error: Exception) -> None:
+    """Stop the whole e2e run at the first failure to build its world, in one line: every test
+    after it would fail the same way, each with its own traceback (pytest.exit, "How to
+    use pytest", https://docs.pytest.org/en/stable/reference/reference.html#pytest-exit)."""
+    pytest.exit(f"e2e setup failed: {error}", returncode=SETUP_FAILED)
+
+
+# pytest's own codes are 0 to 5 (pytest.ExitCode); this one says the tests never ran.
+SETUP_FAILED = 6
+UP_LOG = STATE.parent / f"{STATE.name}-up.log"  # cluster.sh down empties STATE
 
 
 def start_cluster() -> Cluster:
@@ -240,7 +253,7 @@ def start_cluster() -> Cluster:
     try:
         root = apptainer_root.build()
     except image.ImageError as error:
-        raise SetupError(f"building the cluster's root failed: {error}") from error
+        raise SetupError(f"the cluster's root: {error}") from None
     _RAN["apptainer"] = f"{apptainer_root.apptainer_version(root)} (Debian sid root {root})"
     # Host paths the root sees at the same paths: this checkout, and the Python that
     # runs pytest (its venv's ddp-launch is srun directly by some tests).
@@ -256,10 +269,15 @@ def start_cluster() -> Cluster:
         "PYTHONUNBUFFERED": "1",
     }
     stop_cluster(env)
-    up = subprocess.run([CLUSTER_SH, "up", str(NODES)], env=env, capture_output=True, text=True, timeout=180)
-    if up.returncode != 0:
+    try:
+        up = subprocess.run([CLUSTER_SH, "up", str(NODES)], env=env, capture_output=True, text=True, timeout=180)
+        image.checked(up, f"cluster.sh up {NODES}", UP_LOG)
+    except subprocess.TimeoutExpired:
         stop_cluster(env)
-        raise SetupError(f"cluster.sh up failed:\n{up.stderr}")
+        raise SetupError(f"cluster.sh up {NODES}: no answer in 180 s (logs: {STATE}/log)") from None
+    except image.ImageError as error:
+        stop_cluster(env)
+        raise SetupError(str(error)) from None
     return Cluster(STATE, NODES, env)
 
 
@@ -276,7 +294,7 @@ def slurm_cluster():
     try:
         started = start_cluster()
     except SetupError as error:
-        pytest.fail(str(error))
+        setup_failed(error)
     try:
         yield started
     finally:
@@ -322,12 +340,17 @@ def build_images(cluster: Cluster) -> image.Sifs:
         sifs = image.build_sifs(lambda argv: cluster.as_user(argv, timeout=1200),
                                 lambda argv: cluster.run(argv, timeout=1200), apptainer_root.TEST_UID)
     except image.ImageError as error:
-        raise SetupError(f"building the e2e images failed: {error}") from error
+        raise SetupError(f"the e2e images: {error}") from None
+    except subprocess.TimeoutExpired as expired:
+        raise SetupError(f"the e2e images: {shlex.join(map(str, expired.cmd[-4:]))} ran over "
+                         f"{expired.timeout:.0f} s") from None
     code = "import json, platform, torch; print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__}))"
     for path in (sifs.x86, sifs.cpu):
         done = cluster.as_user(["apptainer", "exec", path, "python3", "-c", code], timeout=300)
-        if done.returncode != 0:
-            raise SetupError(f"apptainer exec {path} failed: {done.stderr}")
+        try:
+            image.checked(done, f"apptainer exec {path.name} python3", image.CACHE / "logs" / f"exec-{path.stem}.log")
+        except image.ImageError as error:
+            raise SetupError(f"the e2e images: {error}") from None
         _VERSIONS[str(path)] = json.loads(done.stdout.splitlines()[-1])
     return sifs
 
@@ -337,7 +360,7 @@ def images(slurm_cluster: Cluster) -> image.Sifs:
     try:
         return build_images(slurm_cluster)
     except SetupError as error:
-        pytest.fail(str(error))
+        setup_failed(error)
 
 
 def container_versions(sif: Path) -> dict:
@@ -362,7 +385,7 @@ def runai_image() -> str:
     try:
         return image.build()
     except image.ImageError as error:
-        pytest.fail(f"building the e2e Charliecloud image failed: {error}")
+        setup_failed(SetupError(f"the RunAI pods' Charliecloud image: {error}"))
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ Usage: python tests/e2e/e2e_image.py build   (the Charliecloud image; `make e2e-
 """
 from __future__ import annotations
 
-import configparser
 import fcntl
 import hashlib
 import json
@@ -24,6 +23,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import pip_setup
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DDP_E2E_IMAGE_CACHE", "/var/tmp/ddp-e2e-images"))
@@ -41,11 +42,31 @@ CH_PYTHON = "/usr/bin/python3"
 # here carry a CPU wheel. Override with DDP_E2E_TORCH, e.g. "torch==2.14.1".
 TORCH = os.environ.get("DDP_E2E_TORCH", "torch==2.13.0+cpu")
 TORCHVISION = os.environ.get("DDP_E2E_TORCHVISION", "torchvision==0.28.0")  # the one for torch 2.13
-RECIPE_VERSION = 2  # bump when the steps below change
+RECIPE_VERSION = 3  # bump when the steps below change
 
 
 class ImageError(RuntimeError):
-    """The image could not be built; the message says which step and why."""
+    """A step of building the test world failed. Its message is one line: the step, the
+    first error line of its log, and the log's path (the whole output is there)."""
+
+    def __init__(self, step: str, detail: str, log: Path | None = None):
+        self.step, self.detail, self.log = step, detail, log
+        super().__init__(f"{step}: {detail}" + (f" (log: {log})" if log is not None else ""))
+
+
+# What marks a line as the error in the tools' logs: debootstrap's "E:", pip's "ERROR:",
+# Apptainer's "FATAL:", make's "***", and the C library's messages.
+_ERROR_LINE = re.compile(r"^(E:|ERROR|FATAL|error:|fatal:)|\*\*\*|[Ee]rror\b|[Ff]ailed|No such file|[Cc]annot ")
+
+
+def first_error_line(output: str) -> str:
+    """The line of a step's output that says what went wrong: the first that looks like an
+    error, else the last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if _ERROR_LINE.search(line):
+            return line
+    return lines[-1] if lines else "no output"
 
 
 @dataclass(frozen=True)
@@ -56,7 +77,7 @@ class BaseRecipe:
     mirror: str
     packages: tuple
     pip_packages: tuple
-    pip_conf: str
+    pip: pip_setup.PipSetup
     version: int = RECIPE_VERSION
 
     def key(self) -> str:
@@ -84,7 +105,10 @@ def missing_tools() -> str | None:
 
 
 def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
-    """The Debian mirror apt already uses (deb822 .sources or one-line .list files)."""
+    """The Debian mirror apt already uses (deb822 .sources or one-line .list files), or
+    DDP_E2E_DEBIAN_MIRROR (another mirror; the tests' own way to make debootstrap fail)."""
+    if os.environ.get("DDP_E2E_DEBIAN_MIRROR"):
+        return os.environ["DDP_E2E_DEBIAN_MIRROR"]
     candidates = sorted(sources_dir.glob("sources.list.d/*.sources")) + [sources_dir / "sources.list"] \
         + sorted(sources_dir.glob("sources.list.d/*.list"))
     for path in candidates:
@@ -95,82 +119,75 @@ def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
             uri = match.group(1) or match.group(2)
             if uri.rstrip("/").endswith("/debian"):
                 return uri
-    raise ImageError(f"no Debian mirror found in {sources_dir}/sources.list or sources.list.d/")
-
-
-def pip_configuration() -> str:
-    """pip's effective configuration here (`pip config list`), as an /etc/pip.conf text."""
-    done = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
-    parser = configparser.ConfigParser(interpolation=None)
-    for line in done.stdout.splitlines():
-        match = re.match(r"^(:env:|[\w-]+)\.([\w-]+)='(.*)'$", line)
-        if not match:
-            continue
-        section = "global" if match.group(1) == ":env:" else match.group(1)
-        if not parser.has_section(section):
-            parser.add_section(section)
-        parser.set(section, match.group(2), match.group(3))
-    lines = []
-    for section in parser.sections():
-        lines.append(f"[{section}]")
-        lines += [f"{name} = {value}" for name, value in sorted(parser.items(section))]
-    return "\n".join(lines) + "\n"
-
-
-def local_pip_sources(pip_conf: str) -> list[str]:
-    """Directories pip reads from on this machine (file:// indexes, find-links), to bind in."""
-    found = []
-    for word in re.findall(r"(?:file://)?(/[^\s]+)", pip_conf):
-        path = Path(word)
-        directory = path.parent if path.name == "simple" else path
-        if directory.is_dir() and str(directory) not in found and not str(directory).startswith("/etc"):
-            found.append(str(directory))
-    return found
+    raise ImageError("Debian mirror", f"none found in {sources_dir}/sources.list or sources.list.d/: "
+                     "set DDP_E2E_DEBIAN_MIRROR to one")
 
 
 def base_recipe() -> BaseRecipe:
+    try:
+        pip = pip_setup.machine_setup()
+    except pip_setup.PipSetupError as error:
+        raise ImageError("pip configuration", str(error)) from None
     return BaseRecipe(suite="bookworm", mirror=debian_mirror(), packages=("python3", "python3-pip"),
-                      pip_packages=(TORCH, TORCHVISION, "numpy"), pip_conf=pip_configuration())
+                      pip_packages=(TORCH, TORCHVISION, "numpy"), pip=pip)
 
 
 def _log(message: str) -> None:
     print(f"e2e-image: {message}", file=sys.stderr, flush=True)
 
 
-def _run(argv: list[str], step: str, log: Path | None = None, env: dict | None = None) -> str:
+def run_step(argv: list, step: str, log: Path, env: dict | None = None, tag: str = "e2e-image") -> str:
+    """argv as one step of building the test world: its output to log, its time to stderr;
+    an ImageError that names the step, its first error line and the log when it fails."""
     started = time.monotonic()
     merged = {**os.environ, "USER": os.environ.get("USER") or "root", **(env or {})}
-    done = subprocess.run(argv, capture_output=True, text=True, env=merged)
-    if log is not None:
-        log.write_text(done.stdout + done.stderr)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run([str(a) for a in argv], capture_output=True, text=True, env=merged)
+    except OSError as error:
+        log.write_text(f"{argv[0]}: {error}\n")
+        raise ImageError(step, f"cannot run {argv[0]}: {error.strerror}", log) from None
+    return checked(done, step, log, tag, started)
+
+
+def checked(done: subprocess.CompletedProcess, step: str, log: Path, tag: str = "e2e-image",
+            started: float | None = None) -> str:
+    """A finished step's output, written to log; an ImageError when it failed."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        raise ImageError(f"{step} failed (exit {done.returncode}):\n{tail}")
-    _log(f"{step}: {time.monotonic() - started:.0f} s")
+        raise ImageError(step, f"exit {done.returncode}: {first_error_line(done.stdout + done.stderr)}", log)
+    if started is not None:
+        print(f"{tag}: {step}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return done.stdout
 
 
-def ch_image(*args: str, step: str, log: Path | None = None) -> str:
-    return _run([CH_PYTHON, shutil.which("ch-image") or "ch-image", "--storage", str(STORAGE), *args],
-                step, log)
+def ch_image(*args: str, step: str, log: Path) -> str:
+    return run_step([CH_PYTHON, shutil.which("ch-image") or "ch-image", "--storage", str(STORAGE), *args],
+                    step, log)
 
 
 def stored_images() -> set[str]:
     if not (STORAGE / "img").is_dir():
         return set()
-    return set(ch_image("list", step="ch-image list").split())
+    return set(ch_image("list", step="ch-image list", log=CACHE / "logs" / "list.log").split())
 
 
-def build_base(recipe: BaseRecipe, in_root=None) -> None:
-    """debootstrap + pip into a tree, then import it as recipe.tag and, given in_root (runs
-    argv in the cluster's root as root), build it as recipe.sif (the slow, cached part)."""
+def stored_path(tag: str) -> Path:
+    """Where ch-image keeps an image's tree: its reference with '/' as '%' and ':' as '+'
+    (Charliecloud's storage directory layout, `ch-image list` names)."""
+    return STORAGE / "img" / tag.replace("/", "%").replace(":", "+")
+
+
+def build_base(recipe: BaseRecipe) -> None:
+    """debootstrap + pip into a tree, then import it as recipe.tag (the slow, cached part)."""
     tree = CACHE / f"base-{recipe.key()}"
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
     logs = CACHE / "logs"
     logs.mkdir(exist_ok=True)
-    _run(["debootstrap", "--variant=minbase", "--include=" + ",".join(recipe.packages), recipe.suite,
-          str(tree), recipe.mirror], "debootstrap", logs / "debootstrap.log")
+    run_step(["debootstrap", "--variant=minbase", "--include=" + ",".join(recipe.packages), recipe.suite,
+              tree, recipe.mirror], "debootstrap of the test base", logs / "debootstrap.log")
     # debootstrap leaves device nodes in /dev; ch-run binds the host's /dev, and copying
     # /dev/zero or /dev/full as files would never end.
     for entry in (tree / "dev").iterdir():
@@ -178,40 +195,36 @@ def build_base(recipe: BaseRecipe, in_root=None) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-    # pip in the image uses this machine's sources: its config, CA bundle and local indexes.
-    (tree / "etc/pip.conf").write_text(recipe.pip_conf)
+    # pip in the base reads this machine's configuration, with every file it names copied in
+    # and every local package source bound in (pip_setup), and nothing of the PIP_* variables
+    # that ch-run would otherwise pass through from here (ch-run(1): --unset-env, --set-env,
+    # processed in order).
+    try:
+        binds = pip_setup.stage(recipe.pip, tree)
+    except pip_setup.PipSetupError as error:
+        raise ImageError("pip configuration", str(error)) from None
     bundle = Path("/etc/ssl/certs/ca-certificates.crt")
-    if bundle.is_file():
+    if bundle.is_file() and not (tree / "etc/ssl/certs/ca-certificates.crt").is_file():
         (tree / "etc/ssl/certs").mkdir(parents=True, exist_ok=True)
         shutil.copy(bundle, tree / "etc/ssl/certs/ca-certificates.crt")
-    binds = []
-    for source in local_pip_sources(recipe.pip_conf):
-        (tree / source.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        binds += ["-b", f"{source}:{source}"]
-    _run(["ch-run", "-w", *binds, str(tree), "--", "python3", "-m", "pip", "install", "--no-cache-dir",
-          "--break-system-packages", "--root-user-action=ignore", *recipe.pip_packages],
-         f"pip install {' '.join(recipe.pip_packages)}", logs / "pip.log",
-         env={"PIP_CONFIG_FILE": "/etc/pip.conf"})
+    run_step(["ch-run", "-w", "--unset-env=PIP_*", "--set-env=PIP_CONFIG_FILE=/etc/pip.conf", *binds, tree, "--",
+              "python3", "-m", "pip", "install", "--no-cache-dir", "--break-system-packages",
+              "--root-user-action=ignore", *recipe.pip_packages],
+             "pip in the test base", logs / "pip.log")
     # Like python:3.12-slim, cpu.def's default base: its %post may pip install (PEP 668).
     for marker in (tree / "usr/lib").glob("python3*/EXTERNALLY-MANAGED"):
         marker.unlink()
     ch_image("import", str(tree), recipe.tag, step=f"ch-image import {recipe.tag}", log=logs / "import.log")
-    if in_root is not None:
-        # A directory with no %post needs no container: root may build it here.
-        partial = recipe.sif.with_suffix(".partial")
-        _checked(in_root(["apptainer", "build", "--force", partial, f"{tree}/"]),
-                 f"apptainer build {recipe.sif.name}", logs / "base-sif.log")
-        partial.rename(recipe.sif)
     shutil.rmtree(tree)
 
 
-def _checked(done: subprocess.CompletedProcess, step: str, log: Path | None = None) -> str:
-    if log is not None:
-        log.write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
-        raise ImageError(f"{step} failed (exit {done.returncode}):\n{tail}")
-    return done.stdout
+def build_base_sif(recipe: BaseRecipe, in_root) -> None:
+    """recipe.sif from the stored base's tree, by the real `apptainer build` in the cluster's
+    root as root (in_root runs argv there): a directory with no %post needs no container."""
+    partial = recipe.sif.with_suffix(".partial")
+    checked(in_root(["apptainer", "build", "--force", partial, f"{stored_path(recipe.tag)}/"]),
+            "the base SIF (apptainer build)", CACHE / "logs" / "base-sif.log")
+    partial.rename(recipe.sif)
 
 
 def empty_default_arguments(dockerfile: str) -> list[str]:
@@ -224,17 +237,19 @@ def ensure_base(in_root=None, rebuild_base: bool = False) -> BaseRecipe:
     """The cached base (ch-image tag, and the SIF when in_root is given), built when missing."""
     reason = missing_tools()
     if reason:
-        raise ImageError(reason)
+        raise ImageError("tools for the test base", reason)
     CACHE.mkdir(parents=True, exist_ok=True)
     with open(CACHE / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         recipe = base_recipe()
-        if rebuild_base or recipe.tag not in stored_images() or (in_root is not None and not recipe.sif.exists()):
+        if rebuild_base or recipe.tag not in stored_images():
             _log(f"building base {recipe.tag} (once per recipe: debootstrap {recipe.suite}, "
                  f"pip install {' '.join(recipe.pip_packages)})")
-            build_base(recipe, in_root)
+            build_base(recipe)
         else:
             _log(f"reusing base {recipe.tag}")
+        if in_root is not None and (rebuild_base or not recipe.sif.exists()):
+            build_base_sif(recipe, in_root)
     return recipe
 
 
@@ -280,7 +295,7 @@ def build_sifs(as_user, in_root, user: int) -> Sifs:
     the cluster's root as that user), on the cached base SIF: only BOOTSTRAP and BASE_IMAGE
     differ. Kept by a hash of their inputs, so a run with no change to them builds nothing."""
     recipe = ensure_base(in_root)
-    version = _checked(in_root(["apptainer", "--version"]), "apptainer --version").strip()
+    version = checked(in_root(["apptainer", "--version"]), "apptainer --version", CACHE / "logs" / "version.log").strip()
     out = CACHE / f"sifs-{project_key(recipe, version)}"
     sifs = Sifs(x86=out / "train-x86_64.sif", cpu=out / "train-cpu.sif")
     with open(CACHE / "build.lock", "w") as lock:
@@ -299,10 +314,10 @@ def build_sifs(as_user, in_root, user: int) -> Sifs:
         base = f"--build-arg BOOTSTRAP=localimage --build-arg BASE_IMAGE={recipe.sif}"
         for target, variable, path in (("build-x86", "X86", sifs.x86), ("build-cpu", "CPU", sifs.cpu)):
             started = time.monotonic()
-            _checked(as_user(["make", "--no-print-directory", target, f"{variable}_SIF={partial / path.name}",
-                              f"{variable}_BASE={base}", f"BUILD_FLAGS={TEST_BUILD_FLAGS}",
-                              *build_scratch(partial / ".apptainer-build")]),
-                     f"make {target}", CACHE / "logs" / f"{target}.log")
+            checked(as_user(["make", "--no-print-directory", target, f"{variable}_SIF={partial / path.name}",
+                             f"{variable}_BASE={base}", f"BUILD_FLAGS={TEST_BUILD_FLAGS}",
+                             *build_scratch(partial / ".apptainer-build")]),
+                    f"make {target}", CACHE / "logs" / f"{target}.log")
             _log(f"make {target}: {time.monotonic() - started:.0f} s")
         shutil.rmtree(partial / ".apptainer-build", ignore_errors=True)
         partial.rename(out)
@@ -325,8 +340,8 @@ def arm64_base(in_root) -> Path:
         shutil.rmtree(tree, ignore_errors=True)
         logs = CACHE / "logs"
         logs.mkdir(exist_ok=True)
-        _run(["debootstrap", "--foreign", "--arch=arm64", "--variant=minbase", "bookworm", str(tree), mirror],
-             "debootstrap --foreign --arch=arm64", logs / "debootstrap-arm64.log")
+        run_step(["debootstrap", "--foreign", "--arch=arm64", "--variant=minbase", "bookworm", tree, mirror],
+                 "debootstrap --foreign --arch=arm64", logs / "debootstrap-arm64.log")
         # An image pulled from a registry has no device nodes (OCI layers carry none), and
         # an unprivileged unsquashfs could not make them.
         for entry in (tree / "dev").iterdir():
@@ -335,8 +350,8 @@ def arm64_base(in_root) -> Path:
             else:
                 entry.unlink()
         partial = sif.with_suffix(".partial")
-        _checked(in_root(["apptainer", "build", "--force", partial, f"{tree}/"]), f"apptainer build {sif.name}",
-                 logs / "base-arm64-sif.log")
+        checked(in_root(["apptainer", "build", "--force", partial, f"{tree}/"]), "the arm64 base SIF (apptainer build)",
+                logs / "base-arm64-sif.log")
         partial.rename(sif)
         shutil.rmtree(tree)
     return sif
@@ -361,7 +376,7 @@ def charliecloud_copy(root: Path, name: str = IMAGE_NAME) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     with open(CACHE / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_SH)  # never a copy of an image that a build is replacing
-        _run(["cp", "-al", str(STORAGE / "img" / name), str(root)], f"hard-linked copy of {name}")
+        run_step(["cp", "-al", STORAGE / "img" / name, root], f"hard-linked copy of {name}", root.parent / "copy.log")
     return root
 
 

@@ -89,6 +89,43 @@ def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_the_next_r
     assert starts[-1]["resumed_from_epoch"] == kept
 
 
+def running_step_ids(cluster, job_id: str) -> list[int]:
+    """The ids of the job's numbered steps running now (squeue --steps), not its batch or extern step."""
+    done = cluster.run(["squeue", "--steps", "--jobs", job_id, "--noheader", "--format=%i"], timeout=30)
+    return sorted(int(step.split(".")[1]) for step in done.stdout.split() if re.fullmatch(rf"{job_id}\.\d+", step))
+
+
+def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_kills_find_nothing(
+        cluster, long_job_env, tmp_path):
+    """A requeued job numbers its steps from 0 again, and a kill slurmctld could not deliver to a
+    node off the network is retried every 60 s naming only the job and step id, until the node
+    answers (src/slurmctld/job_mgr.c batch_requeue_fini, src/slurmctld/agent.c RPC_RETRY_INTERVAL).
+    Here those late kills come on purpose, after the requeued run has started training."""
+    env = {**long_job_env, "DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0"}
+    job_id, run_dir = started_job(cluster, env, tmp_path)
+    before = running_step_ids(cluster, job_id)
+    assert before, "the sampler and the training step run"
+    # What slurmctld does to a --requeue job that a lost node ended (NODE_FAIL).
+    assert cluster.run(["scontrol", "requeue", job_id], timeout=30).returncode == 0
+
+    def resumed_and_training(_) -> bool:
+        records = metrics_records(run_dir)
+        starts = [i for i, r in enumerate(records) if r["type"] == "run"]
+        return len(starts) == 2 and any(r["type"] == "epoch" for r in records[starts[1]:])
+
+    cluster.wait_for_file(run_dir, 300, predicate=resumed_and_training)
+    after = running_step_ids(cluster, job_id)
+    assert after and min(after) > max(before), (before, after)
+    for step in range(max(before) + 1):
+        cluster.run(["scancel", "--signal=KILL", f"{job_id}.{step}"], timeout=30)
+
+    job = cluster.wait(job_id, timeout=400)
+    assert job.state == "COMPLETED", job.output()
+    assert f"restart 1: skipped step ids 0-{max(before)}," in job.output()
+    types = [r["type"] for r in metrics_records(run_dir)]
+    assert types.count("run") == 2 and "summary" in types[types.index("run", 1):], types
+
+
 def test_a_node_that_dies_ends_the_job_naming_it_and_slurm_says_it_failed(cluster, long_job_env, tmp_path):
     job_id, run_dir = started_job(cluster, long_job_env, tmp_path)
     done = cluster.cluster_sh(["crash", "node2"], timeout=30)

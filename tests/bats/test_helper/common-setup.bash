@@ -35,6 +35,21 @@ for arg in "$@"; do
         *) break ;;
     esac
 done
+# SLURM numbers the steps of a job 0, 1, 2... in the order it creates them, and a step it cannot create
+# takes no id ("srun: error: Unable to create step"); $SRUN_REFUSE_STEPS such refusals come first.
+exec 9>>"'"${BATS_TEST_TMPDIR}"'/step-ids.lock"
+flock 9
+refused="$(cat "'"${BATS_TEST_TMPDIR}"'/refused" 2>/dev/null || echo 0)"
+if [ "${refused}" -lt "${SRUN_REFUSE_STEPS:-0}" ]; then
+    echo "$((refused + 1))" > "'"${BATS_TEST_TMPDIR}"'/refused"
+    echo "srun: error: Unable to create step for job ${SLURM_JOB_ID}: Job/step already completing or completed" >&2
+    exit 1
+fi
+SLURM_STEP_ID="$(cat "'"${BATS_TEST_TMPDIR}"'/next-step-id" 2>/dev/null || echo 0)"
+echo "$((SLURM_STEP_ID + 1))" > "'"${BATS_TEST_TMPDIR}"'/next-step-id"
+flock -u 9
+export SLURM_STEP_ID
+case "$*" in *" printenv SLURM_STEP_ID") printf "%s\n" "${SLURM_STEP_ID}"; exit 0 ;; esac
 # A training step takes a while; the sampler step beside it must get to record itself.
 # Its argv is also kept one word per line, where word boundaries show.
 case " $* " in *" apptainer "* | *" singularity "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
