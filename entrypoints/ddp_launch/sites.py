@@ -188,14 +188,18 @@ def parse_profile(data: object, path: str) -> SiteProfile:
 # The fabric gate's expectation: a published all-reduce bus bandwidth at one size, the share of it
 # below which the gate fails, and where the figure comes from (src/ddp_train/fabric_gate.py).
 _GATE_NUMBERS = ("size_bytes", "busbw_gbps", "floor_fraction")
+# The figure judges only a gate run with the backend and device it was measured with (nccl-tests:
+# nccl on cuda, which is RCCL on ROCm's torch); torch.distributed's names.
+_GATE_MEASURED_WITH = {"backend": ("nccl", "gloo"), "device": ("cuda", "cpu")}
 
 
 def _fabric_gate(item: object, fail) -> Optional[Dict[str, object]]:
     if item is None:
         return None
     if not isinstance(item, dict):
-        raise fail("'fabric_gate' must be an object with size_bytes, busbw_gbps, floor_fraction and source")
-    allowed = set(_GATE_NUMBERS) | {"source", "sockets_busbw_gbps"}
+        raise fail("'fabric_gate' must be an object with size_bytes, busbw_gbps, floor_fraction, source, "
+                   "backend and device")
+    allowed = set(_GATE_NUMBERS) | set(_GATE_MEASURED_WITH) | {"source", "sockets_busbw_gbps"}
     unknown = sorted(set(item) - allowed)
     if unknown:
         raise fail(f"fabric_gate has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
@@ -208,6 +212,10 @@ def _fabric_gate(item: object, fail) -> Optional[Dict[str, object]]:
         raise fail(f"fabric_gate.floor_fraction must be in (0, 1], got {item['floor_fraction']!r}")
     if not isinstance(item.get("source"), str) or not item["source"]:
         raise fail("fabric_gate.source must say where the figure comes from")
+    for key, choices in _GATE_MEASURED_WITH.items():
+        if item.get(key) not in choices:
+            raise fail(f"fabric_gate.{key} must say what the figure was measured with, one of "
+                       f"{', '.join(choices)}; got {item.get(key)!r}")
     return dict(item)
 
 
