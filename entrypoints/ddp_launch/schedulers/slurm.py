@@ -216,9 +216,18 @@ def head(job: SlurmEnv, options: LaunchOptions) -> Head:
     return Head.named(job.nodes[0], f"the first host of {job.nodes_source}")
 
 
+def peer(job: SlurmEnv, rendezvous: Head) -> tuple[str, str] | None:
+    """Another node of the step and where it comes from, for a head whose own name is loopback to
+    itself (fabric/ethernet.py)."""
+    other = next((name for name in job.nodes if name != rendezvous.name), None)
+    return (other, f"a node of {job.nodes_source}") if other is not None else None
+
+
 def questions(job: SlurmEnv, options: LaunchOptions) -> ProbeQuestions:
-    """Look up the rendezvous host; ask the GPU driver about the GPUs SLURM granted."""
-    return ProbeQuestions(head=head(job, options),
+    """Look up the rendezvous host (and another node, where it is loopback here); ask the GPU
+    driver about the GPUs SLURM granted."""
+    rendezvous = head(job, options)
+    return ProbeQuestions(head=rendezvous, peer=peer(job, rendezvous),
                           cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None)
 
 

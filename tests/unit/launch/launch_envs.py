@@ -12,7 +12,7 @@ from typing import Mapping, Optional
 
 from ddp_launch import planner
 from ddp_launch.fabric.defaults import read_fabric_data
-from ddp_launch.facts import NodeFacts, Resolved
+from ddp_launch.facts import NodeFacts, Resolved, look_up_peer
 from ddp_launch.options import read_options
 from ddp_launch.plan import LAUNCHER
 
@@ -63,9 +63,12 @@ def looked_up(asked, resolve=None):
 
 def facts_for(env: Mapping[str, str], *argv: str, resolve=None, **fields) -> NodeFacts:
     """This test machine's facts, built by hand: 72 CPUs, no GPU device files, the head name
-    the planner asks about answered from the fake name table, the --script present."""
+    the planner asks about answered from the fake name table (and the other node it names, as
+    the probe asks it), the --script present."""
     asked = questions_for(env, *argv)
-    made = {"python": PYTHON, "cpu_count": 72, "head": looked_up(asked, resolve),
+    head = looked_up(asked, resolve)
+    made = {"python": PYTHON, "cpu_count": 72, "head": head,
+            "peer": look_up_peer(head, asked.peer, resolve or fake_resolver()),
             "existing_files": frozenset(asked.files), **fields}
     return NodeFacts(**made)
 
