@@ -97,6 +97,7 @@ class NodeFacts:
     python: str = "python3"                     # sys.executable: workers run the launcher's interpreter
     cpu_count: int = 1                          # CPUs this process may run on (sched_getaffinity)
     machine: str = "x86_64"                     # os.uname().machine, what platform.machine() returns
+    hostname: str = ""                          # os.uname().nodename, what gethostname() returns (a pod's name)
     gpu_device_files: int = 0                   # the vendor's: /dev/nvidia[0-9]*, /dev/dri/renderD*
     cxi_devices: tuple[str, ...] = ()           # /dev/cxi*
     cxi_class: bool = False                     # /sys/class/cxi exists
@@ -269,6 +270,7 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
         python=sys.executable,
         cpu_count=cpu_count(),
         machine=os.uname().machine,  # not the platform module: importing it costs ~1.5 ms per launch
+        hostname=os.uname().nodename,
         gpu_device_files=count_device_files(root, accelerator, dev),
         cxi_devices=cxi_devices,
         cxi_class=cxi_class,

@@ -22,7 +22,7 @@ from ddp_launch.nodelist import expand_nodelist
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, is_loopback, rendezvous_port
-from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
+from ddp_launch.torchrun_command import (Rendezvous, job_rdzv_conf, join_timeout, max_restarts, node_log_dir,
                                          torchrun_command, torchrun_env)
 
 # --mode names and their lines in ddp-launch --help.
@@ -306,8 +306,9 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files, slurm.accelerator))
     run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
     restarts = max_restarts(options)
+    job_conf = job_rdzv_conf(env)
     argv = torchrun_command(facts.python, str(slurm.num_nodes), workers.count,
-                            Rendezvous(host, port, run_id, is_head, join_timeout(options)),
+                            Rendezvous(host, port, run_id, is_head, join_timeout(options, job_conf), job_conf),
                             restarts, node_log_dir(options.log_dir, _node_name(slurm, index)),
                             options.workload)
     notes = (f"SLURM job {slurm.job_id}: {slurm.num_nodes} node(s), this is node {index if index is not None else 0}"
