@@ -268,14 +268,22 @@ def test_auto_detects_slurm_task_for_several_tasks_per_node():
     assert auto_mode(parse(raven(0), load_accelerator("nvidia", {}))) == "slurm-task"
 
 
-def test_task_bound_to_one_gpu_uses_device_zero():
-    env = env_of(plan_for(raven(6, CUDA_VISIBLE_DEVICES="2")))
-    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["RANK"]) == ("0", "1", "6")
+def test_a_task_bound_to_one_gpu_keeps_torchs_local_rank_and_names_the_gpu_it_sees():
+    # srun --ntasks-per-node=4 --gpus-per-task=1: task 5 is task 1 of node 1 (SLURM_LOCALID=1) and
+    # sees only its own GPU. torch defines LOCAL_RANK as the worker's index on its node and
+    # LOCAL_WORLD_SIZE as the workers there (https://docs.pytorch.org/docs/stable/elastic/run.html,
+    # "Environment Variables"): 1 and 4. Its GPU is device 0 of the one it sees.
+    plan = plan_for(raven(5, CUDA_VISIBLE_DEVICES="1"))
+    env = env_of(plan)
+    assert (env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["DDP_TASK_DEVICE"]) == ("5", "1", "4", "0")
+    reason = next(c.reason for c in plan.changes if c.name == "DDP_TASK_DEVICE")
+    assert reason == "task 1 sees one GPU, its own (CUDA_VISIBLE_DEVICES=1): device 0 of those it sees, not its LOCAL_RANK"
 
 
 def test_task_seeing_all_gpus_uses_its_local_id():
     env = env_of(plan_for(raven(6, CUDA_VISIBLE_DEVICES="0,1,2,3")))
     assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("2", "4")
+    assert "DDP_TASK_DEVICE" not in env
 
 
 def test_fewer_visible_gpus_than_tasks_is_an_error():
