@@ -36,6 +36,10 @@ EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband | ethernet:
 REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"   # "1": a fallback to sockets is an error
 LOG_DIR_VAR = "DDP_LAUNCH_LOG_DIR"          # where NCCL's log goes beside torchrun's
 ENV_SOURCES_VAR = "DDP_ENV_SOURCES"         # JSON {name: "who: why"} of what the launcher set
+# The index, among the GPUs this process sees, of its own: set where SLURM bound one GPU to each
+# task (srun --gpus-per-task=1), whose LOCAL_RANK (torch's: its index on the node) is then no index
+# into the one GPU it sees. Unset: the process's GPU is its LOCAL_RANK.
+TASK_DEVICE_VAR = "DDP_TASK_DEVICE"
 
 # -- the fabric gate (src/ddp_train/gate.py) and the quarantine (ddp_contract/quarantine.py) --
 FABRIC_GATE_VAR = "DDP_FABRIC_GATE"         # "0": the job scripts skip the gate (default 1)

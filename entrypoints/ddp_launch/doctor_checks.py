@@ -26,6 +26,7 @@ from ddp_launch.fabric.defaults import (FabricData, HostLibrary, for_accelerator
                                         read_all_fabric_defaults)
 from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.facts import NodeFacts, list_dir, read_text, under
+from ddp_launch.libclosure import ld_so_conf_dirs, node_default_dirs
 from ddp_launch.libload import load_in_child, missing_library
 from ddp_launch.options import read_options
 from ddp_launch.plan import LAUNCHER, LaunchPlan
@@ -228,6 +229,35 @@ def _library_dirs(ctx: DoctorContext) -> Tuple[str, ...]:
     return tuple(d for d in value.split(":") if d)
 
 
+def _loader_dirs(ctx: DoctorContext) -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """Where ld.so looks for a library dlopened by name, in its order (ld.so(8)): the workers'
+    LD_LIBRARY_PATH, then /etc/ld.so.cache, then the default directories; each with its label.
+
+    Apptainer does not pass the host's LD_LIBRARY_PATH in (user guide, "Environment and
+    Metadata": it is reset to /.singularity.d/libs), and images install the fabric's libraries
+    where ld.so.conf lists them: LUMI AI Factory's keep libfabric and libcxi in
+    /usr/lib/x86_64-linux-gnu and run ldconfig (lumi-ai-factory/laifs-container-recipes,
+    containerfiles/libfabric/Ubuntu_Rocm_Slingshot). The cache stands here as the directories
+    ldconfig builds it from, /etc/ld.so.conf and its includes (ldconfig(8)): they read from a
+    probe root as a test's tree, where the binary cache would need a real ldconfig run.
+    """
+    return (("LD_LIBRARY_PATH", _library_dirs(ctx)),
+            ("/etc/ld.so.conf", ld_so_conf_dirs(ctx.root)),
+            ("the default directories", node_default_dirs(ctx.facts.machine)))
+
+
+def _search_order(groups: Sequence[Tuple[str, Tuple[str, ...]]]) -> Tuple[str, ...]:
+    ordered: list = []
+    for _, dirs in groups:
+        ordered.extend(d for d in dirs if d not in ordered)
+    return tuple(ordered)
+
+
+def _not_found(groups: Sequence[Tuple[str, Tuple[str, ...]]]) -> str:
+    return "not found where ld.so looks: " + "; ".join(
+        f"{label} ({':'.join(dirs) or 'empty'})" for label, dirs in groups)
+
+
 def _load_failure(path: str, error: str) -> str:
     missing = missing_library(path, error)
     return f"{missing} is missing (needed to load {os.path.basename(path)})" if missing else error
@@ -268,7 +298,8 @@ def binds_fix(ctx: DoctorContext) -> Optional[str]:
 def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
     if fabric_expected(ctx) != "slingshot":
         return (Check("host libraries", SKIP, "no Slingshot fabric expected; the image's own NCCL is used"),)
-    dirs = _library_dirs(ctx)
+    groups = _loader_dirs(ctx)
+    dirs = _search_order(groups)
     checks = []
     vendor = ctx.accelerator
     plugin, ofi_variant = vendor.net_plugin, vendor.net_plugin.replace(".so", "-ofi.so")
@@ -283,11 +314,10 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
             # On a Slingshot node, or in a multi-node job, training across nodes cannot work without
             # it; elsewhere (a login node without CXI, the image's %test) it is not fatal yet.
             status = FAIL if library.required and (ctx.multi_node or ctx.facts.slingshot_present) else WARN
-            checks.append(Check(label, status, f"not found in LD_LIBRARY_PATH ({':'.join(dirs) or 'empty'})",
-                                binds_fix(ctx) or library.fix))
+            checks.append(Check(label, status, _not_found(groups), binds_fix(ctx) or library.fix))
             continue
         chosen = hits[0]
-        shadowed = f"; also {', '.join(hits[1:])} (later on the path, not used)" if len(hits) > 1 else ""
+        shadowed = f"; also {', '.join(hits[1:])} (later in ld.so's search, not used)" if len(hits) > 1 else ""
         try:
             version = ctx.probes.load_library(under(ctx.root, chosen), library.kind)
         except OSError as exc:

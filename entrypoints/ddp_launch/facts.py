@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ddp_launch.accelerators import Accelerator
-from ddp_launch.rendezvous import Head, ipv4_literal
+from ddp_launch.rendezvous import Head, ipv4_literal, is_loopback
 
 IPV4_MAPPED_PREFIX = "0000:0000:0000:0000:0000:ffff:"
 RTF_UP = 0x1
@@ -57,6 +57,8 @@ class ProbeQuestions:
     """
 
     head: Head | None = None                # the rendezvous host to look up (when it has no problem)
+    peer: tuple[str, str] | None = None     # (name, where from) of another node: looked up (and its
+                                            # name checked) only when head answers loopback here
     cuda: bool = False                      # can the vendor's driver use the GPUs the scheduler granted
     dns_wait_s: float | None = None         # retry the lookup this long (a pod's DNS record comes late)
     directories: tuple[str, ...] = ()       # does each exist (the fabric's library and plugin dirs)
@@ -95,6 +97,7 @@ class NodeFacts:
     python: str = "python3"                     # sys.executable: workers run the launcher's interpreter
     cpu_count: int = 1                          # CPUs this process may run on (sched_getaffinity)
     machine: str = "x86_64"                     # os.uname().machine, what platform.machine() returns
+    hostname: str = ""                          # os.uname().nodename, what gethostname() returns (a pod's name)
     gpu_device_files: int = 0                   # the vendor's: /dev/nvidia[0-9]*, /dev/dri/renderD*
     cxi_devices: tuple[str, ...] = ()           # /dev/cxi*
     cxi_class: bool = False                     # /sys/class/cxi exists
@@ -105,6 +108,7 @@ class NodeFacts:
     existing_files: frozenset[str] = field(default_factory=frozenset)  # of the files asked about (the --script)
     cwd: str = "/"                              # os.getcwd(): where a relative --script is looked for
     head: Resolved | None = None                # the rendezvous host's lookup, when one was asked
+    peer: Resolved | None = None                # another node's, when the head's name is loopback here
     cuda_problem: str | None = None             # why the driver (CUDA, HIP) cannot be used, when it was asked
     net_plugin: NetPlugin | None = None         # None: not looked for (no CXI, or not asked)
     loader_dirs: tuple[str, ...] = ()           # of LOADER_DIRS, those that exist (the image's own), when asked
@@ -234,12 +238,22 @@ def _look_up(head: Head | None, resolve: Callable[[str], str | None] | None) -> 
     return Resolved(head, resolve(head.name) if head.problem is None else None)
 
 
+def look_up_peer(head: Resolved | None, peer: tuple[str, str] | None,
+                  resolve: Callable[[str], str | None] | None) -> Resolved | None:
+    """peer's lookup, only where the head's name answered loopback: on a Debian head node, whose own
+    name /etc/hosts maps to 127.0.1.1, the route to another node tells which interface the others use."""
+    if head is None or head.address is None or not is_loopback(head.address) or peer is None:
+        return None
+    return _look_up(Head.named(*peer), resolve)
+
+
 def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = None,
           resolve: Callable[[str], str | None] | None = None,
           cuda: Callable[[], str | None] | None = None, files: Iterable[str] = (),
           plugin_dirs: Iterable[str] | None = None, loader: bool = False,
-          accelerator: Accelerator | None = None) -> NodeFacts:
-    """This node, read once. head is looked up with resolve; cuda() runs only when given.
+          accelerator: Accelerator | None = None, peer: tuple[str, str] | None = None) -> NodeFacts:
+    """This node, read once. head is looked up with resolve (and peer, when head answers loopback);
+    cuda() runs only when given.
 
     directories are looked for under root; files (the workload's script) as given, from the
     working directory, like the python command line will. On a Slingshot node, the NCCL net
@@ -251,10 +265,12 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
     dev = list_dir(root, "/dev") or ()
     cxi_devices = tuple(name for name in dev if name.startswith("cxi"))
     cxi_class = list_dir(root, "/sys/class/cxi") is not None
+    looked_up = _look_up(head, resolve)
     return NodeFacts(
         python=sys.executable,
         cpu_count=cpu_count(),
         machine=os.uname().machine,  # not the platform module: importing it costs ~1.5 ms per launch
+        hostname=os.uname().nodename,
         gpu_device_files=count_device_files(root, accelerator, dev),
         cxi_devices=cxi_devices,
         cxi_class=cxi_class,
@@ -265,7 +281,8 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
         existing_dirs=frozenset(d for d in directories if os.path.isdir(under(root, d))),
         existing_files=frozenset(f for f in files if os.path.isfile(f)),
         cwd=os.getcwd(),
-        head=_look_up(head, resolve),
+        head=looked_up,
+        peer=look_up_peer(looked_up, peer, resolve),
         cuda_problem=cuda() if cuda is not None else None,
         net_plugin=(probe_net_plugin(root, plugin_dirs, accelerator.net_plugin)
                     if plugin_dirs is not None and accelerator is not None and (cxi_devices or cxi_class) else None),

@@ -125,6 +125,12 @@ def default_dirs(info: ElfInfo) -> Tuple[str, ...]:
     return wide + debian + ("/lib", "/usr/lib")
 
 
+def node_default_dirs(machine: str) -> Tuple[str, ...]:
+    """default_dirs for the node's own 64-bit objects, machine as os.uname() names it."""
+    e_machine = next((number for number, name in _PLATFORM.items() if name == machine), 0)
+    return default_dirs(ElfInfo(32 if machine == "i686" else 64, "<", e_machine, None, (), (), ()))
+
+
 def expand_dynamic_tokens(entry: str, obj: SharedObject) -> Optional[str]:
     """$ORIGIN, $LIB and $PLATFORM (also ${...}) as ld.so(8) defines them; None for an unknown token."""
     lib = "lib64" if obj.info.elf_class == 64 else "lib"

@@ -27,7 +27,8 @@ def expand_nodelist(text: str, variable: str = "nodelist") -> tuple[str, ...]:
     with any number of bracket groups ("rack[1-2]-n[01-04]-hsn"); a group is a
     comma list of numbers or ranges, zero-padded to the width of the range's
     first number, as SLURM does ([8-10] -> 8,9,10; [008-010] -> 008,009,010).
-    Several groups expand as a product, the leftmost varying slowest.
+    Several groups expand as a product in SLURM's order: the last group varies
+    fastest, then the first, the second, ..., the one before the last slowest.
     """
     items = [_parse_item(item, text, variable) for item in _split_items(text, variable)]
     count = sum(_host_count(parts) for parts in items)
@@ -96,7 +97,18 @@ def _expand(parts: list[str | Group]) -> Iterator[str]:
     choices = [[part] if isinstance(part, str) else
                [str(number).zfill(width) for first, last, width in part for number in range(first, last + 1)]
                for part in parts]
-    return ("".join(combo) for combo in itertools.product(*choices))
+    groups = [index for index, part in enumerate(parts) if not isinstance(part, str)]
+    # SLURM splits an item at its last '[' and pushes that group's range for each
+    # prefix; the prefix expands from its own last group inward, recursing to the
+    # first (_push_range_list in SchedMD/slurm src/common/hostlist.c). So the last
+    # group varies fastest, then the first, then the second, ...: a[1-2]b[1-2][1-2]
+    # is a1b11 a1b12 a2b11 a2b12 a1b21 ..., as `scontrol show hostnames` prints.
+    slowest_first = groups[-2::-1] + groups[-1:]
+    for values in itertools.product(*(choices[index] for index in slowest_first)):
+        name = [part if isinstance(part, str) else "" for part in parts]
+        for index, value in zip(slowest_first, values):
+            name[index] = value
+        yield "".join(name)
 
 
 def _parse_group(group: str, text: str, variable: str) -> Group:

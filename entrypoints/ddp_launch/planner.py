@@ -72,7 +72,7 @@ def probe(questions: ProbeQuestions, root: str = "/") -> NodeFacts:
     vendor = questions.accelerator
     driver = (lambda: gpus.probe_driver(vendor)) if questions.cuda and vendor is not None else None
     return node.probe(root, questions.directories, questions.head, resolve, driver, questions.files,
-                      questions.plugin_dirs, questions.loader_dirs, vendor)
+                      questions.plugin_dirs, questions.loader_dirs, vendor, questions.peer)
 
 
 def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
@@ -89,6 +89,7 @@ def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
         multi_node=planned.nodes > 1,
         head_address=head.host if head is not None else None,
         head_ipv4=head.address if head is not None else None,
+        peer=facts.peer,
         nccl_debug=options.nccl_debug,
         require_fabric=options.require_fabric,
         gloo=options.cpu_workers is not None,

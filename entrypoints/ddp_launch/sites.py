@@ -10,9 +10,11 @@ import glob
 import json
 import os
 import re
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+import sys
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO, Tuple
 
-from ddp_launch.errors import LaunchError
+from ddp_launch.errors import LaunchError, run_main
+from ddp_launch.flags import FlagParser
 
 SITES_DIR_VAR = "DDP_SITES_DIR"
 FABRICS = ("slingshot", "infiniband", "ethernet", "auto")
@@ -29,6 +31,13 @@ class EnvDefault(NamedTuple):
     """One variable a site sets when the user has not, and where the value comes from."""
 
     name: str
+    value: str
+    source: str
+
+
+class SrunArg(NamedTuple):
+    """An option the site's training steps give srun (the job scripts ask: python3 -m ddp_launch.sites)."""
+
     value: str
     source: str
 
@@ -76,6 +85,7 @@ class SiteProfile(NamedTuple):
     closure: Optional[ClosureSpec] = None
     fabric_gate: Optional[Dict[str, object]] = None  # the bus bandwidth the fabric gate expects, with its source
     accelerator: str = ACCELERATORS[0]  # the GPU vendor: containers/sites/accelerators/<accelerator>.json
+    srun_args: Tuple[SrunArg, ...] = ()  # options for the srun of the training step and the fabric gate
 
     def env_value(self, name: str) -> Optional[EnvDefault]:
         for item in self.env:
@@ -140,7 +150,8 @@ def parse_profile(data: object, path: str) -> SiteProfile:
 
     if not isinstance(data, dict):
         raise fail("the top level must be a JSON object")
-    allowed = {"schema", "name", "description", "fabric", "accelerator", "gpu", "binds", "env", "closure", "fabric_gate"}
+    allowed = {"schema", "name", "description", "fabric", "accelerator", "gpu", "binds", "env", "closure", "fabric_gate",
+               "srun_args"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise fail(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
@@ -182,20 +193,37 @@ def parse_profile(data: object, path: str) -> SiteProfile:
         closure=_closure(data.get("closure"), binds, fail),
         fabric_gate=_fabric_gate(data.get("fabric_gate"), fail),
         accelerator=accelerator,
+        srun_args=tuple(_srun_arg(item, index, fail) for index, item in enumerate(_list(data, "srun_args", fail))),
     )
+
+
+def _srun_arg(item: object, index: int, fail) -> SrunArg:
+    """One srun option, one word ("--network=disable_rdzv_get"), with its source."""
+    if not isinstance(item, dict) or set(item) != {"value", "source"}:
+        raise fail(f"srun_args[{index}] must be an object with exactly 'value' and 'source'")
+    value, source = item["value"], item["source"]
+    if not isinstance(value, str) or not value.startswith("--") or any(c.isspace() for c in value):
+        raise fail(f"srun_args[{index}].value must be one srun option word starting with '--', got {value!r}")
+    if not isinstance(source, str) or not source:
+        raise fail(f"srun_args[{index}].source must say where the option comes from")
+    return SrunArg(value, source)
 
 
 # The fabric gate's expectation: a published all-reduce bus bandwidth at one size, the share of it
 # below which the gate fails, and where the figure comes from (src/ddp_train/fabric_gate.py).
 _GATE_NUMBERS = ("size_bytes", "busbw_gbps", "floor_fraction")
+# The figure judges only a gate run with the backend and device it was measured with (nccl-tests:
+# nccl on cuda, which is RCCL on ROCm's torch); torch.distributed's names.
+_GATE_MEASURED_WITH = {"backend": ("nccl", "gloo"), "device": ("cuda", "cpu")}
 
 
 def _fabric_gate(item: object, fail) -> Optional[Dict[str, object]]:
     if item is None:
         return None
     if not isinstance(item, dict):
-        raise fail("'fabric_gate' must be an object with size_bytes, busbw_gbps, floor_fraction and source")
-    allowed = set(_GATE_NUMBERS) | {"source", "sockets_busbw_gbps"}
+        raise fail("'fabric_gate' must be an object with size_bytes, busbw_gbps, floor_fraction, source, "
+                   "backend and device")
+    allowed = set(_GATE_NUMBERS) | set(_GATE_MEASURED_WITH) | {"source", "sockets_busbw_gbps"}
     unknown = sorted(set(item) - allowed)
     if unknown:
         raise fail(f"fabric_gate has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
@@ -208,6 +236,10 @@ def _fabric_gate(item: object, fail) -> Optional[Dict[str, object]]:
         raise fail(f"fabric_gate.floor_fraction must be in (0, 1], got {item['floor_fraction']!r}")
     if not isinstance(item.get("source"), str) or not item["source"]:
         raise fail("fabric_gate.source must say where the figure comes from")
+    for key, choices in _GATE_MEASURED_WITH.items():
+        if item.get(key) not in choices:
+            raise fail(f"fabric_gate.{key} must say what the figure was measured with, one of "
+                       f"{', '.join(choices)}; got {item.get(key)!r}")
     return dict(item)
 
 
@@ -375,3 +407,30 @@ def container_search_paths(profile: SiteProfile) -> Dict[str, Tuple[str, ...]]:
     result = {order: tuple(paths) for order, paths in groups.items()}
     result["include"] = tuple(includes)
     return result
+
+
+# -- the job scripts' question: python3 -m ddp_launch.sites --site SITE srun-args ----------------
+
+PROG = "python3 -m ddp_launch.sites"
+
+
+def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO) -> int:
+    """Print the site's srun options for the training step, one word a line (none: nothing)."""
+    parser = FlagParser(prog=PROG, subcommand="sites", hint=f"see {PROG} --help",
+                        description="Answer a job script's question about the site profile.")
+    parser.add_argument("--site", default=env.get("DDP_SITE") or None, required=not env.get("DDP_SITE"),
+                        help=f"site profile (default $DDP_SITE); also found in ${SITES_DIR_VAR}")
+    parser.add_argument("question", choices=("srun-args",),
+                        help="srun-args: the options the training step's srun takes, one a line")
+    args = parser.parse_args(list(argv))
+    for item in load_site(args.site, env).srun_args:
+        print(item.value, file=out)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_main(lambda args: run(args, os.environ, sys.stdout), sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_launch.envvars import Setting, integer
+from ddp_launch.errors import LaunchError
 from ddp_launch.launch_options import LaunchOptions, Workload
 from ddp_launch.plan import EnvChange
 
@@ -37,17 +38,43 @@ def store_read_timeout(join_timeout_s: int | None) -> int:
 LOG_PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 
 
+# The job's own rendezvous settings (Kubeflow's elasticPolicy.rdzvConf reaches the pods as this).
+# torchrun reads it only when --rdzv-conf is not given (torch/distributed/argparse_util.py: the
+# flag beats PET_*), and ddp-launch always gives the flag, so the job's keys are merged into it.
+RDZV_CONF_VAR = "PET_RDZV_CONF"
+
+
 @dataclass(frozen=True)
 class Rendezvous:
     host: str
     port: int
     run_id: str
-    is_host: bool
+    is_host: bool | None                # None: torchrun matches the host against this machine itself
     join_timeout_s: int | None = None   # None: torchrun's own (600 s)
+    job_conf: tuple[tuple[str, str], ...] = ()   # the job's PET_RDZV_CONF, in its order
 
 
-def join_timeout(options: LaunchOptions) -> int | None:
-    return None if options.rdzv_timeout is None else int(options.rdzv_timeout.value)
+def job_rdzv_conf(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """PET_RDZV_CONF as torchrun parses it (key=value,...; _parse_rendezvous_config in
+    torch/distributed/elastic/rendezvous/utils.py), or a LaunchError naming it."""
+    text = env.get(RDZV_CONF_VAR, "").strip()
+    pairs = []
+    for item in text.split(",") if text else ():
+        key, equals, value = item.partition("=")
+        if not key.strip() or not value.strip():
+            raise LaunchError(f"{RDZV_CONF_VAR}={text!r} is not key=value,key=value (torchrun's --rdzv-conf): "
+                              f"fix the job's rendezvous configuration (Kubeflow: elasticPolicy.rdzvConf)")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
+def join_timeout(options: LaunchOptions, job_conf: tuple[tuple[str, str], ...] = ()) -> int | None:
+    """--rdzv-timeout / DDP_LAUNCH_RDZV_TIMEOUT, else the job's join_timeout, else None (torchrun's)."""
+    if options.rdzv_timeout is not None:
+        return int(options.rdzv_timeout.value)
+    job = dict(job_conf).get("join_timeout")
+    return None if job is None else integer(f"{RDZV_CONF_VAR} join_timeout", job, 1,
+                                            fix="give the seconds torchrun waits for the nodes to join")
 
 
 def max_restarts(options: LaunchOptions, scheduler: Setting | None = None) -> int:
@@ -96,6 +123,22 @@ def torchrun_env(env: Mapping[str, str], restarts: int, log_dir: str | None,
     return tuple(changes)
 
 
+def rdzv_conf(rendezvous: Rendezvous) -> str:
+    """--rdzv-conf: is_host (ours: each node's own), read_timeout (the job's, else half the join
+    timeout), join_timeout (--rdzv-timeout, else the job's), then the job's other keys as given.
+    A job's is_host is dropped: the operator gives every pod the same PET_RDZV_CONF, so it would
+    make every pod the host or none."""
+    job = dict(rendezvous.job_conf)
+    ours = {}
+    if rendezvous.is_host is not None:
+        ours["is_host"] = "true" if rendezvous.is_host else "false"
+    ours["read_timeout"] = job.get("read_timeout", str(store_read_timeout(rendezvous.join_timeout_s)))
+    if rendezvous.join_timeout_s is not None:
+        ours["join_timeout"] = str(rendezvous.join_timeout_s)
+    merged = {**ours, **{key: value for key, value in job.items() if key not in ours and key != "is_host"}}
+    return ",".join(f"{key}={value}" for key, value in merged.items())
+
+
 def endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -114,10 +157,6 @@ def torchrun_command(
     if rendezvous is None:
         argv += ["--standalone", "--nnodes=1"]
     else:
-        host_flag = "true" if rendezvous.is_host else "false"
-        conf = f"is_host={host_flag},read_timeout={store_read_timeout(rendezvous.join_timeout_s)}"
-        if rendezvous.join_timeout_s is not None:
-            conf += f",join_timeout={rendezvous.join_timeout_s}"
         argv += [
             f"--nnodes={nnodes}",
             "--rdzv-backend=c10d",
@@ -125,7 +164,7 @@ def torchrun_command(
             f"--rdzv-id={rendezvous.run_id}",
             # Explicit is_host: torchrun's hostname/IP matching guesses wrong in
             # containers and behind NAT (pytorch#73656, #79388), so no guessing.
-            f"--rdzv-conf={conf}",
+            f"--rdzv-conf={rdzv_conf(rendezvous)}",
         ]
     argv += [f"--nproc-per-node={nproc}", f"--max-restarts={restarts}"]
     if log_dir:

@@ -95,6 +95,20 @@ ddp::gpu_flag() {
         || ddp::err "python3 -m ddp_launch.accelerators --site ${site} apptainer-flag failed (see above)"
 }
 
+# The site's options for the srun of its training and gate steps, from the site profile's
+# "srun_args" (Slingshot: --network=disable_rdzv_get, which HPE's FI_CXI_RDZV_PROTO=alt_read needs),
+# so a job script never writes them. Sets the array DDP_SITE_SRUN_ARGS.
+ddp::site_srun_args() {
+    local -r site="$1"
+    local words
+    words="$(ddp::on_host ddp_launch.sites --site "${site}" srun-args)" \
+        || ddp::err "python3 -m ddp_launch.sites --site ${site} srun-args failed (see above)"
+    DDP_SITE_SRUN_ARGS=()
+    if [ -n "${words}" ]; then
+        mapfile -t DDP_SITE_SRUN_ARGS <<< "${words}"
+    fi
+}
+
 # Apptainer comes from a module on most clusters (MPCDF Raven: `module load apptainer`);
 # without it the job would fail only inside srun, once per node. A script that knows
 # its site's module sets DDP_APPTAINER_MODULE, and the module is loaded when needed.
@@ -442,7 +456,7 @@ ddp::launch_step() {
     # first exits 75 or 2, and report their death (143) instead of the code. --wait
     # gives them DDP_STEP_WAIT seconds to end on their own after the first task ends
     # (srun(1): -K overrides -W), which still bounds a hang behind a crashed node.
-    local -a step=(srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${srun_args[@]}"
+    local -a step=(srun --kill-on-bad-exit=0 --wait="${DDP_STEP_WAIT:-30}" "${DDP_SITE_SRUN_ARGS[@]}" "${srun_args[@]}"
         "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}"
         "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" "${extra_args[@]}"
         -- "$@")
@@ -555,6 +569,7 @@ ddp::run_job() {
         ddp::gpu_flag "${DDP_SITE}"
         DDP_APPTAINER_ARGS+=("${DDP_GPU_FLAG}")
     fi
+    ddp::site_srun_args "${DDP_SITE}"
     ddp::show_quarantine
     ddp::skip_used_step_ids
     # A request left by an earlier run of this job (it crashed before acting on it) is void.

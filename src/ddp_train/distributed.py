@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
-from ddp_contract import EXPECT_FABRIC_VAR, check_nccl_transport
+from ddp_contract import EXPECT_FABRIC_VAR, TASK_DEVICE_VAR, check_nccl_transport
 
 from ddp_train import console
 from ddp_train.errors import Seen, TrainError
@@ -30,6 +30,7 @@ class DistEnv:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
+    task_device: Optional[int] = None   # DDP_TASK_DEVICE: its own GPU among those it sees (SLURM bound one)
 
     @property
     def is_main(self) -> bool:
@@ -67,16 +68,26 @@ class DistEnv:
             port = number("MASTER_PORT")
             if not 0 < port < 65536:
                 raise TrainError(f"MASTER_PORT={port} is not a TCP port (1..65535)")
-        return cls(rank, world, local_rank, local_world)
+        raw_device = env.get(TASK_DEVICE_VAR)
+        task_device = number(TASK_DEVICE_VAR) if raw_device is not None else None
+        if task_device is not None and task_device < 0:
+            raise TrainError(f"{TASK_DEVICE_VAR}={raw_device!r} is not a device index (0, 1, ...)")
+        return cls(rank, world, local_rank, local_world, task_device)
 
 
 def gpu_index(dist_env: DistEnv, visible: int) -> int:
-    """This process's GPU: one per local rank, never shared (NCCL refuses two ranks on one GPU
-    with a "Duplicate GPU detected" traceback, so the mistake is named here instead).
+    """This process's GPU among the `visible` it sees: one per local rank, never shared (NCCL refuses
+    two ranks on one GPU with a "Duplicate GPU detected" traceback, so the mistake is named here instead).
 
-    A task bound to its own GPU (SLURM --gpus-per-task=1) sees one device; ddp-launch's
-    slurm-task mode then sets LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 for it.
+    A task bound to its own GPU (SLURM --gpus-per-task=1) sees that one alone; LOCAL_RANK keeps
+    torch's meaning (its index on the node), so ddp-launch's slurm-task mode names the task's GPU
+    in DDP_TASK_DEVICE instead.
     """
+    if dist_env.task_device is not None:
+        if dist_env.task_device >= visible:
+            raise TrainError(f"{TASK_DEVICE_VAR}={dist_env.task_device} but this task sees {visible} GPU(s): "
+                             f"start it with ddp-launch inside the srun step that bound its GPU")
+        return dist_env.task_device
     if dist_env.local_world_size > visible:
         raise TrainError(
             f"{dist_env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only {visible} "

@@ -111,12 +111,15 @@ class GroupResult:
 
 @dataclass(frozen=True)
 class Expectation:
-    """The bus bandwidth a site's fabric should reach, with its source (the site profile's fabric_gate)."""
+    """The bus bandwidth a site's fabric should reach, with its source (the site profile's fabric_gate),
+    and the backend and device it was measured with (nccl-tests: NCCL on GPUs)."""
     size_bytes: int
     busbw_gbps: float
     floor_fraction: float
     source: str
     sockets_busbw_gbps: Optional[float] = None
+    backend: str = "nccl"
+    device: str = "cuda"
 
     @property
     def floor_gbps(self) -> float:
@@ -129,7 +132,36 @@ def expectation_from_profile(data: Optional[Mapping[str, object]]) -> Optional[E
         return None
     sockets = data.get("sockets_busbw_gbps")
     return Expectation(int(data["size_bytes"]), float(data["busbw_gbps"]), float(data["floor_fraction"]),
-                       str(data["source"]), float(sockets) if sockets is not None else None)
+                       str(data["source"]), float(sockets) if sockets is not None else None,
+                       str(data["backend"]), str(data["device"]))
+
+
+NOT_JUDGED = "bandwidth reported, not judged"
+
+
+def judged_expectation(expectation: Optional[Expectation], nodes: int, backend: str,
+                       device: str) -> tuple[Optional[Expectation], tuple[str, ...]]:
+    """The site's published figure where it can judge this gate, else None and a note saying why.
+
+    A published all-reduce figure is a fabric's, between nodes (CSCS: 2 nodes x 4 GH200): within one
+    node the ranks talk over NVLink or shared memory, and one rank moves nothing (busbw = 0 by
+    nccl-tests' definition), so it judges only a world of two nodes or more. And it holds only for
+    the backend and device it was measured with: gloo on CPU workers is not NCCL on GPUs.
+    With no figure that applies, three nodes or more are still judged against each other.
+    """
+    if expectation is None:
+        why = "no published bus bandwidth for this site"
+    elif nodes < 2:
+        why = (f"the site's published {expectation.busbw_gbps:g} GB/s is between nodes and this gate ran "
+               f"within one node")
+    elif (backend, device) != (expectation.backend, expectation.device):
+        why = (f"the site's published {expectation.busbw_gbps:g} GB/s was measured with {expectation.backend} "
+               f"on {expectation.device} and this gate ran {backend} on {device}")
+    else:
+        return expectation, ()
+    if nodes >= 3:
+        return None, (f"{why}: the nodes are judged against each other",)
+    return None, (f"{why} and fewer than 3 nodes to compare: {NOT_JUDGED}",)
 
 
 # -- which nodes are tested together ------------------------------------------------------

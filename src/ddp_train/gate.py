@@ -29,8 +29,8 @@ from ddp_train.console import Console, warn
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, TrainError
 from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
-                                   SizeResult, decide, expectation_from_profile, expected_period, needs_narrowing,
-                                   pair_rounds, write_report)
+                                   SizeResult, decide, expectation_from_profile, expected_period, judged_expectation,
+                                   needs_narrowing, pair_rounds, write_report)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -160,25 +160,24 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES[device.type]
     iters = args.iters or DEFAULT_ITERS[device.type]
     host = socket.gethostname().split(".")[0]
-    distributed.init_process_group(dist_env, device, args.timeout, resolve_backend(args.backend, device.type))
+    backend = resolve_backend(args.backend, device.type)
+    distributed.init_process_group(dist_env, device, args.timeout, backend)
     try:
         hosts = distributed.all_gather_objects(host)
         nodes = node_names(hosts)
+        expectation, notes = judged_expectation(expectation, len(nodes), backend, device.type)
         runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), iters)
         everyone = list(range(dist_env.world_size))
         world = runner.measure(None, everyone, "world", sizes)
         on_sockets = distributed.all_gather_objects(transport_on_sockets(env, device))
         sockets = sorted({hosts[r] for r, flag in enumerate(on_sockets) if flag})
-        node_groups, pair_groups, notes = [], [], []
+        node_groups, pair_groups = [], []
         if distributed.active() and needs_narrowing(world, expectation, sockets, len(nodes)):
             ranks_of = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
             node_groups = runner.round("node", [ranks_of[n] for n in nodes], sizes)
             for index, pairs in enumerate(pair_rounds(len(nodes)), start=1):
                 groups = [ranks_of[nodes[a]] + ranks_of[nodes[b]] for a, b in pairs]
                 pair_groups += runner.round(f"pairs-{index}", groups, sizes)
-        if expectation is None and len(nodes) < 3:
-            notes.append("no published bus bandwidth for this site and fewer than 3 nodes to compare: "
-                         "bandwidth reported, not judged")
         report = decide(world, node_groups, pair_groups, expectation, sockets, time.perf_counter() - started,
                         f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes)
         if dist_env.is_main:

@@ -12,7 +12,7 @@ setup() {
 
     assert_success
     run _train_call
-    assert_output "srun --kill-on-bad-exit=0 --wait=30 apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
 }
 
 @test "olivia multi-node: binds come from the olivia site profile plus the data and run directories" {
@@ -21,7 +21,8 @@ setup() {
     assert_success
     run grep '^python3 -m ddp_launch' "${CALLS}"
     assert_output "python3 -m ddp_launch.binds --site olivia
-python3 -m ddp_launch.accelerators --site olivia apptainer-flag"
+python3 -m ddp_launch.accelerators --site olivia apptainer-flag
+python3 -m ddp_launch.sites --site olivia srun-args"
     run grep '^srun-env' "${CALLS}"
     assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=/host/olivia:/opt/olivia,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
 }
@@ -44,6 +45,41 @@ python3 -m ddp_launch.accelerators --site olivia apptainer-flag"
     assert_output --partial "unknown site 'nosuchsite'"
     run grep -c '^srun .* apptainer run' "${CALLS}"
     assert_output "0"
+}
+
+@test "a Slingshot site's steps get srun --network=disable_rdzv_get from its profile's srun_args, a site without none" {
+    # HPE's FI_CXI_RDZV_PROTO=alt_read (containers/sites/fabrics/slingshot.json) needs it: "When running
+    # with slurm, the flag --network=disable_rdzv_get is required and must be added to the srun
+    # command" (HewlettPackard/shs-ccl-docs, ccl_env.sh).
+    export DDP_PREFLIGHT=1 DDP_FABRIC_GATE=1
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_success
+    run grep -c '^srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer ' "${CALLS}"
+    assert_output "2"  # the fabric gate and the training
+    run grep -c -- '--network' "${CALLS}"
+    assert_output "2"  # not the preflight's doctor, nor the sampler
+
+    : > "${CALLS}"
+    DDP_SITE=generic run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_success
+    run grep -c -- '--network' "${CALLS}"
+    assert_output "0"
+}
+
+@test "the srun options are the profile's data: a profile that names another gets that one" {
+    local -r sites="${BATS_TEST_TMPDIR}/sites"
+    cp -r "${REPO}/containers/sites" "${sites}"
+    python3 -c 'import json, sys
+path = sys.argv[1]
+data = json.load(open(path))
+data["srun_args"] = [{"value": "--network=single_node_vni", "source": "this test"}]
+json.dump(data, open(path, "w"))' "${sites}/generic.json"
+
+    DDP_SITES_DIR="${sites}" DDP_SITE=generic run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run _train_call
+    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --network=single_node_vni apptainer run --nv "
 }
 
 @test "olivia single GPU and one node: the same step with their own trainer defaults" {
@@ -438,7 +474,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     assert_success
     run _train_call
-    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 singularity run --nv ${DDP_IMAGE} --site olivia "
+    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get singularity run --nv ${DDP_IMAGE} --site olivia "
     run grep '^srun-env' "${CALLS}"
     assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=unset"
     assert_line "srun-env SINGULARITY_BIND=/host/olivia:/opt/olivia,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"

@@ -25,7 +25,7 @@ LUMI_MASKS="0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000f
     run _train_call
     # --rocm from containers/sites/lumi.json's accelerator (SingularityCE, like Apptainer, has
     # --rocm: Apptainer user guide, "GPU Support", https://apptainer.org/docs/user/main/gpu.html).
-    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out singularity run --rocm ${DDP_IMAGE} "
+    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out singularity run --rocm ${DDP_IMAGE} "
     assert_output --partial " ${DDP_IMAGE} --site lumi --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 512 --base-lr 0.01 --epochs 3"
     run grep '^python3 -m ddp_launch.binds' "${CALLS}"
     assert_output "python3 -m ddp_launch.binds --site lumi"

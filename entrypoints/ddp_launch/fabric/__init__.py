@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ddp_contract import EXPECT_FABRIC_VAR, LOG_DIR_VAR, REQUIRE_FABRIC_VAR
 from ddp_launch.errors import LaunchError
-from ddp_launch.facts import NodeFacts
+from ddp_launch.facts import NodeFacts, Resolved
 from ddp_launch.fabric.common import EnvBuilder
 from ddp_launch.fabric.defaults import FabricData
 from ddp_launch.fabric.ethernet import ethernet_defaults
@@ -43,6 +43,7 @@ class FabricRequest:
     multi_node: bool                    # more than one node in this job step
     head_address: str | None = None     # rendezvous host, for route-based interface choice
     head_ipv4: str | None = None        # its IPv4 address, when known (the route is to this)
+    peer: Resolved | None = None        # another node's lookup, where the head's name is loopback here
     nccl_debug: str | None = None       # --nccl-debug LEVEL
     require_fabric: bool = False        # --require-fabric
     gloo: bool = False                  # CPU workers: gloo over TCP, whatever the node's HCAs
@@ -158,7 +159,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> F
     elif fabric == "infiniband":
         infiniband_defaults(builder, data.fabric_defaults("infiniband"), facts, conditions, request.env)
     elif request.multi_node:
-        ethernet_defaults(builder, facts, request.head_address, request.head_ipv4)
+        ethernet_defaults(builder, facts, request.head_address, request.head_ipv4, request.peer)
 
     for item in data.fabric_defaults("common").applicable(conditions):
         builder.default(item.name, item.value, item.source)

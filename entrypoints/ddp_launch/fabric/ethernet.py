@@ -11,7 +11,7 @@ import ipaddress
 from collections.abc import Mapping
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.facts import NodeFacts, Route
+from ddp_launch.facts import NodeFacts, Resolved, Route
 from ddp_launch.fabric.common import EnvBuilder
 
 LOOPBACK_INTERFACE = "lo"
@@ -32,15 +32,10 @@ def route_interface(routes: tuple[Route, ...], address: str) -> str | None:
     return best.interface if best else None
 
 
-def outward_interface(routes: tuple[Route, ...]) -> str | None:
-    """The interface that reaches other hosts: the default route's (lowest metric), else the
-    only interface other than loopback with a route, else None."""
-    outward = [r for r in routes if r.interface != LOOPBACK_INTERFACE]
-    defaults = [r for r in outward if r.mask == 0]
-    if defaults:
-        return min(defaults, key=lambda r: r.metric).interface
-    names = {r.interface for r in outward}
-    return names.pop() if len(names) == 1 else None
+def routed_interfaces(routes: tuple[Route, ...]) -> tuple[str, ...]:
+    """The interfaces other than loopback that carry a route, default route's first, in table order."""
+    ordered = sorted((r for r in routes if r.interface != LOOPBACK_INTERFACE), key=lambda r: r.mask != 0)
+    return tuple(dict.fromkeys(r.interface for r in ordered))
 
 
 def loopback_problem(env: Mapping[str, str]) -> str | None:
@@ -52,11 +47,34 @@ def loopback_problem(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def _toward_the_other_nodes(facts: NodeFacts, head_address: str, address: str,
+                            peer: Resolved | None) -> tuple[str, str] | None:
+    """(interface, reason) on a head whose own name is loopback here, or None when it cannot be told.
+
+    Debian puts a host's own name on 127.0.1.1 in /etc/hosts (Debian Reference, "The hostname
+    resolution"), so the head cannot route to its own name; the other nodes reach it through the
+    interface that routes to them. A dual-homed node (a default-route eno1 and a cluster network on
+    ens1f1, each on its own subnet) is told by the route to another node of the job; a node with one
+    interface needs no lookup.
+    """
+    loopback = f"head node {head_address} resolves to loopback {address} here (/etc/hosts)"
+    if peer is not None and peer.address is not None:
+        interface = route_interface(facts.routes, peer.address)
+        if interface not in (None, LOOPBACK_INTERFACE):
+            return interface, (f"{loopback}: the interface that routes to {peer.name} ({peer.address}, "
+                               f"{peer.asked.source}), as the other nodes route to this one")
+    interfaces = routed_interfaces(facts.routes)
+    if len(interfaces) == 1:
+        return interfaces[0], f"{loopback}: the only interface with a route, which reaches the other nodes"
+    return None
+
+
 def ethernet_defaults(builder: EnvBuilder, facts: NodeFacts, head_address: str | None,
-                      address: str | None) -> None:
+                      address: str | None, peer: Resolved | None = None) -> None:
     """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for a multi-node job: never loopback.
 
-    head_address is the rendezvous host as torchrun gets it, address its IPv4 address when known.
+    head_address is the rendezvous host as torchrun gets it, address its IPv4 address when known;
+    peer another node's lookup, made where the head's name is loopback on this node.
     """
     problem = loopback_problem(builder.env)
     if problem:
@@ -70,25 +88,27 @@ def ethernet_defaults(builder: EnvBuilder, facts: NodeFacts, head_address: str |
     interface = route_interface(facts.routes, address)
     reason = f"the interface that routes to the head node {head_address} ({address}), from /proc/net/route"
     if interface == LOOPBACK_INTERFACE:
-        # Only a loopback answer for the head's own name (Debian's 127.0.1.1 line in /etc/hosts,
-        # Debian Reference "The hostname resolution"): the other nodes come by the default route.
-        interface = outward_interface(facts.routes)
         users = {"NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"} <= set(builder.env)
-        if interface is None and not facts.routes and not users:
+        chosen = _toward_the_other_nodes(facts, head_address, address, peer)
+        if chosen is None and users:
+            return  # both interfaces are the user's
+        if chosen is None and not facts.routes:
             builder.note("route", "warning",
                          f"head node {head_address} resolves to loopback {address} here and /proc/net/route lists "
                          f"no route; socket interface left to NCCL/Gloo")
             return
-        if interface is None and not users:
+        if chosen is None:
+            interfaces = routed_interfaces(facts.routes)
+            have = f"interfaces {', '.join(interfaces)}" if interfaces else "no interface with a route"
+            other = (f" and {peer.name} ({peer.asked.source}) did not resolve to a routed address"
+                     if peer is not None else "")
             raise LaunchError(
-                f"head node {head_address} resolves to loopback {address} here and no other interface has "
-                f"a default route, so the other nodes could not reach it: map the name to the node's network "
-                f"address in /etc/hosts, or set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to that interface")
-        reason = (f"head node {head_address} resolves to loopback {address} here (/etc/hosts): "
-                  f"the interface of the default route, which reaches the other nodes")
+                f"head node {head_address} resolves to loopback {address} here (/etc/hosts){other}, and this node "
+                f"has {have}: cannot tell which one the other nodes reach; map the name to the node's address "
+                f"on the cluster network in /etc/hosts, or set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to that "
+                f"interface")
+        interface, reason = chosen
     if interface is None:
-        if route_interface(facts.routes, address) == LOOPBACK_INTERFACE:
-            return  # both interfaces are the user's
         builder.note("route", "warning",
                      f"no route to head node {address} in /proc/net/route; socket interface left to NCCL/Gloo")
         return

@@ -2,6 +2,10 @@
 
 Both set torchrun's own PET_* names; the pod-level RANK/WORLD_SIZE describe
 pods (RunAI's WORLD_SIZE is already pods x GPUs), so the workers must not see them.
+An elastic PyTorchJob (elasticPolicy) gives its pods PET_RDZV_ENDPOINT, PET_RDZV_BACKEND,
+PET_NNODES=MIN:MAX and no rank: torchrun's c10d rendezvous numbers the pods, and the pod
+whose name the endpoint names hosts it (kubeflow/training-operator,
+pkg/controller.v1/pytorch/elastic.go: the endpoint is <job>-worker-0:<port> unless rdzvHost says).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
-from ddp_launch.rendezvous import Head, is_loopback
-from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
+from ddp_launch.rendezvous import Head, ipv4_literal, is_loopback
+from ddp_launch.torchrun_command import (Rendezvous, job_rdzv_conf, join_timeout, max_restarts, node_log_dir,
                                          torchrun_command, torchrun_env)
 
 # --mode names and their lines in ddp-launch --help.
@@ -35,7 +39,12 @@ VARIABLES = {
     "master_port": ("PET_MASTER_PORT", "MASTER_PORT"),
     "run_id": ("PET_RDZV_ID",),
     "max_restarts": ("PET_MAX_RESTARTS",),
+    "rdzv_endpoint": ("PET_RDZV_ENDPOINT",),
+    "rdzv_backend": ("PET_RDZV_BACKEND",),
 }
+# torchrun's port where an endpoint names none (parse_rendezvous_endpoint's default_port for c10d,
+# torch/distributed/elastic/rendezvous/utils.py).
+C10D_DEFAULT_PORT = 29400
 # Either one marks a PyTorchJob/TrainJob pod (RunAI sets PET_NNODES).
 DETECTED_BY = ("PET_NNODES", "PET_MASTER_ADDR")
 # Pod-level values torchrun replaces with per-worker ones; removed so no
@@ -64,6 +73,8 @@ class KubeflowEnv:
     master_port: int | None
     run_id: str | None
     max_restarts: Setting | None
+    rdzv_endpoint: tuple[str, int] | None      # PET_RDZV_ENDPOINT: an elastic job's rendezvous (host, port)
+    rdzv_conf: tuple[tuple[str, str], ...]     # PET_RDZV_CONF, merged into --rdzv-conf
     gpus: gpu_count.GpuGrant | None     # what the pod was granted (checked against the driver)
     accelerator: Accelerator            # the site's GPU vendor: whose variables and device files count
 
@@ -76,6 +87,27 @@ def _nnodes(value: str) -> int:
                               f"nodes: write it as MIN:MAX with MIN <= MAX")
         return int(parts[-1])
     raise LaunchError(f"PET_NNODES={value!r} is not a node count: expected 'N' or 'MIN:MAX'")
+
+
+def _endpoint(value: str) -> tuple[str, int]:
+    """PET_RDZV_ENDPOINT as torchrun reads it: HOST, HOST:PORT or [IPv6]:PORT."""
+    host, port_text = value, None
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else None
+    elif value.count(":") == 1:
+        host, _, port_text = value.partition(":")
+    if not host:
+        raise LaunchError(f"PET_RDZV_ENDPOINT={value!r} names no host: expected HOST:PORT "
+                          f"(Kubeflow: elasticPolicy.rdzvHost and rdzvPort)")
+    return host, port("PET_RDZV_ENDPOINT port", port_text) if port_text else C10D_DEFAULT_PORT
+
+
+def _backend(env: Mapping[str, str]) -> None:
+    backend, name = _first(env, "rdzv_backend")
+    if backend is not None and backend != "c10d":
+        raise LaunchError(f"{name}={backend!r}: ddp-launch runs torchrun's c10d rendezvous only; set "
+                          f"elasticPolicy.rdzvBackend to c10d (the operator's default) or unset it")
 
 
 def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
@@ -92,6 +124,8 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
     port_value, port_name = _first(env, "master_port")
     run_id, _ = _first(env, "run_id")
     restarts = first_set(env, VARIABLES["max_restarts"])
+    endpoint, _ = _first(env, "rdzv_endpoint")
+    _backend(env)
     max_nodes = _nnodes(nnodes)
     node_rank = integer(rank_name, rank_value) if rank_value is not None else None
     if node_rank is not None and node_rank >= max_nodes:
@@ -107,15 +141,20 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
         master_port=port(port_name, port_value) if port_value is not None else None,
         run_id=run_id,
         max_restarts=restarts,
+        rdzv_endpoint=_endpoint(endpoint) if endpoint is not None else None,
+        rdzv_conf=job_rdzv_conf(env),
         gpus=gpu_count.granted_gpus(env, accelerator),
         accelerator=accelerator,
     )
 
 
 def head(job: KubeflowEnv, options: LaunchOptions) -> Head | None:
-    """The rendezvous host: --rdzv-host, else the job's master address (None: neither)."""
+    """The rendezvous host: --rdzv-host, else the elastic endpoint's (torchrun's c10d meets there
+    whatever MASTER_ADDR says), else the job's master address (None: none of them)."""
     if options.rdzv_host is not None:
         return Head.named(str(options.rdzv_host.value), options.rdzv_host.source)
+    if job.rdzv_endpoint is not None:
+        return Head.named(job.rdzv_endpoint[0], "PET_RDZV_ENDPOINT")
     if job.master_addr is not None:
         return Head.named(job.master_addr, job.master_addr_source)
     return None
@@ -129,45 +168,73 @@ def questions(job: KubeflowEnv, options: LaunchOptions) -> ProbeQuestions:
                           dns_wait_s=options.dns_timeout_s if not options.dry_run else None)
 
 
+def hosts_by_name(rendezvous: str, hostname: str) -> bool | None:
+    """Whether this pod is the rendezvous host named: its own name (the pod's hostname is the pod's
+    name, Kubernetes "Container Environment"), first labels compared; None for an address, which
+    torchrun matches against the machine's own addresses itself (is_host left out)."""
+    if ipv4_literal(rendezvous) is not None or ":" in rendezvous:
+        return None
+    return rendezvous.split(".")[0].lower() == hostname.split(".")[0].lower()
+
+
+def _is_head(job: KubeflowEnv, options: LaunchOptions, name: str, hostname: str) -> bool | None:
+    """A pod's rank says it hosts the master (rank 0 is master-0); an elastic endpoint names a pod
+    (worker-0 by default), which may not be rank 0, and an elastic pod has no rank."""
+    by_endpoint = options.rdzv_host is None and job.rdzv_endpoint is not None
+    if job.node_rank is not None and not by_endpoint:
+        return job.node_rank == 0
+    return hosts_by_name(name, hostname)
+
+
 def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
     multi = job.max_nodes > 1
     if options.nodes is not None and options.nodes != job.max_nodes:
         raise LaunchError(f"--nodes {options.nodes} but PET_NNODES={job.nnodes}: match the job's pod count "
                           f"or drop --nodes")
-    if job.node_rank is None and multi:
+    if job.node_rank is None and multi and job.rdzv_endpoint is None:
         raise LaunchError("PET_NODE_RANK and RANK are unset: this pod cannot tell whether it hosts the "
                           "rendezvous; the operator sets them, so check the job spec")
-    is_head = (job.node_rank or 0) == 0
-    if options.rdzv_host is None and job.master_addr is None:
+    if options.rdzv_host is None and job.master_addr is None and job.rdzv_endpoint is None:
         raise LaunchError(f"PET_NNODES={job.nnodes} is set but {job.master_addr_source} is not: the job's "
                           f"master address is missing; pass --rdzv-host with the master pod's service name")
     # The master questions() named, and its one lookup.
     name, source, address = facts.head.asked.checked(), facts.head.asked.source, facts.head.address
+    is_head = _is_head(job, options, name, facts.hostname) if multi else True
+    pod = (f"pod{job.node_rank}" if job.node_rank is not None
+           else facts.hostname.split(".")[0] or "pod") if multi else None
     if address is None:
         host, head_note = name, f"rendezvous host {name} ({source}) did not resolve yet: passing the name"
     else:
         host, head_note = address, f"rendezvous host {name} ({source}) = {address}"
     if multi and not is_head and is_loopback(host):
-        raise LaunchError(f"{source}={name!r} is a loopback address on pod rank {job.node_rank} of "
+        which = f"pod rank {job.node_rank}" if job.node_rank is not None else f"pod {pod}"
+        raise LaunchError(f"{source}={name!r} is a loopback address on {which} of "
                           f"{job.max_nodes}: it would rendezvous with itself; give the master's service name")
     if options.rdzv_port is not None:
         rdzv_port, port_note = int(options.rdzv_port.value), f"port from {options.rdzv_port.source}"
+    elif job.rdzv_endpoint is not None:
+        rdzv_port, port_note = job.rdzv_endpoint[1], "port from PET_RDZV_ENDPOINT"
     elif job.master_port is not None:
         rdzv_port, port_note = job.master_port, "port from the job's master port"
     else:
         raise LaunchError("PET_MASTER_PORT and MASTER_PORT are unset: pass --rdzv-port P")
     workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator))
     restarts = max_restarts(options, job.max_restarts)
-    rendezvous = Rendezvous(host, rdzv_port, job.run_id or job.master_addr or name, is_head, join_timeout(options))
-    log_dir = node_log_dir(options.log_dir, f"pod{job.node_rank or 0}" if multi else None)
+    rendezvous = Rendezvous(host, rdzv_port, job.run_id or job.master_addr or name, is_head,
+                            join_timeout(options, job.rdzv_conf), job.rdzv_conf)
+    log_dir = node_log_dir(options.log_dir, pod)
     argv = torchrun_command(facts.python, job.nnodes, workers.count, rendezvous, restarts, log_dir,
                             options.workload)
     removed = tuple(EnvChange(variable, None, "describes the pod, not a worker; torchrun sets the workers' own")
                     for variable in POD_LEVEL if variable in env)
-    notes = (f"pod {job.node_rank if job.node_rank is not None else 0} of {job.nnodes}"
-             + (" (rendezvous host)" if is_head else ""),
-             head_note, port_note, *worker_notes(workers))
-    changes = (removed + torchrun_env(env, restarts, log_dir, f"pod{job.node_rank or 0}")
+    if job.node_rank is not None or not multi:
+        this_pod = f"pod {job.node_rank if job.node_rank is not None else 0} of {job.nnodes}"
+    else:
+        this_pod = f"pod {pod} of {job.nnodes} (elastic: torchrun's rendezvous numbers the pods)"
+    host_note = {True: " (rendezvous host)", False: "",
+                 None: f" (whether it hosts {name} is torchrun's to tell: an address, not a pod name)"}[is_head]
+    notes = (this_pod + host_note, head_note, port_note, *worker_notes(workers))
+    changes = (removed + torchrun_env(env, restarts, log_dir, pod or "pod0")
                + workers_env(workers, env, facts.cpu_count) + flight_recorder_env(env))
     announcement = (f"ddp-launch: {job.max_nodes} pods: {head_note}, port {rdzv_port}"
                     if multi and is_head else None)

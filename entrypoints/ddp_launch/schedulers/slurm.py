@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddp_contract import TASK_DEVICE_VAR
 from ddp_launch import gpus as gpu_count
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer
@@ -22,7 +23,7 @@ from ddp_launch.nodelist import expand_nodelist
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, is_loopback, rendezvous_port
-from ddp_launch.torchrun_command import (Rendezvous, join_timeout, max_restarts, node_log_dir,
+from ddp_launch.torchrun_command import (Rendezvous, job_rdzv_conf, join_timeout, max_restarts, node_log_dir,
                                          torchrun_command, torchrun_env)
 
 # --mode names and their lines in ddp-launch --help.
@@ -216,9 +217,18 @@ def head(job: SlurmEnv, options: LaunchOptions) -> Head:
     return Head.named(job.nodes[0], f"the first host of {job.nodes_source}")
 
 
+def peer(job: SlurmEnv, rendezvous: Head) -> tuple[str, str] | None:
+    """Another node of the step and where it comes from, for a head whose own name is loopback to
+    itself (fabric/ethernet.py)."""
+    other = next((name for name in job.nodes if name != rendezvous.name), None)
+    return (other, f"a node of {job.nodes_source}") if other is not None else None
+
+
 def questions(job: SlurmEnv, options: LaunchOptions) -> ProbeQuestions:
-    """Look up the rendezvous host; ask the GPU driver about the GPUs SLURM granted."""
-    return ProbeQuestions(head=head(job, options),
+    """Look up the rendezvous host (and another node, where it is loopback here); ask the GPU
+    driver about the GPUs SLURM granted."""
+    rendezvous = head(job, options)
+    return ProbeQuestions(head=rendezvous, peer=peer(job, rendezvous),
                           cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None)
 
 
@@ -297,8 +307,9 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files, slurm.accelerator))
     run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
     restarts = max_restarts(options)
+    job_conf = job_rdzv_conf(env)
     argv = torchrun_command(facts.python, str(slurm.num_nodes), workers.count,
-                            Rendezvous(host, port, run_id, is_head, join_timeout(options)),
+                            Rendezvous(host, port, run_id, is_head, join_timeout(options, job_conf), job_conf),
                             restarts, node_log_dir(options.log_dir, _node_name(slurm, index)),
                             options.workload)
     notes = (f"SLURM job {slurm.job_id}: {slurm.num_nodes} node(s), this is node {index if index is not None else 0}"
@@ -336,22 +347,24 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     host, address, head_note = _head(slurm, options, facts, slurm.this_node_index() == 0)
     port, port_note = _port(slurm, options)
     device = _task_device(env, slurm.local_id or 0, local_world, slurm.accelerator)
+    # torch's definitions (torchrun's environment variables, https://docs.pytorch.org/docs/stable/elastic/run.html):
+    # LOCAL_RANK is the worker's index on its node, LOCAL_WORLD_SIZE the workers there, whatever GPUs it sees.
     changes = [
         EnvChange("RANK", str(slurm.proc_id), "SLURM_PROCID"),
         EnvChange("WORLD_SIZE", str(slurm.num_tasks), "tasks in this step"),
-        EnvChange("LOCAL_RANK", str(device.local_rank), device.local_rank_reason),
-        EnvChange("LOCAL_WORLD_SIZE", str(device.local_world), device.local_world_reason),
+        EnvChange("LOCAL_RANK", str(slurm.local_id or 0), "SLURM_LOCALID"),
+        EnvChange("LOCAL_WORLD_SIZE", str(local_world), "tasks on this node"),
         EnvChange("MASTER_ADDR", host, "rendezvous host (env:// init)"),
         EnvChange("MASTER_PORT", str(port), "derived from the job and step id"),
     ]
+    if device is not None:
+        changes.append(device)
     changes += task_threads(env, slurm.cpus_per_task, facts.cpu_count, local_world)
     if "PYTHONUNBUFFERED" not in env:
         changes.append(EnvChange("PYTHONUNBUFFERED", "1", "srun reads output through pipes: lines appear as they happen"))
     changes += flight_recorder_env(env)
     notes = [f"SLURM job {slurm.job_id}: task {slurm.proc_id} of {slurm.num_tasks}, "
              f"{local_world} task(s) on this node", head_note, port_note]
-    if device.note:
-        notes.append(device.note)
     if options.max_restarts is not None and options.max_restarts.source == "--max-restarts":
         notes.append("--max-restarts is ignored in slurm-task mode (no torchrun): use srun's own restarts")
     if options.log_dir:
@@ -364,28 +377,16 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
                       announcement=_announcement(slurm, slurm.proc_id == 0, head_note, port))
 
 
-@dataclass(frozen=True)
-class TaskDevice:
-    local_rank: int
-    local_rank_reason: str
-    local_world: int
-    local_world_reason: str
-    note: str | None = None
-
-
-def _task_device(env: Mapping[str, str], local_id: int, local_world: int, accelerator: Accelerator) -> TaskDevice:
-    """LOCAL_RANK and LOCAL_WORLD_SIZE for a task, given the GPUs SLURM lets it see."""
+def _task_device(env: Mapping[str, str], local_id: int, local_world: int, accelerator: Accelerator) -> EnvChange | None:
+    """Which of the GPUs a task sees is its own, where that is not its LOCAL_RANK: SLURM bound one
+    GPU to it (--gpus-per-task=1, --gpu-bind), so it sees that one alone, as device 0."""
     setting = gpu_count.visible_setting(env, accelerator)
     variable, visible = setting if setting is not None else (accelerator.visible_variables[0], None)
     seen = gpu_count.visible_devices(visible) if visible is not None else None
     if seen == 1 and local_world > 1:
-        # SLURM bound one GPU to this task (--gpus-per-task=1, --gpu-bind): it is
-        # device 0 here, so LOCAL_RANK (the trainer's device index) must be 0 and
-        # the task is a local world of one device.
-        return TaskDevice(0, f"SLURM bound one GPU to this task ({variable}={visible}): device 0",
-                          1, "each task sees only its own GPU",
-                          f"task {local_id} sees one GPU ({visible}): LOCAL_RANK=0, LOCAL_WORLD_SIZE=1")
+        return EnvChange(TASK_DEVICE_VAR, "0", f"task {local_id} sees one GPU, its own ({variable}={visible}): "
+                                               f"device 0 of those it sees, not its LOCAL_RANK")
     if seen is not None and 1 < seen < local_world:
         raise LaunchError(f"{local_world} tasks on this node but {variable}={visible!r} lists {seen} "
                           f"GPUs: request one GPU per task (--gpus-per-task=1 or --gpus-per-node={local_world})")
-    return TaskDevice(local_id, "SLURM_LOCALID", local_world, "tasks on this node")
+    return None

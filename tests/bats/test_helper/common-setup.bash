@@ -29,7 +29,7 @@ _write_stubs() {
     _stub srun '
 for arg in "$@"; do
     case "${arg}" in
-        --overlap|--nodes=*|--ntasks=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*) ;;
+        --overlap|--nodes=*|--ntasks=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*|--network=*) ;;
         --output=*) output="${arg#--output=}" ;;
         -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
         *) break ;;
@@ -100,14 +100,14 @@ esac'
     _stub sbatch 'echo "sbatch stub: job scripts must not submit jobs" >&2; exit 2'
     # The host python3: the binds request is answered with one bind; the dataset check
     # (python3 -m ddp_contract), the settings word splitter (python3 -m ddp_contract.shell_words),
-    # the site's GPU vendor (python3 -m ddp_launch.accelerators, from the repo's site profiles)
-    # and a test's own python3 -c run for real.
+    # the site's GPU vendor (python3 -m ddp_launch.accelerators) and srun options (python3 -m
+    # ddp_launch.sites), both from the repo's site profiles, and a test's own python3 -c run for real.
     local -r real_python3="$(command -v python3)"
     _stub python3 '
 case "${1-} ${2-} ${3-} $#" in
     "-m ddp_launch.binds --site 4") echo "/host/${4}:/opt/${4}" ;;
     "-m ddp_contract dataset 4" | "-m ddp_contract run-dir-lock 4" | "-m ddp_contract.quarantine "* | "-m ddp_contract.shell_words "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
-    "-m ddp_launch.accelerators "*) exec "'"${real_python3}"'" "$@" ;;
+    "-m ddp_launch.accelerators "* | "-m ddp_launch.sites "*) exec "'"${real_python3}"'" "$@" ;;
     *) echo "python3 stub: unexpected arguments $*" >&2; exit 2 ;;
 esac'
 }

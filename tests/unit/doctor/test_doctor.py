@@ -127,7 +127,7 @@ def test_nothing_bound_on_a_slingshot_node_fails_and_prints_the_binds_command(no
     text = out.getvalue()
     assert code == 1 and "doctor: no failures" not in text
     for label in ("libcxi", "libfabric", "OFI plugin"):
-        assert f"FAIL  {label}: not found in LD_LIBRARY_PATH" in text
+        assert f"FAIL  {label}: not found where ld.so looks: LD_LIBRARY_PATH" in text
     assert 'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site olivia)"' in text
 
 

@@ -3,6 +3,7 @@ Apptainer flag, driver, collective (RCCL) and net plugin (aws-ofi-rccl's librccl
 
 from __future__ import annotations
 
+from elf_tree import build_library
 from test_doctor import FakeProbes, doctor
 
 # torch's ROCm build answers through torch.cuda (HIP is exposed as the CUDA device type); its
@@ -20,15 +21,20 @@ LUMI_JOB = {
 }
 
 
-def lumi_node(node, plugin=True, gcds=8):
+def lumi_devices(node, gcds=8):
     """/dev/kfd and a render node per GCD (ROCm docs, Docker and ROCm), the amdgpu module's
-    version in sysfs, the host files LUMI's bindings module binds, RCCL in the image."""
+    version in sysfs, the CXI NICs."""
     node.cxi(4)
     node.file("/dev/kfd")
     for index in range(gcds):
         node.file(f"/dev/dri/renderD{128 + index}")
         node.file(f"/dev/dri/card{index}")
     node.file("/sys/module/amdgpu/version", "6.8.5\n")
+
+
+def lumi_node(node, plugin=True, gcds=8):
+    """LUMI-G's devices, the host files LUMI's bindings module binds, RCCL in the image."""
+    lumi_devices(node, gcds)
     node.file("/usr/lib64/libcxi.so.1")
     node.file("/opt/cray/libfabric/1.15.2.0/lib64/libfabric.so.1")
     node.file("/opt/rocm/lib/librccl.so.1")
@@ -78,3 +84,62 @@ def test_no_amdgpu_module_skips_the_driver_check_with_the_file_it_read(node):
     _, checks, _ = doctor(node, ["--site", "lumi", "--offline"], {}, FakeProbes(torch=ROCM_TORCH))
     assert checks["HIP driver"]["status"] == "SKIP"
     assert checks["HIP driver"]["detail"] == "no AMD driver (/sys/module/amdgpu/version)"
+
+
+def laifs_image(node):
+    """What a LUMI AI Factory image holds (lumi-ai-factory/laifs-container-recipes): libcxi and
+    libfabric built into /usr/lib/x86_64-linux-gnu (containerfiles/libfabric/Ubuntu_Rocm_Slingshot),
+    ROCm's libraries in /opt/rocm/lib, listed by /etc/ld.so.conf.d/rocm-30.conf
+    (containerfiles/rocm/Ubuntu2404_Rocm7), and Ubuntu's own ld.so.conf with its multiarch file.
+    Real shared objects, libfabric linked to libcxi; nothing on LD_LIBRARY_PATH."""
+    multiarch = node.root / "usr/lib/x86_64-linux-gnu"
+    cxi = build_library(multiarch / "libcxi.so.1", "libcxi.so.1")
+    fabric = build_library(multiarch / "libfabric.so.1", "libfabric.so.1", needs=[cxi],
+                           source="unsigned int fi_version(void) { return (1u << 16) | 22u; }\n")
+    build_library(node.root / "opt/rocm/lib/librccl.so.1", "librccl.so.1")
+    build_library(node.root / "opt/rocm/lib/librccl-net.so", "librccl-net.so", needs=[fabric])
+    node.file("/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n\n")
+    node.file("/etc/ld.so.conf.d/x86_64-linux-gnu.conf",
+              "# Multiarch support\n/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
+    node.file("/etc/ld.so.conf.d/rocm-30.conf", "/opt/rocm/lib\n")
+
+
+def test_a_lumi_image_whose_fabric_libraries_the_loader_cache_finds_passes_without_ld_library_path(node):
+    """Apptainer resets LD_LIBRARY_PATH to /.singularity.d/libs (user guide, "Environment and
+    Metadata"), so on LUMI-G the image's libraries are found as ld.so finds them: through
+    /etc/ld.so.cache, built from ld.so.conf and its includes (ld.so(8), ldconfig(8))."""
+    lumi_devices(node)
+    laifs_image(node)
+    env = dict(LUMI_JOB, LD_LIBRARY_PATH="/.singularity.d/libs")
+    fake = FakeProbes(torch=ROCM_TORCH)
+    code, checks, _ = doctor(node, ["--site", "lumi", "--offline"], env, fake)
+    assert code == 0, [c for c in checks.values() if c["status"] == "FAIL"]
+    assert checks["libcxi"]["detail"] == "/usr/lib/x86_64-linux-gnu/libcxi.so.1 loads"
+    assert checks["libfabric"]["detail"] == "/usr/lib/x86_64-linux-gnu/libfabric.so.1 loads (libfabric 2.3)"
+    assert checks["OFI plugin"]["detail"] == "/opt/rocm/lib/librccl-net.so loads"
+    assert str(node.root / "usr/lib/x86_64-linux-gnu/libfabric.so.1") in fake.loaded
+
+
+def test_ld_library_path_comes_before_the_loader_cache_as_in_ld_so(node):
+    lumi_devices(node)
+    laifs_image(node)
+    build_library(node.root / "opt/cray/libfabric/1.15.2.0/lib64/libfabric.so.1", "libfabric.so.1")
+    env = dict(LUMI_JOB, LD_LIBRARY_PATH="/opt/cray/libfabric/1.15.2.0/lib64")
+    _, checks, _ = doctor(node, ["--site", "lumi", "--offline"], env, FakeProbes(torch=ROCM_TORCH))
+    assert checks["libfabric"]["detail"] == (
+        "/opt/cray/libfabric/1.15.2.0/lib64/libfabric.so.1 loads (libfabric 2.3); "
+        "also /usr/lib/x86_64-linux-gnu/libfabric.so.1 (later in ld.so's search, not used)")
+
+
+def test_a_library_nowhere_the_loader_looks_fails_naming_each_place_searched(node):
+    lumi_devices(node)
+    laifs_image(node)
+    (node.root / "usr/lib/x86_64-linux-gnu/libcxi.so.1").unlink()
+    env = dict(LUMI_JOB, LD_LIBRARY_PATH="/.singularity.d/libs")
+    code, checks, _ = doctor(node, ["--site", "lumi", "--offline"], env, FakeProbes(torch=ROCM_TORCH))
+    assert code == 1 and checks["libcxi"]["status"] == "FAIL"
+    detail = checks["libcxi"]["detail"]
+    assert detail.startswith("not found where ld.so looks: LD_LIBRARY_PATH (/.singularity.d/libs); "
+                             "/etc/ld.so.conf (/opt/rocm/lib:/usr/local/lib/x86_64-linux-gnu:"  # the include's glob, sorted
+                             "/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu); the default directories (")
+    assert "/usr/lib64" in detail

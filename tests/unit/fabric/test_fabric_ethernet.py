@@ -7,7 +7,8 @@ from fake_node import PROC_NET_ROUTE, fabric_plan
 
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.ethernet import route_interface
-from ddp_launch.facts import parse_routes
+from ddp_launch.facts import Resolved, parse_routes
+from ddp_launch.rendezvous import Head
 
 ROUTES = parse_routes(PROC_NET_ROUTE)
 
@@ -135,12 +136,39 @@ def test_require_fabric_with_ib_disabled_is_a_contradiction(node):
 # "The hostname resolution": https://www.debian.org/doc/manuals/debian-reference/ch05.en.html#_the_hostname_resolution),
 # so on the head node the head's name can resolve to loopback.
 
-def test_a_head_name_that_resolves_to_127_0_1_1_gets_the_default_routes_interface_not_lo(node):
+# The fake node is dual-homed: eth0 carries the default route, ens1f1 the cluster network
+# (192.168.10.0/24); the other nodes reach the head on ens1f1.
+PEER = Resolved(Head.named("node01", "a node of SLURM_STEP_NODELIST"), "192.168.10.2")
+
+
+def test_a_dual_homed_head_whose_name_is_127_0_1_1_takes_the_interface_that_routes_to_another_node(node):
     node.route()
+    plan = fabric_plan(node, head_address="master-node", head_lookup=("master-node", "127.0.1.1"), peer=PEER)
+    values = {c.name: c for c in plan.changes}
+    assert values["NCCL_SOCKET_IFNAME"].value == "ens1f1" and values["GLOO_SOCKET_IFNAME"].value == "ens1f1"
+    assert values["NCCL_SOCKET_IFNAME"].reason == (
+        "head node master-node resolves to loopback 127.0.1.1 here (/etc/hosts): the interface that routes to "
+        "node01 (192.168.10.2, a node of SLURM_STEP_NODELIST), as the other nodes route to this one")
+
+
+def test_a_dual_homed_head_that_cannot_tell_its_cluster_interface_is_refused_in_one_line(node):
+    node.route()
+    unresolved = Resolved(PEER.asked, None)
+    with pytest.raises(LaunchError) as error:
+        fabric_plan(node, head_address="master-node", head_lookup=("master-node", "127.0.1.1"), peer=unresolved)
+    assert str(error.value) == (
+        "head node master-node resolves to loopback 127.0.1.1 here (/etc/hosts) and node01 (a node of "
+        "SLURM_STEP_NODELIST) did not resolve to a routed address, and this node has interfaces eth0, ens1f1: "
+        "cannot tell which one the other nodes reach; map the name to the node's address on the cluster network "
+        "in /etc/hosts, or set NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME to that interface")
+
+
+def test_a_single_homed_head_whose_name_is_127_0_1_1_takes_its_only_interface(node):
+    node.route(PROC_NET_ROUTE.splitlines()[0] + "\n" + "\n".join(PROC_NET_ROUTE.splitlines()[1:3]) + "\n")
     plan = fabric_plan(node, head_address="master-node", head_lookup=("master-node", "127.0.1.1"))
     values = {c.name: c for c in plan.changes}
     assert values["NCCL_SOCKET_IFNAME"].value == "eth0" and values["GLOO_SOCKET_IFNAME"].value == "eth0"
-    assert "loopback 127.0.1.1" in values["NCCL_SOCKET_IFNAME"].reason
+    assert "the only interface with a route" in values["NCCL_SOCKET_IFNAME"].reason
 
 
 def test_loopback_head_with_no_other_route_is_refused_in_one_line(node):

@@ -65,6 +65,15 @@ WRONG = [
     (("fabric_gate", "floor_fraction"), 1.5, "fabric_gate.floor_fraction must be in (0, 1]"),
     (("fabric_gate", "sockets_busbw_gbps"), "5.4", "fabric_gate.sockets_busbw_gbps must be a positive number"),
     (("fabric_gate", "source"), 5, "fabric_gate.source must say where the figure comes from"),
+    (("fabric_gate", "backend"), "rccl", "fabric_gate.backend must say what the figure was measured with"),
+    (("fabric_gate", "device"), 5, "fabric_gate.device must say what the figure was measured with"),
+    (("srun_args",), {}, "'srun_args' must be a list"), (("srun_args",), "--network=x", "'srun_args' must be a list"),
+    (("srun_args", 0), "--network=disable_rdzv_get", "srun_args[0] must be an object with exactly 'value' and 'source'"),
+    (("srun_args", 0, "value"), 5, "srun_args[0].value must be one srun option word starting with '--'"),
+    (("srun_args", 0, "value"), "-N2", "srun_args[0].value must be one srun option word"),
+    (("srun_args", 0, "value"), "--network disable_rdzv_get", "srun_args[0].value must be one srun option word"),
+    (("srun_args", 0, "source"), "", "srun_args[0].source must say where the option comes from"),
+    (("srun_args", 0, "source"), ["x"], "srun_args[0].source must say where the option comes from"),
 ]
 
 

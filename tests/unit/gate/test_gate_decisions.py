@@ -186,8 +186,8 @@ def test_the_report_is_written_as_json_and_text(tmp_path):
 
 def test_the_site_profile_expectation_carries_its_source():
     profile = {"size_bytes": 134217728, "busbw_gbps": 122.6, "floor_fraction": 0.5, "source": "CSCS",
-               "sockets_busbw_gbps": 5.4}
+               "sockets_busbw_gbps": 5.4, "backend": "nccl", "device": "cuda"}
     expectation = fg.expectation_from_profile(profile)
-    assert expectation == Expectation(128 * MiB, 122.6, 0.5, "CSCS", 5.4)
+    assert expectation == Expectation(128 * MiB, 122.6, 0.5, "CSCS", 5.4, "nccl", "cuda")
     assert expectation.floor_gbps == pytest.approx(61.3)
     assert fg.expectation_from_profile(None) is None

@@ -42,6 +42,10 @@ def test_olivia_carries_cscs_published_figure_with_its_source():
     ({"size_bytes": True, "busbw_gbps": 1, "floor_fraction": 0.5, "source": "x"}, "size_bytes must be a positive"),
     ({"size_bytes": 1, "busbw_gbps": 1, "floor_fraction": 0.5, "source": "x", "typo": 1}, "unknown key"),
     ("fast", "must be an object"),
+    ({"size_bytes": 1, "busbw_gbps": 1, "floor_fraction": 0.5, "source": "x", "device": "cuda"},
+     "fabric_gate.backend must say what the figure was measured with, one of nccl, gloo; got None"),
+    ({"size_bytes": 1, "busbw_gbps": 1, "floor_fraction": 0.5, "source": "x", "backend": "nccl", "device": "gpu"},
+     "fabric_gate.device must say what the figure was measured with, one of cuda, cpu; got 'gpu'"),
 ])
 def test_a_bad_fabric_gate_in_a_site_profile_names_the_key(gate, problem):
     data = {"schema": 1, "name": "x", "fabric": "auto", "gpu": None, "binds": [], "env": {}, "fabric_gate": gate}

@@ -12,7 +12,7 @@ from typing import Mapping, Optional
 
 from ddp_launch import planner
 from ddp_launch.fabric.defaults import read_fabric_data
-from ddp_launch.facts import NodeFacts, Resolved
+from ddp_launch.facts import NodeFacts, Resolved, look_up_peer
 from ddp_launch.options import read_options
 from ddp_launch.plan import LAUNCHER
 
@@ -29,6 +29,7 @@ HOSTS = {
     "trainjob-node-0-0.trainjob": "10.96.0.20",
     "nid005000": "10.30.0.50",
     "nid005001": "10.30.0.51",
+    "elastic-job-worker-0": "10.96.0.30",
 }
 
 
@@ -63,9 +64,12 @@ def looked_up(asked, resolve=None):
 
 def facts_for(env: Mapping[str, str], *argv: str, resolve=None, **fields) -> NodeFacts:
     """This test machine's facts, built by hand: 72 CPUs, no GPU device files, the head name
-    the planner asks about answered from the fake name table, the --script present."""
+    the planner asks about answered from the fake name table (and the other node it names, as
+    the probe asks it), the --script present."""
     asked = questions_for(env, *argv)
-    made = {"python": PYTHON, "cpu_count": 72, "head": looked_up(asked, resolve),
+    head = looked_up(asked, resolve)
+    made = {"python": PYTHON, "cpu_count": 72, "head": head,
+            "peer": look_up_peer(head, asked.peer, resolve or fake_resolver()),
             "existing_files": frozenset(asked.files), **fields}
     return NodeFacts(**made)
 
@@ -229,6 +233,17 @@ def kubeflow_v1(replica: int) -> dict:
         "WORLD_SIZE": "8", "RANK": str(replica), "PET_NODE_RANK": str(replica),
         "PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PYTHONUNBUFFERED": "1",
     }
+
+
+# Kubeflow training-operator v1 elastic PyTorchJob (elasticPolicy minReplicas 2, maxReplicas 4,
+# maxRestarts 100; Worker replicas only, port 23456): what elastic.go gives every pod. No rank and
+# no MASTER_*: the pod named in the endpoint, <job>-worker-0, hosts torchrun's c10d rendezvous.
+def kubeflow_elastic(pod: int) -> tuple[dict, str]:
+    """(the pod's environment, its hostname: the pod's name)."""
+    return {
+        "PET_RDZV_ENDPOINT": "elastic-job-worker-0:23456", "PET_RDZV_BACKEND": "c10d",
+        "PET_NNODES": "2:4", "PET_MAX_RESTARTS": "100", "PYTHONUNBUFFERED": "0",
+    }, f"elastic-job-worker-{pod}"
 
 
 # Kubeflow Trainer v2 TrainJob: PET_* only.

@@ -99,7 +99,11 @@ def test_a_node_that_never_joins_times_the_real_rendezvous_out_in_one_line(tmp_p
            # The packages from this checkout also where they are not installed (a GPU machine's
            # copy), and no GPU: this test means the CPU rendezvous.
            "PYTHONPATH": os.pathsep.join(str(Path(__file__).resolve().parents[3] / d) for d in ("entrypoints", "src")),
-           "CUDA_VISIBLE_DEVICES": ""}
+           "CUDA_VISIBLE_DEVICES": "",
+           # One machine plays both nodes: its socket interface is named, so the plan does not
+           # depend on how many interfaces this machine has (fabric/ethernet.py refuses to guess
+           # on a head whose name is loopback and which has several).
+           "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
     script = tmp_path / "never.py"
     script.write_text("raise SystemExit('workers must not start without the whole world')\n")
     started = time.monotonic()

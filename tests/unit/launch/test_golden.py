@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_envs import lumi_task, olivia, plan_for, plan_on_tree, raven, runai
+from launch_envs import kubeflow_elastic, lumi_task, olivia, plan_for, plan_on_tree, raven, runai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
 
@@ -54,6 +54,13 @@ def check_against_golden(name: str, text: str) -> None:
 def test_dry_run_text_matches_the_recorded_plan(name):
     env, argv = CASES[name]
     check_against_golden(name, plan_for(env, *argv).render_text() + "\n")
+
+
+def test_an_elastic_kubeflow_worker_pod_matches_its_recorded_plan():
+    # A pod of an elastic PyTorchJob with elasticPolicy.rdzvConf join_timeout=1800: no rank, no MASTER_*.
+    env, hostname = kubeflow_elastic(1)
+    plan = plan_for({**env, "PET_RDZV_CONF": "join_timeout=1800"}, hostname=hostname)
+    check_against_golden("kubeflow_elastic_worker", plan.render_text() + "\n")
 
 
 # -- fabric nodes: fake /dev and /sys trees, and the container's bound host libraries --------

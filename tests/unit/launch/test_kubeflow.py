@@ -7,7 +7,7 @@ import pytest
 from ddp_launch.errors import LaunchError
 from ddp_launch.schedulers import kubeflow, local, scheduler_for, slurm, torchrun
 from ddp_launch.rendezvous import waiting_resolver
-from launch_envs import PYTHON, fake_resolver, kubeflow_v1, plan_for, runai, trainer_v2
+from launch_envs import PYTHON, fake_resolver, kubeflow_elastic, kubeflow_v1, olivia, plan_for, runai, trainer_v2
 
 
 def test_runai_master_pod_hosts_the_rendezvous():
@@ -136,3 +136,87 @@ def test_each_pod_logs_under_its_own_rank_and_a_single_pod_job_under_the_dir_its
     assert "--log-dir=/runs/logs/pod1" in plan_for(runai(1), "--log-dir", "/runs/logs").argv
     single = {**runai(0), "PET_NNODES": "1"}
     assert "--log-dir=/runs/logs" in plan_for(single, "--log-dir", "/runs/logs").argv
+
+
+# -- an elastic PyTorchJob (kubeflow/training-operator pkg/controller.v1/pytorch/elastic.go) --------
+
+def test_an_elastic_worker_pod_without_a_rank_joins_the_endpoints_rendezvous():
+    env, hostname = kubeflow_elastic(2)
+    plan = plan_for(env, hostname=hostname)
+    assert plan.argv[3:9] == (
+        "--nnodes=2:4", "--rdzv-backend=c10d", "--rdzv-endpoint=10.96.0.30:23456",
+        "--rdzv-id=elastic-job-worker-0", "--rdzv-conf=is_host=false,read_timeout=300", "--nproc-per-node=1")
+    assert "--max-restarts=100" in plan.argv and plan.nodes == 4
+    assert plan.notes[0] == "pod elastic-job-worker-2 of 2:4 (elastic: torchrun's rendezvous numbers the pods)"
+    assert plan.announcement is None
+
+
+def test_the_pod_the_endpoint_names_hosts_the_rendezvous_and_announces_it():
+    env, hostname = kubeflow_elastic(0)
+    plan = plan_for(env, hostname=hostname)
+    assert "--rdzv-conf=is_host=true,read_timeout=300" in plan.argv
+    assert plan.announcement == ("ddp-launch: 4 pods: rendezvous host elastic-job-worker-0 (PET_RDZV_ENDPOINT) = "
+                                 "10.96.0.30, port 23456")
+
+
+def test_an_elastic_job_with_a_master_replica_meets_at_the_endpoint_not_at_rank_0():
+    # elasticPolicy beside a Master replica: MASTER_ADDR and RANK too, but torchrun's c10d
+    # meets at PET_RDZV_ENDPOINT (worker-0), which the master pod (RANK 0) does not host.
+    env, _ = kubeflow_elastic(0)
+    master = {**env, "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "RANK": "0", "WORLD_SIZE": "3"}
+    plan = plan_for(master, hostname="elastic-job-master-0")
+    assert "--rdzv-endpoint=10.96.0.30:23456" in plan.argv
+    assert "--rdzv-conf=is_host=false,read_timeout=300" in plan.argv
+
+
+def test_an_elastic_endpoint_given_as_an_address_leaves_is_host_to_torchrun():
+    env, hostname = kubeflow_elastic(1)
+    plan = plan_for({**env, "PET_RDZV_ENDPOINT": "10.96.0.30:23456"}, hostname=hostname)
+    assert "--rdzv-conf=read_timeout=300" in plan.argv
+    assert "torchrun's to tell" in plan.notes[0]
+
+
+def test_an_endpoint_without_a_port_takes_torchruns_c10d_default():
+    env, hostname = kubeflow_elastic(1)
+    plan = plan_for({**env, "PET_RDZV_ENDPOINT": "elastic-job-worker-0"}, hostname=hostname)
+    assert "--rdzv-endpoint=10.96.0.30:29400" in plan.argv
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("PET_RDZV_BACKEND", "etcd-v2", "PET_RDZV_BACKEND='etcd-v2': ddp-launch runs torchrun's c10d rendezvous only"),
+    ("PET_RDZV_ENDPOINT", ":23456", "PET_RDZV_ENDPOINT=':23456' names no host"),
+    ("PET_RDZV_ENDPOINT", "host:port", "PET_RDZV_ENDPOINT port='port' is not a TCP port"),
+    ("PET_RDZV_CONF", "join_timeout", "PET_RDZV_CONF='join_timeout' is not key=value,key=value"),
+    ("PET_RDZV_CONF", "join_timeout=soon", "PET_RDZV_CONF join_timeout='soon' is not a positive integer"),
+])
+def test_an_elastic_setting_torchrun_would_refuse_is_one_line(variable, value, message):
+    env, hostname = kubeflow_elastic(1)
+    with pytest.raises(LaunchError) as error:
+        plan_for({**env, variable: value}, hostname=hostname)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+# torchrun takes PET_RDZV_CONF only when --rdzv-conf is not given (argparse_util.env: the flag beats
+# PET_*), and ddp-launch always gives it: the job's keys are merged in, not lost.
+def test_the_jobs_rdzv_conf_is_merged_into_the_flag_keeping_its_join_timeout():
+    env, hostname = kubeflow_elastic(1)
+    env = {**env, "PET_RDZV_CONF": "join_timeout=1800,last_call_timeout=30,is_host=true"}
+    conf = [a for a in plan_for(env, hostname=hostname).argv if a.startswith("--rdzv-conf=")]
+    assert conf == ["--rdzv-conf=is_host=false,read_timeout=900,join_timeout=1800,last_call_timeout=30"]
+
+
+def test_rdzv_timeout_beats_the_jobs_join_timeout_and_the_jobs_read_timeout_is_kept():
+    env, hostname = kubeflow_elastic(1)
+    env = {**env, "PET_RDZV_CONF": "join_timeout=1800,read_timeout=120"}
+    conf = [a for a in plan_for(env, "--rdzv-timeout", "600", hostname=hostname).argv if a.startswith("--rdzv-conf=")]
+    assert conf == ["--rdzv-conf=is_host=false,read_timeout=120,join_timeout=600"]
+
+
+def test_a_slurm_jobs_rdzv_conf_is_merged_too():
+    conf = [a for a in plan_for({**olivia(1), "PET_RDZV_CONF": "join_timeout=900"}).argv if a.startswith("--rdzv-conf=")]
+    assert conf == ["--rdzv-conf=is_host=false,read_timeout=450,join_timeout=900"]
+
+
+def test_each_elastic_pod_logs_under_its_own_name():
+    env, hostname = kubeflow_elastic(3)
+    assert "--log-dir=/runs/logs/elastic-job-worker-3" in plan_for(env, "--log-dir", "/runs/logs", hostname=hostname).argv

@@ -174,10 +174,13 @@ def test_workers_get_sigterm_and_end_when_their_launcher_is_sigkilled(tmp_path):
 
 
 def slurm_step(tmp_path: Path, node: int, nodes: tuple[str, str] = ("localhost", "absent-node")) -> dict:
-    """srun's variables for node `node` of a 2-node step, one task per node."""
+    """srun's variables for node `node` of a 2-node step, one task per node. One machine plays the
+    step, so its socket interface is named: the plan must not depend on how many interfaces this
+    machine has (a head whose name is loopback and that has several is refused, fabric/ethernet.py)."""
     return clean_env(tmp_path, SLURM_JOB_ID="42", SLURM_STEP_ID="0", SLURM_STEP_NODELIST=",".join(nodes),
                      SLURM_STEP_NUM_NODES="2", SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_NODEID=str(node),
-                     SLURM_PROCID=str(node), SLURMD_NODENAME=nodes[node])
+                     SLURM_PROCID=str(node), SLURMD_NODENAME=nodes[node],
+                     NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
 
 
 NEVER = "raise SystemExit('workers must not start without the whole world')\n"

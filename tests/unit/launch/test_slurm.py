@@ -6,6 +6,7 @@ import pytest
 
 from ddp_launch.accelerators import load_accelerator
 from ddp_launch.errors import LaunchError
+from ddp_launch.facts import parse_routes
 from ddp_launch.rendezvous import rendezvous_port
 from ddp_launch.schedulers.slurm import auto_mode, parse, parse_tasks_per_node
 from launch_envs import (PYTHON, RAVEN_STEP, env_of, fake_resolver, olivia, plan_for,
@@ -84,6 +85,25 @@ def test_head_resolving_to_loopback_on_another_node_is_an_error():
 def test_head_resolving_to_loopback_on_itself_passes_the_name():
     plan = plan_for(olivia(0), resolve=fake_resolver({"olivia-gh001": "127.0.1.1"}))
     assert f"--rdzv-endpoint=olivia-gh001:{OLIVIA_PORT}" in plan.argv
+
+
+# The Ethernet cluster's layout: each node has a default-route eno1 (10.0.0.0/24, gateway
+# 10.0.0.1) and the cluster network on ens1f1 (192.168.20.0/24), where the names resolve; on
+# the head, Debian's /etc/hosts puts its own name on 127.0.1.1 (Debian Reference, "The
+# hostname resolution"). /proc/net/route prints addresses as little-endian hex.
+DUAL_HOMED_ROUTES = parse_routes(
+    "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+    "eno1\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+    "eno1\t0000000A\t00000000\t0001\t0\t0\t100\t00FFFFFF\t0\t0\t0\n"
+    "ens1f1\t0014A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
+
+
+def test_every_node_of_a_dual_homed_ethernet_cluster_talks_on_the_cluster_network():
+    on_the_head = fake_resolver({"master-node": "127.0.1.1", "node01": "192.168.20.16"})
+    head = plan_for(six_node_ethernet(0), resolve=on_the_head, routes=DUAL_HOMED_ROUTES)
+    other = plan_for(six_node_ethernet(3), routes=DUAL_HOMED_ROUTES)
+    chosen = [{c.name: c.value for c in plan.changes}["NCCL_SOCKET_IFNAME"] for plan in (head, other)]
+    assert chosen == ["ens1f1", "ens1f1"]
 
 
 def test_rdzv_flags_beat_env_overrides_which_beat_derived_values():
@@ -248,14 +268,22 @@ def test_auto_detects_slurm_task_for_several_tasks_per_node():
     assert auto_mode(parse(raven(0), load_accelerator("nvidia", {}))) == "slurm-task"
 
 
-def test_task_bound_to_one_gpu_uses_device_zero():
-    env = env_of(plan_for(raven(6, CUDA_VISIBLE_DEVICES="2")))
-    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["RANK"]) == ("0", "1", "6")
+def test_a_task_bound_to_one_gpu_keeps_torchs_local_rank_and_names_the_gpu_it_sees():
+    # srun --ntasks-per-node=4 --gpus-per-task=1: task 5 is task 1 of node 1 (SLURM_LOCALID=1) and
+    # sees only its own GPU. torch defines LOCAL_RANK as the worker's index on its node and
+    # LOCAL_WORLD_SIZE as the workers there (https://docs.pytorch.org/docs/stable/elastic/run.html,
+    # "Environment Variables"): 1 and 4. Its GPU is device 0 of the one it sees.
+    plan = plan_for(raven(5, CUDA_VISIBLE_DEVICES="1"))
+    env = env_of(plan)
+    assert (env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["DDP_TASK_DEVICE"]) == ("5", "1", "4", "0")
+    reason = next(c.reason for c in plan.changes if c.name == "DDP_TASK_DEVICE")
+    assert reason == "task 1 sees one GPU, its own (CUDA_VISIBLE_DEVICES=1): device 0 of those it sees, not its LOCAL_RANK"
 
 
 def test_task_seeing_all_gpus_uses_its_local_id():
     env = env_of(plan_for(raven(6, CUDA_VISIBLE_DEVICES="0,1,2,3")))
     assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("2", "4")
+    assert "DDP_TASK_DEVICE" not in env
 
 
 def test_fewer_visible_gpus_than_tasks_is_an_error():

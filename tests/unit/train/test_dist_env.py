@@ -17,11 +17,17 @@ def test_torchrun_variables_are_read():
     assert DistEnv.from_env(TORCHRUN) == DistEnv(3, 8, 1, 4)
 
 
+def test_a_bound_tasks_device_is_read_beside_torchs_local_rank():
+    assert DistEnv.from_env({**TORCHRUN, "DDP_TASK_DEVICE": "0"}) == DistEnv(3, 8, 1, 4, task_device=0)
+
+
 @pytest.mark.parametrize("change,message", [
     ({"RANK": None}, "RANK is not set"),
     ({"WORLD_SIZE": "eight"}, "WORLD_SIZE='eight' is not an integer"),
     ({"RANK": "8"}, "inconsistent ranks"),
     ({"MASTER_ADDR": None}, "MASTER_ADDR is not set"),
+    ({"DDP_TASK_DEVICE": "gpu0"}, "DDP_TASK_DEVICE='gpu0' is not an integer"),
+    ({"DDP_TASK_DEVICE": "-1"}, "DDP_TASK_DEVICE='-1' is not a device index"),
 ])
 def test_broken_launch_environment_is_named(change, message):
     env = {k: v for k, v in {**TORCHRUN, **change}.items() if v is not None}

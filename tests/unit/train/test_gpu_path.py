@@ -72,8 +72,15 @@ def test_more_local_ranks_than_gpus_is_one_line_naming_both_counts():
     assert "2 processes on this node" in message and "only 1 GPU(s) visible" in message
     assert "\n" not in message
     assert gpu_index(DistEnv(rank=5, world_size=8, local_rank=1, local_world_size=4), visible=4) == 1
-    # A SLURM task bound to its own GPU, as ddp-launch's slurm-task mode describes it.
-    assert gpu_index(DistEnv(rank=3, world_size=4, local_rank=0, local_world_size=1), visible=1) == 0
+
+
+def test_a_task_bound_to_its_own_gpu_takes_the_one_it_sees_whatever_its_local_rank():
+    # srun --gpus-per-task=1, as ddp-launch's slurm-task mode describes it: torch's LOCAL_RANK (1 of 4
+    # on the node) and DDP_TASK_DEVICE naming its GPU among the one it sees.
+    bound = DistEnv(rank=5, world_size=8, local_rank=1, local_world_size=4, task_device=0)
+    assert gpu_index(bound, visible=1) == 0
+    with pytest.raises(TrainError, match="DDP_TASK_DEVICE=0 but this task sees 0 GPU"):
+        gpu_index(bound, visible=0)
 
 
 def test_compile_cache_goes_to_the_flag_then_the_variable_then_the_run_dir(tmp_path):
