@@ -165,6 +165,7 @@ ddp::require_data() {
 DDP_LAUNCH_WORDS=()
 DDP_TRAIN_WORDS=()
 DDP_APPTAINER_ARGS=(run)
+DDP_SITE_SRUN_ARGS=()  # the site profile's srun options (ddp::site_srun_args)
 DDP_RUNTIME=apptainer  # DDP_CONTAINER_RUNTIME, checked by ddp::require_runtime
 
 # A settings variable's words, by the shell's quoting rules but with no expansion or command
