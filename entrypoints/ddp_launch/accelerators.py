@@ -1,8 +1,8 @@
 """The GPU vendor as data: containers/sites/accelerators/<name>.json (nvidia, amd), picked by the site profile.
 
 What differs between vendors (visible-device variables, device files, the driver probe, Apptainer's
-flag, the sampler command, the collective library and its net plugin) is read here once, at the
-edge, into an Accelerator; the launcher, doctor and the job scripts ask it instead of naming a
+flag, the sampler command, the collective library and its net plugin, the GPU health command and
+which of its fields mean a sick GPU) is read here once, at the edge, into an Accelerator; the launcher, doctor and the job scripts ask it instead of naming a
 vendor. Runs on the HOST too (job scripts: `python3 -m ddp_launch.accelerators --site SITE
 apptainer-flag`), so standard library and Python 3.6 only (vermin checks it).
 """
@@ -23,7 +23,16 @@ INTERVAL_PLACEHOLDER = "{interval}"
 PROG = "python3 -m ddp_launch.accelerators"
 # What gpumon reads from a sampler CSV; each vendor's file names its column for each.
 SAMPLER_COLUMNS = ("timestamp", "index", "name", "utilization", "memory_used")
-_SECTIONS = ("visible_devices", "device_files", "driver", "apptainer", "kubernetes", "collective", "sampler")
+_SECTIONS = ("visible_devices", "device_files", "driver", "apptainer", "kubernetes", "collective", "sampler",
+             "health")
+# How the doctor reads a health command's output (ddp_launch.gpu_health has a reader for each).
+HEALTH_FORMATS = ("nvidia-smi-xml", "amd-smi-json")
+# When a health field means a sick GPU: a count over zero, "Yes", "Active", or a non-empty list
+# (of pages); anything else, "N/A" and a missing field included, is not a failure.
+FAILS_WHEN = ("above_zero", "yes", "active", "entries")
+# When a temperature is over its slowdown limit: an absolute reading at or above it, or a
+# headroom (NVIDIA's T.Limit temperatures) at or below it.
+SLOW_WHEN = ("at_or_above", "at_or_below")
 
 
 class Sampler(NamedTuple):
@@ -35,6 +44,40 @@ class Sampler(NamedTuple):
 
     def words(self, interval: str) -> Tuple[str, ...]:
         return tuple(word.replace(INTERVAL_PLACEHOLDER, interval) for word in self.command)
+
+
+class HealthCommand(NamedTuple):
+    argv: Tuple[str, ...]
+    required: bool                  # its failure means the GPUs cannot be read; else only a note
+
+
+class HealthSignal(NamedTuple):
+    path: str                       # where in one GPU's record ("ecc_errors/volatile/dram_uncorrectable")
+    fails_when: str                 # one of FAILS_WHEN
+
+
+class HealthRule(NamedTuple):
+    name: str                       # "uncorrectable ECC errors": what the doctor's message calls it
+    signals: Tuple[HealthSignal, ...]
+    source: str
+
+
+class TemperatureLimit(NamedTuple):
+    current: str                    # the reading's path
+    limit: str                      # the GPU's own slowdown limit, in the same record
+    slow_when: str                  # one of SLOW_WHEN
+
+
+class Health(NamedTuple):
+    """How the doctor reads this vendor's GPU health (ddp_launch.gpu_health decides on it)."""
+
+    commands: Tuple[HealthCommand, ...]
+    format: str                     # one of HEALTH_FORMATS
+    partitions: Optional[str]       # a GPU's parts the scheduler grants one by one (MIG devices)
+    rules: Tuple[HealthRule, ...]
+    temperatures: Tuple[TemperatureLimit, ...]
+    temperature_source: str
+    source: str
 
 
 class Accelerator(NamedTuple):
@@ -60,6 +103,7 @@ class Accelerator(NamedTuple):
     ofi_plugin: str                     # the libfabric plugin's project
     plugin_dlopens: Optional[str]       # an unversioned runtime library that plugin builds dlopen (libcudart.so)
     sampler: Sampler
+    health: Health                      # the GPU health command and the fields that fail a node
     sources: Dict[str, str]             # section -> source
     path: str
 
@@ -157,6 +201,7 @@ def parse_accelerator(data: object, path: str) -> Accelerator:
         ofi_plugin=text("collective", "ofi_plugin"),
         plugin_dlopens=_optional_text(sections["collective"], "plugin_dlopens", fail),
         sampler=_sampler(sections["sampler"], words("sampler", "command"), fail),
+        health=_health(sections["health"], fail),
         sources={key: text(key, "source") for key in _SECTIONS},
         path=path,
     )
@@ -190,6 +235,64 @@ def _sampler(section: Mapping[str, object], command: Tuple[str, ...], fail) -> S
     if isinstance(unit, bool) or not isinstance(unit, int) or unit <= 0:
         raise fail("'sampler.memory_unit_bytes' must be a positive integer")
     return Sampler(command, repeats, dict(columns), unit, str(section.get("source")))
+
+
+def _health(section: Mapping[str, object], fail) -> Health:
+    def text_in(where: Mapping[str, object], key: str, name: str) -> str:
+        value = where.get(key)
+        if not isinstance(value, str) or not value:
+            raise fail("'{}' must be a non-empty string".format(name))
+        return value
+
+    def objects(value: object, name: str) -> List[Mapping[str, object]]:
+        if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
+            raise fail("'{}' must be a non-empty list of objects".format(name))
+        return value
+
+    def choice(where: Mapping[str, object], key: str, allowed: Sequence[str], name: str) -> str:
+        value = where.get(key)
+        if value not in allowed:
+            raise fail("'{}' must be one of {}, got {!r}".format(name, ", ".join(allowed), value))
+        return str(value)
+
+    commands = []
+    for index, command in enumerate(objects(section.get("commands"), "health.commands")):
+        argv = command.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(w, str) and w for w in argv):
+            raise fail("'health.commands[{}].argv' must be a non-empty list of strings".format(index))
+        if not isinstance(command.get("required"), bool):
+            raise fail("'health.commands[{}].required' must be true or false".format(index))
+        commands.append(HealthCommand(tuple(argv), bool(command["required"])))
+    if not commands[0].required:
+        raise fail("'health.commands[0]' must be required: it is the one that lists the GPUs")
+    rules_data = section.get("rules")
+    if not isinstance(rules_data, dict) or not rules_data:
+        raise fail("'health.rules' must map each rule's name to its signals and source")
+    rules = []
+    for name, rule in rules_data.items():
+        where = "health.rules.{}".format(name)
+        if not isinstance(rule, dict):
+            raise fail("'{}' must be an object with 'signals' and 'source'".format(where))
+        signals = tuple(HealthSignal(text_in(s, "path", where + ".signals[].path"),
+                                     choice(s, "fails_when", FAILS_WHEN, where + ".signals[].fails_when"))
+                        for s in objects(rule.get("signals"), where + ".signals"))
+        rules.append(HealthRule(name, signals, text_in(rule, "source", where + ".source")))
+    temperature = section.get("temperature")
+    if not isinstance(temperature, dict):
+        raise fail("'health.temperature' must be an object with 'limits' and 'source'")
+    limits = tuple(TemperatureLimit(text_in(t, "current", "health.temperature.limits[].current"),
+                                    text_in(t, "limit", "health.temperature.limits[].limit"),
+                                    choice(t, "slow_when", SLOW_WHEN, "health.temperature.limits[].slow_when"))
+                   for t in objects(temperature.get("limits"), "health.temperature.limits"))
+    return Health(
+        commands=tuple(commands),
+        format=choice(section, "format", HEALTH_FORMATS, "health.format"),
+        partitions=_optional_text(section, "partitions", fail),
+        rules=tuple(rules),
+        temperatures=limits,
+        temperature_source=text_in(temperature, "source", "health.temperature.source"),
+        source=text_in(section, "source", "health.source"),
+    )
 
 
 # -- the job scripts' questions: python3 -m ddp_launch.accelerators --site SITE QUESTION ------

@@ -1,7 +1,7 @@
 """The checks `ddp-launch doctor` runs: each reads a DoctorContext and returns one Check.
 
-Probes that touch the real machine (torch import, dlopen, fi_info, TCP connect)
-come in through Probes so tests can drive every branch with fake /sys, /dev trees.
+Probes that touch the real machine (torch import, dlopen, fi_info, the GPU health tool, TCP
+connect) come in through Probes so tests can drive every branch with fake /sys, /dev trees.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from ddp_contract import DATASET_DIRNAME, missing_dataset_files
-from ddp_launch import planner
+from ddp_launch import gpu_health, planner
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.envvars import integer
 from ddp_launch.errors import LaunchError
@@ -26,6 +26,7 @@ from ddp_launch.fabric.defaults import (FabricData, HostLibrary, for_accelerator
                                         read_all_fabric_defaults)
 from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.facts import NodeFacts, list_dir, read_text, under
+from ddp_launch.gpus import granted_gpus
 from ddp_launch.libclosure import ld_so_conf_dirs, node_default_dirs
 from ddp_launch.libload import load_in_child, missing_library
 from ddp_launch.options import read_options
@@ -59,6 +60,21 @@ def real_filesystem_bytes(path: str) -> Optional[int]:
     return stat.f_blocks * stat.f_frsize
 
 
+# nvidia-smi -q on an 8-GPU node takes seconds; one that hangs is itself a sick node.
+HEALTH_TIMEOUT_S = 120
+
+
+def real_read_command(argv: Sequence[str]) -> Tuple[int, str, str]:
+    """(exit status, stdout, stderr); 127 when it cannot start, 124 when it runs past HEALTH_TIMEOUT_S."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=HEALTH_TIMEOUT_S, check=False)
+    except OSError as exc:
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"no answer within {HEALTH_TIMEOUT_S} s"
+    return done.returncode, done.stdout, done.stderr
+
+
 @dataclass(frozen=True)
 class Probes:
     torch_info: Callable[[], Optional[Dict[str, object]]]
@@ -69,6 +85,7 @@ class Probes:
     # (paths, LD_LIBRARY_PATH) -> ((path, dlopen error or ""), ...), in a fresh process
     load_in_child: Callable[[Sequence[str], str], Tuple[Tuple[str, str], ...]] = load_in_child
     filesystem_bytes: Callable[[str], Optional[int]] = real_filesystem_bytes
+    read_command: Callable[[Sequence[str]], Tuple[int, str, str]] = real_read_command  # the GPU health tool
 
 
 @dataclass(frozen=True)
@@ -165,6 +182,17 @@ def check_gpus(ctx: DoctorContext) -> Check:
                      f"on a GPU node, add {vendor.apptainer_flag} to apptainer")
     granted_note = f", {granted} granted" if granted is not None else ""
     return Check("gpus", OK, f"{visible} GPUs visible ({source}){granted_note}")
+
+
+def check_gpu_health(ctx: DoctorContext) -> Check:
+    """The GPUs' health counters by the vendor's rules (containers/sites/accelerators/<vendor>.json)."""
+    health = ctx.accelerator.health
+    grant = granted_gpus(ctx.env, ctx.accelerator)
+    found = ctx.probes.which(health.commands[0].argv[0]) is not None
+    outputs = [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
+               for command in (health.commands if found else ())]
+    verdict = gpu_health.assess(ctx.accelerator, grant, found, outputs)
+    return Check(gpu_health.NAME, verdict.status, verdict.detail, verdict.fix)
 
 
 def check_torch(ctx: DoctorContext) -> Check:
@@ -527,8 +555,8 @@ def check_image_mount(ctx: DoctorContext) -> Check:
 
 
 def run_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
-    checks = [check_launch_plan(ctx), check_image_mount(ctx), check_gpus(ctx), check_torch(ctx), check_cuda_driver(ctx),
-              check_fabric_devices(ctx), check_fabric_settings(ctx)]
+    checks = [check_launch_plan(ctx), check_image_mount(ctx), check_gpus(ctx), check_gpu_health(ctx), check_torch(ctx),
+              check_cuda_driver(ctx), check_fabric_devices(ctx), check_fabric_settings(ctx)]
     checks.extend(check_host_libraries(ctx))
     checks.append(check_library_dependencies(ctx))
     checks.extend([check_fi_info(ctx), check_interface(ctx), check_head_node(ctx), check_shm(ctx),

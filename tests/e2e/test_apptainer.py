@@ -3,7 +3,9 @@
 Each test states a rule from the Apptainer user guide and runs it with the image built by
 `make build-x86` from containers/gpu.def, as the cluster's unprivileged test user.
 """
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,27 @@ def test_the_doctor_says_the_sif_is_mounted_by_squashfuse_and_warns(cluster, sif
     lines = [line for line in done.stdout.splitlines() if re.match(r"^\w+\s+image mount:", line)]
     assert len(lines) == 1, done.stdout
     assert lines[0].startswith("WARN") and "squashfuse" in lines[0]
+
+
+# The fake nvidia-smi the spare-node tests put on one node (tests/unit/doctor/data/gpu-health/bin):
+# APPTAINERENV_PREPEND_PATH puts a directory first on the container's PATH, after the image's
+# %environment ("Environment and Metadata"), and the doctor in the real image reads it.
+GPU_HEALTH_FAKES = Path(__file__).resolve().parents[1] / "unit" / "doctor" / "data" / "gpu-health"
+
+
+def test_a_fake_nvidia_smi_on_the_containers_path_fails_the_named_nodes_gpu_health(cluster, sif, tmp_path):
+    fakes = user_dir(tmp_path / "gpu-health")
+    shutil.copytree(GPU_HEALTH_FAKES, fakes, dirs_exist_ok=True)
+    env = {"APPTAINERENV_PREPEND_PATH": str(fakes / "bin"), "FAKE_NVIDIA_SMI_CASES": "node2:ecc"}
+    seen = {}
+    for node in ("node1", "node2"):
+        done = apptainer(cluster, ["exec", sif, "ddp-launch", "doctor", "--offline", "--json"], tmp_path,
+                         {**env, "SLURMD_NODENAME": node})
+        checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+        seen[node] = (done.returncode, checks["gpu health"])
+
+    assert seen["node1"][1]["status"] == "OK", seen["node1"]
+    assert seen["node1"][1]["detail"].startswith("4 GPU(s) listed by nvidia-smi")
+    assert seen["node2"][0] == 1 and seen["node2"][1]["status"] == "FAIL"
+    assert seen["node2"][1]["detail"] == ("uncorrectable ECC errors: GPU 2 (00000029:01:00.0) "
+                                          "ecc_errors/volatile/dram_uncorrectable=2")

@@ -23,11 +23,14 @@ class FakeProbes:
     """Records what doctor asked for; fails loudly on a library kind it does not know."""
 
     def __init__(self, torch=TORCH, refuse=(), fi_info=(0, "provider: cxi\n    fabric: cxi\n"), connect="refused", which=True,
-                 missing=None, shm=16 << 30):
+                 missing=None, shm=16 << 30, health=None):
         self.shm = shm
         self.torch, self.refuse, self.fi_info, self.connect_result, self.has_fi_info = torch, refuse, fi_info, connect, which
         self.missing = missing or {}  # library file name -> the dependency dlopen cannot find
-        self.loaded, self.commands, self.connected, self.child_loads = [], [], [], []
+        # The GPU health tool's answers, argv -> (exit status, stdout, stderr); its tool is on PATH
+        # only when given (no nvidia-smi, as on a CPU node, by default).
+        self.health = health or {}
+        self.loaded, self.commands, self.connected, self.child_loads, self.health_asked = [], [], [], [], []
 
     def load(self, path, kind):
         assert kind in ("plain", "libfabric", "nccl"), kind
@@ -49,10 +52,18 @@ class FakeProbes:
         self.connected.append((address, port))
         return self.connect_result
 
+    def which(self, name):
+        if name == "fi_info":
+            return "/usr/bin/fi_info" if self.has_fi_info else None
+        return f"/usr/bin/{name}" if any(argv[0] == name for argv in self.health) else None
+
+    def read(self, argv):
+        self.health_asked.append(tuple(argv))
+        return self.health[tuple(argv)]  # a command the test did not answer fails it (KeyError)
+
     def probes(self):
-        return Probes(lambda: self.torch, self.load, self.run, self.connect,
-                      lambda name: f"/usr/bin/{name}" if self.has_fi_info else None, self.load_in_child,
-                      lambda path: self.shm)
+        return Probes(lambda: self.torch, self.load, self.run, self.connect, self.which, self.load_in_child,
+                      lambda path: self.shm, self.read)
 
 
 def doctor(node, argv=(), env=None, fake=None):

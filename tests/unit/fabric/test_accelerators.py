@@ -68,7 +68,7 @@ def test_the_samplers_are_the_vendors_tools_with_the_period_filled_in():
 def test_every_section_of_every_vendor_cites_a_public_source(name):
     vendor = load_accelerator(name, {})
     assert set(vendor.sources) == {"visible_devices", "device_files", "driver", "apptainer", "kubernetes",
-                                   "collective", "sampler"}
+                                   "collective", "sampler", "health"}
     for section in ("visible_devices", "driver", "apptainer", "sampler"):
         assert re.search(r"https://\S+", vendor.sources[section]), (name, section)
     assert "https://apptainer.org/docs/user/main/gpu.html" in vendor.sources["apptainer"]
@@ -104,12 +104,36 @@ def _bad(change, tmp_path):
     (lambda d: d["sampler"]["columns"].pop("utilization"), "'sampler.columns' must name a column for each of"),
     (lambda d: d["sampler"].update(memory_unit_bytes=True), "'sampler.memory_unit_bytes' must be a positive integer"),
     (lambda d: d["collective"].update(plugin_dlopens=5), "'plugin_dlopens' must be a non-empty string when given"),
+    (lambda d: d["health"].update(format="csv"), "'health.format' must be one of nvidia-smi-xml, amd-smi-json, got 'csv'"),
+    (lambda d: d["health"]["commands"][0].update(required=False), "'health.commands[0]' must be required"),
+    (lambda d: d["health"]["commands"][1].update(argv="amd-smi bad-pages"),
+     "'health.commands[1].argv' must be a non-empty list of strings"),
+    (lambda d: d["health"]["rules"]["clock slowdown"]["signals"][0].update(fails_when="hot"),
+     "'health.rules.clock slowdown.signals[].fails_when' must be one of above_zero, yes, active, entries, got 'hot'"),
+    (lambda d: d["health"]["rules"]["uncorrectable ECC errors"].pop("source"),
+     "'health.rules.uncorrectable ECC errors.source' must be a non-empty string"),
+    (lambda d: d["health"]["temperature"]["limits"][0].update(slow_when="above"),
+     "'health.temperature.limits[].slow_when' must be one of at_or_above, at_or_below, got 'above'"),
 ])
 def test_a_bad_vendor_file_names_itself_and_the_key(change, message, tmp_path):
     with pytest.raises(LaunchError) as raised:
         _bad(change, tmp_path)
     assert str(raised.value).startswith(f"bad accelerator data {tmp_path / 'amd.json'}: ")
     assert message in str(raised.value)
+
+
+def test_the_health_tools_are_the_vendors_documented_commands():
+    # nvidia-smi(1): -q -x prints the XML of nvsmi_device_v12.dtd. AMD SMI's JSON, not rocm-smi's:
+    # rocm-smi --json leaves out its RAS and retired-page tables (rocm_smi.py, printTableLog).
+    assert [c.argv for c in NVIDIA.health.commands] == [("nvidia-smi", "-q", "-x")]
+    assert NVIDIA.health.format == "nvidia-smi-xml" and NVIDIA.health.partitions == "mig_devices/mig_device"
+    assert [c.argv[:2] for c in AMD.health.commands] == [("amd-smi", "metric"), ("amd-smi", "bad-pages"),
+                                                          ("amd-smi", "static"), ("amd-smi", "metric")]
+    assert [c.required for c in AMD.health.commands] == [True, False, False, False]
+    assert all(c.argv[-1] == "--json" for c in AMD.health.commands)
+    # Both element names NVIDIA drivers have used for the clock reasons (clocks_throttle_* before 535).
+    slowdown = {s.path.split("/")[0] for r in NVIDIA.health.rules for s in r.signals if r.name == "clock slowdown"}
+    assert slowdown == {"clocks_event_reasons", "clocks_throttle_reasons"}
 
 
 def test_a_sites_dir_without_accelerators_falls_back_to_the_shipped_ones(tmp_path):
