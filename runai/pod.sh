@@ -36,7 +36,7 @@ main() {
     # The trainer's own list of files decides (ddp_contract.DATASET_FILES, on the image's PYTHONPATH).
     local missing
     missing="$(python3 -m ddp_contract dataset "${data_dir}")" \
-        || { pod::log "error: ${missing:-the dataset check failed (see above)}: stage it on the PVC (make data DATA_DIR=...) or set DDP_DATA_DIR"; exit 1; }
+        || { pod::log "error: ${missing:-the dataset check failed (see above)}: stage it on the PVC (make data DATA_DIR=...) or set DDP_DATA_DIR"; exit 2; }
     mkdir -p "${run_dir}/logs"
     exec ddp-launch --mode kubeflow --site "${DDP_SITE:-rcp}" --log-dir "${run_dir}/logs" \
         -- --data-dir "${data_dir}" --run-dir "${run_dir}" "$@"

@@ -31,6 +31,9 @@
 #   DDP_FABRIC_GATE       1 runs the fabric gate before training (default), 0 skips it
 set -euo pipefail
 
+# ddp_contract.EXIT_USAGE (entrypoints/ddp_contract): a mistake the user can fix, said in one line and
+# never retried; runai/submit.sh and ddp-launch stop with it too.
+readonly DDP_EXIT_USAGE=2
 # ddp_contract.EXIT_REQUEUE (entrypoints/ddp_contract): every worker checkpointed on a stop signal.
 readonly DDP_EXIT_REQUEUE=75
 # ddp_contract.EXIT_BAD_NODE: the preflight or the fabric gate named a node; requeue without it.
@@ -46,7 +49,7 @@ ddp::log() {
 
 ddp::err() {
     ddp::log "error: $*"
-    exit 1
+    exit "${DDP_EXIT_USAGE}"
 }
 
 # Keep a value the user already set (environment, sbatch --export); else the default.
@@ -165,7 +168,7 @@ ddp::split_words() {
     into=()
     [ -n "${!name:-}" ] || return 0
     mapfile -t -d '' into < <(ddp::on_host ddp_contract.shell_words "${DDP_LOG_TAG:-ddp}" "${name}" "${!name}")
-    [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit 1  # python3 said why on stderr
+    [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit "${DDP_EXIT_USAGE}"  # python3 said why on stderr
     unset 'into[-1]'
 }
 

@@ -40,7 +40,7 @@ python3 -m ddp_launch.accelerators --site olivia apptainer-flag"
 @test "a site the vendor question cannot read stops the job in one line before any srun" {
     DDP_SITE=nosuchsite run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure
+    assert_failure 2
     assert_output --partial "unknown site 'nosuchsite'"
     run grep -c '^srun .* apptainer run' "${CALLS}"
     assert_output "0"
@@ -206,7 +206,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output "ddp: error: DDP_TRAIN_ARGS=\"--note 'unclosed\" is not words of the shell (No closing quotation): close each quote as in the shell, e.g. \"a b\""
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -217,7 +217,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output "ddp: error: ${DDP_DATA_DIR}/cifar-100-python lacks test: run 'make data DATA_DIR=${DDP_DATA_DIR}' on the login node, or set DDP_DATA_DIR"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -255,7 +255,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output --partial "image ${DDP_IMAGE} not found"
 }
 
@@ -264,7 +264,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_line --partial "${BATS_TEST_TMPDIR}/slurm/lib/ddp.sh: No such file or directory"
     assert_line "error: submit from this project's checkout or set DDP_REPO"
     run grep -c '^srun' "${CALLS}"
@@ -425,7 +425,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output --partial "apptainer is not on PATH: run 'module load apptainer'"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -446,7 +446,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     : > "${CALLS}"
     DDP_CONTAINER_RUNTIME=podman run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output "ddp: error: DDP_CONTAINER_RUNTIME=podman is not a runtime the job scripts run: use apptainer or singularity (SingularityCE)"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -458,7 +458,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output --partial "singularity is not on PATH: run 'module load singularity'"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -502,7 +502,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
         : > "${CALLS}"
         DDP_RUN_DIR="${bad}" run bash "${REPO}/slurm/olivia-multinode.sh"
 
-        assert_failure 1
+        assert_failure 2
         assert_output "ddp: error: DDP_RUN_DIR=${bad} contains ',' or ':', which APPTAINER_BIND cannot carry: use a path without them (a symlink to it works)"
         run grep -c '^srun' "${CALLS}"
         assert_output "0"

@@ -114,7 +114,7 @@ setup() {
     DDP_DATA_DIR="${BATS_TEST_TMPDIR}/partial" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" \
         run bash "${REPO}/runai/pod.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the PVC"
     run grep -c '^ddp-launch' "${CALLS}"
     assert_output "0"
