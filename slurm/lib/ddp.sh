@@ -249,7 +249,10 @@ ddp::skip_used_step_ids() {
 }
 
 # One sampler per node as an overlapping job step; DDP_MONITOR_PID is the srun that
-# runs them, and killing it (by PID) stops every node's sampler.
+# runs them, and killing it (by PID) stops every node's sampler. --ntasks as well, as in the
+# preflight: the step inherits the job's SLURM_NTASKS (8 on Raven's 2 x 4), which srun takes as
+# --ntasks, and "the --ntasks option will take precedence and the --ntasks-per-node will be treated
+# as a maximum" (srun(1)), so each node would run several samplers into one gpu-<node>.csv.
 ddp::monitor_start() {
     local -r out_dir="$1" interval="$2"
     DDP_MONITOR_PID=""
@@ -258,7 +261,8 @@ ddp::monitor_start() {
     fi
     mkdir -p "${out_dir}"
     ddp::take_step_id
-    srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+    local -r nodes="${SLURM_JOB_NUM_NODES:-1}"
+    srun --overlap --nodes="${nodes}" --ntasks="${nodes}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
         --output="${out_dir}/sampler-%N.log" \
         "${DDP_REPO}/slurm/gpu-sampler.sh" "${out_dir}" "${interval}" &
     DDP_MONITOR_PID=$!

@@ -64,7 +64,20 @@ python3 -m ddp_launch.accelerators --site olivia apptainer-flag"
 
     assert_success
     run grep 'gpu-sampler.sh' "${CALLS}"
-    assert_output "srun --overlap --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --output=${DDP_RUN_DIR}/gpu/sampler-%N.log ${REPO}/slurm/gpu-sampler.sh ${DDP_RUN_DIR}/gpu 5"
+    assert_output "srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --output=${DDP_RUN_DIR}/gpu/sampler-%N.log ${REPO}/slurm/gpu-sampler.sh ${DDP_RUN_DIR}/gpu 5"
+}
+
+@test "a job of 2 nodes x 4 tasks (Raven, LUMI) still runs one sampler and one doctor per node" {
+    # The steps inherit SLURM_NTASKS=8 from the job, and srun gives --ntasks precedence over
+    # --ntasks-per-node (srun(1)): without --ntasks each node would run 4 samplers into one
+    # gpu-<node>.csv. The stub counts a step's tasks by that rule ($STEP_TASKS).
+    export SLURM_NTASKS=8 DDP_PREFLIGHT=1
+
+    run bash "${REPO}/slurm/raven-task-per-gpu.sh"
+
+    assert_success
+    run grep -E ' (apptainer|.*/gpu-sampler\.sh)$' "${STEP_TASKS}"
+    assert_output "$(printf '%s\n' '2 apptainer' "2 ${REPO}/slurm/gpu-sampler.sh" '8 apptainer')"
 }
 
 @test "raven: one task per GPU, slurm-task mode, one log file per rank named by node" {

@@ -9,7 +9,8 @@ _common_setup() {
     STUBS="${BATS_TEST_TMPDIR}/bin"
     CALLS="${BATS_TEST_TMPDIR}/calls.log"
     STEP_ARGV="${BATS_TEST_TMPDIR}/step.argv"
-    export REPO STUBS CALLS STEP_ARGV
+    STEP_TASKS="${BATS_TEST_TMPDIR}/step-tasks.log"
+    export REPO STUBS CALLS STEP_ARGV STEP_TASKS
     mkdir -p "${STUBS}"
     : > "${CALLS}"
     _write_stubs
@@ -27,14 +28,24 @@ _write_stubs() {
     # srun: known options only, then the command; it records the command line and
     # the variables the job scripts export, and exits with $SRUN_STATUS (default 0).
     _stub srun '
+nodes="${SLURM_JOB_NUM_NODES:-1}" ntasks="" per_node=""
 for arg in "$@"; do
     case "${arg}" in
-        --overlap|--nodes=*|--ntasks=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*) ;;
+        --overlap|--kill-on-bad-exit=*|--wait=*|--error=*) ;;
+        --nodes=*) nodes="${arg#--nodes=}" ;;
+        --ntasks=*) ntasks="${arg#--ntasks=}" ;;
+        --ntasks-per-node=*) per_node="${arg#--ntasks-per-node=}" ;;
         --output=*) output="${arg#--output=}" ;;
         -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
         *) break ;;
     esac
 done
+# How many tasks the step gets, by the rules of srun(1): SLURM_NTASKS, which a step inherits from its
+# batch job, is "Same as -n, --ntasks" (INPUT ENVIRONMENT VARIABLES), and "the --ntasks option will
+# take precedence and the --ntasks-per-node will be treated as a maximum" (--ntasks-per-node).
+# One line per step in $STEP_TASKS: the task count, then the program the step runs.
+ntasks="${ntasks:-${SLURM_NTASKS:-$((nodes * ${per_node:-1}))}}"
+printf "%s %s\n" "${ntasks}" "${arg}" >> "'"${STEP_TASKS}"'"
 # SLURM numbers the steps of a job 0, 1, 2... in the order it creates them, and a step it cannot create
 # takes no id ("srun: error: Unable to create step"); $SRUN_REFUSE_STEPS such refusals come first.
 exec 9>>"'"${BATS_TEST_TMPDIR}"'/step-ids.lock"
@@ -126,7 +137,7 @@ _job_env() {
     touch "${DDP_IMAGE}"
     mkdir -p "${DDP_DATA_DIR}/cifar-100-python"
     touch "${DDP_DATA_DIR}/cifar-100-python/"{train,test,meta}
-    unset SLURM_RESTART_COUNT DDP_TRAIN_ARGS DDP_LAUNCH_ARGS DDP_SITE DDP_REPO NCCL_IB_DISABLE APPTAINER_BIND \
+    unset SLURM_NTASKS SLURM_RESTART_COUNT DDP_TRAIN_ARGS DDP_LAUNCH_ARGS DDP_SITE DDP_REPO NCCL_IB_DISABLE APPTAINER_BIND \
         SINGULARITY_BIND DDP_CONTAINER_RUNTIME
 }
 
