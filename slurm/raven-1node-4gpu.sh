@@ -1,6 +1,6 @@
 #!/bin/bash
 #SBATCH --job-name=ddp-raven-1node
-#SBATCH --partition=gpu
+#SBATCH --constraint="gpu"
 #SBATCH --time=01:00:00
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=4
@@ -15,6 +15,9 @@
 # raven-1gpu.sh and raven-task-per-gpu.sh (2 nodes), 32 images per GPU in all three.
 # One SLURM task per GPU over NVLink (RANK=SLURM_PROCID, LOCAL_RANK=SLURM_LOCALID, env:// init).
 # One log file per rank: $DDP_RUN_DIR/logs/<job>-<node>-rank<N>.out; rank 0's streams into this job's output.
+# GPU nodes are a node feature on Raven, not a partition: --constraint="gpu", as in the Raven user
+# guide's GPU batch scripts (https://docs.mpcdf.mpg.de/doc/computing/raven-user-guide.html) and
+# MPCDF's tutorial (github.com/mvigl/MPCDF_tutorial, docs/09_quotas_and_partitions.md).
 # Submit from the repository root: sbatch slurm/raven-1node-4gpu.sh [trainer flags...]
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.

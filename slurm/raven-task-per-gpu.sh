@@ -1,6 +1,6 @@
 #!/bin/bash
 #SBATCH --job-name=ddp-raven
-#SBATCH --partition=gpu
+#SBATCH --constraint="gpu"
 #SBATCH --time=01:00:00
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
@@ -14,6 +14,9 @@
 # Raven (MPCDF) style: one SLURM task per GPU (4 per node) over InfiniBand. No torchrun:
 # each task is one rank (RANK=SLURM_PROCID, LOCAL_RANK=SLURM_LOCALID, env:// init).
 # One log file per rank: $DDP_RUN_DIR/logs/<job>-<node>-rank<N>.out.
+# GPU nodes are a node feature on Raven, not a partition: --constraint="gpu", as in the Raven user
+# guide's GPU batch scripts (https://docs.mpcdf.mpg.de/doc/computing/raven-user-guide.html) and
+# MPCDF's tutorial (github.com/mvigl/MPCDF_tutorial, docs/09_quotas_and_partitions.md).
 # Submit from the repository root: sbatch slurm/raven-task-per-gpu.sh [trainer flags...]
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.

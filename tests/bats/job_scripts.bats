@@ -113,6 +113,18 @@ python3 -m ddp_launch.accelerators --site olivia apptainer-flag"
     done
 }
 
+@test "raven's scripts select GPU nodes by the node feature gpu, not a partition" {
+    # Raven's GPU nodes are a constraint: --constraint="gpu" (the Raven user guide's GPU batch scripts,
+    # https://docs.mpcdf.mpg.de/doc/computing/raven-user-guide.html; MPCDF's tutorial,
+    # mvigl/MPCDF_tutorial docs/09_quotas_and_partitions.md: "accessed via constraints rather than
+    # named partitions"). sbatch reads the quotes as the shell does, so the value is gpu.
+    local script
+    for script in "${REPO}"/slurm/raven-*.sh; do
+        run grep -E '^#SBATCH --(constraint|partition)[= ]' "${script}"
+        assert_output '#SBATCH --constraint="gpu"'
+    done
+}
+
 @test "every script SLURM may requeue appends to its .out, so a requeued run keeps the first run's lines" {
     # A requeued batch job reopens its --output file; SLURM truncates it unless the job asks for
     # --open-mode=append (sbatch(1) --open-mode; the default is slurm.conf(5) JobFileAppend=0).
