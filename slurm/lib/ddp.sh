@@ -348,7 +348,10 @@ ddp::show_quarantine() {
 }
 
 # The preflight: `ddp-launch doctor --json` on every node at once, one report per node
-# (preflight/<job>/doctor-<node>.json); a node with a FAIL goes into the quarantine record.
+# (preflight/<job>/doctor-<node>.json); a node with a FAIL goes into the quarantine record. A check
+# that fails on every node (the only node of a 1-node job included) is the setup's: the job stops
+# in one line with the fix, exit 2, and nothing is excluded or requeued (ddp_contract.quarantine,
+# setup_problem, says why).
 ddp::preflight() {
     if [ "${DDP_PREFLIGHT:-1}" = 0 ]; then
         ddp::log "preflight skipped (DDP_PREFLIGHT=0)"
@@ -366,9 +369,14 @@ ddp::preflight() {
         "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
         doctor --json --site "${DDP_SITE}" --data-dir "${DDP_DATA_DIR}" || true
     ddp::log "preflight step: $((SECONDS - started)) s"
-    local status=0
-    ddp::on_host ddp_contract.quarantine add --by doctor --job "${SLURM_JOB_ID:-local}" \
-        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${dir}"/doctor-*.json >&2 || status=$?
+    local status=0 said
+    said="$(ddp::on_host ddp_contract.quarantine add --by doctor --job "${SLURM_JOB_ID:-local}" \
+        --restart "${SLURM_RESTART_COUNT:-0}" --nodes "${SLURM_JOB_NUM_NODES:-1}" \
+        "${DDP_RUN_DIR}" "${dir}"/doctor-*.json)" || status=$?
+    if [ "${status}" -eq "${DDP_EXIT_USAGE}" ]; then
+        ddp::err "${said:-the preflight could not judge the doctor reports in ${dir} (see above)}"
+    fi
+    [ -z "${said}" ] || printf '%s\n' "${said}" >&2
     if [ "${status}" -eq 0 ]; then
         ddp::log "preflight: ddp-launch doctor passed on every node (${dir})"
     fi

@@ -66,11 +66,13 @@ case "$*" in *" printenv SLURM_STEP_ID") printf "%s\n" "${SLURM_STEP_ID}"; exit 
 case " $* " in *" apptainer "* | *" singularity "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
 printf "srun-env NCCL_IB_DISABLE=%s APPTAINER_BIND=%s\n" "${NCCL_IB_DISABLE-unset}" "${APPTAINER_BIND-unset}" >> "'"${CALLS}"'"
 [ -z "${SINGULARITY_BIND+set}" ] || printf "srun-env SINGULARITY_BIND=%s\n" "${SINGULARITY_BIND}" >> "'"${CALLS}"'"
-# The preflight: a doctor report per node, where --output=...%N says; $DOCTOR_FAILS names a failing node.
+# The preflight: a doctor report per node of the step (node1, node2...), where --output=...%N says;
+# $DOCTOR_FAILS names the failing nodes (words).
 case " $* " in *" doctor --json "*)
-    for node in node1 node2; do
-        ok=true; [ "${node}" = "${DOCTOR_FAILS:-}" ] && ok=false
-        printf "{\"ok\": %s, \"checks\": [{\"name\": \"interface\", \"status\": \"%s\", \"detail\": \"eth0 missing\"}]}\n" \
+    for node in $(seq -f "node%g" "${nodes}"); do
+        ok=true
+        case " ${DOCTOR_FAILS:-} " in *" ${node} "*) ok=false ;; esac
+        printf "{\"ok\": %s, \"checks\": [{\"name\": \"interface\", \"status\": \"%s\", \"detail\": \"eth0 missing\", \"fix\": \"unset NCCL_SOCKET_IFNAME\"}]}\n" \
             "${ok}" "$([ "${ok}" = true ] && echo OK || echo FAIL)" > "${output//%N/${node}}"
     done
     exit 0 ;;
