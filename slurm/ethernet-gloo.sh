@@ -20,7 +20,7 @@ source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" |
 ddp::default DDP_IMAGE "${DDP_REPO}/train-cpu.sif"
 ddp::default DDP_SITE generic
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
-ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/ethernet-gloo-${SLURM_JOB_ID:-local}"
+ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/ethernet-gloo-%j"
 ddp::default DDP_TRAIN_ARGS "--epochs 10 --batch-size 384 --base-lr 0.01"
 ddp::default DDP_CPU_WORKERS 1
 ddp::default DDP_GPU 0

@@ -33,7 +33,7 @@ ddp::default DDP_IMAGE "${DDP_REPO}/train-lumi-x86_64.sif"
 ddp::default DDP_SITE lumi
 ddp::default DDP_CONTAINER_RUNTIME singularity
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
-ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/lumi-multinode-${SLURM_JOB_ID:-local}"
+ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/lumi-multinode-%j"
 # 32 images per GCD on 2 nodes, as per GPU in the Raven scripts.
 ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 512 --base-lr 0.01"
 

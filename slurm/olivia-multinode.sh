@@ -24,7 +24,7 @@ source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" |
 ddp::default DDP_IMAGE "${DDP_REPO}/train-olivia-arm64.sif"
 ddp::default DDP_SITE olivia
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
-ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-multinode-${SLURM_JOB_ID:-local}"
+ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-multinode-%j"
 ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
 
 ddp::run_job node "$@"

@@ -27,7 +27,7 @@ ddp::default DDP_IMAGE "${DDP_REPO}/train-x86_64.sif"
 ddp::default DDP_APPTAINER_MODULE apptainer  # MPCDF: Apptainer is a module on Raven
 ddp::default DDP_SITE raven
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
-ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/raven-${SLURM_JOB_ID:-local}"
+ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/raven-%j"
 ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 256 --base-lr 0.01"
 
 ddp::run_job task "$@"

@@ -14,7 +14,9 @@
 #   DDP_REPO        the checkout holding this file (set from where it was sourced)
 #   DDP_IMAGE       the SIF to run              DDP_SITE      site profile (binds, fabric)
 #   DDP_DATA_DIR    holds cifar-100-python/     DDP_RUN_DIR   metrics, checkpoint, logs
-#                   (both made absolute; ',' and ':' are refused: APPTAINER_BIND cannot carry them)
+#                   (both made absolute; ',' and ':' are refused: APPTAINER_BIND cannot carry them;
+#                   DDP_RUN_DIR may name the job as sbatch --output does: %j, %A, %a, %%; a job
+#                   array's tasks need %a or %j there, one run dir per task: runs/sweep-%A_%a)
 #   DDP_CONTAINER_RUNTIME apptainer (default) or singularity (SingularityCE, LUMI's): the command
 #                   the steps run, and the variable the binds go in (APPTAINER_BIND, SINGULARITY_BIND)
 #   DDP_APPTAINER_MODULE  module that provides that command, loaded when it is not on PATH
@@ -133,6 +135,52 @@ ddp::absolute_dir_setting() {
         *,* | *:*) ddp::err "${name}=${path} contains ',' or ':', which APPTAINER_BIND cannot carry: use a path without them (a symlink to it works)" ;;
     esac
     export "${name}=${path}"
+}
+
+# DDP_RUN_DIR with sbatch's filename patterns that name the job filled in (sbatch(1), "filename
+# pattern"): %j the job id, %A the array's job id (the job id outside an array), %a the array task,
+# %% a '%'. The tasks of a job array share the environment they were submitted with, so a run dir
+# without %a or %j would be every task's: the second would stop at the run-dir lock, or, when the
+# first had finished, resume its run. In an array the setting must name the task.
+ddp::expand_run_dir() {
+    local -r given="${DDP_RUN_DIR}" task="${SLURM_ARRAY_TASK_ID:-}"
+    local rest="${given}" out="" symbol names_task=0
+    while [[ "${rest}" == *%* ]]; do
+        out+="${rest%%\%*}"
+        rest="${rest#*%}"
+        symbol="${rest:0:1}"
+        rest="${rest:1}"
+        case "${symbol}" in
+            %) out+=% ;;
+            j)
+                out+="${SLURM_JOB_ID:-local}"
+                names_task=1
+                ;;
+            A) out+="${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-local}}" ;;
+            a)
+                [ -n "${task}" ] || ddp::err "DDP_RUN_DIR=${given} names an array task (%a), but job ${SLURM_JOB_ID:-local} is not a job array: submit it with sbatch --array=..., or leave %a out"
+                out+="${task}"
+                names_task=1
+                ;;
+            *) ddp::err "DDP_RUN_DIR=${given}: '%${symbol}' is not a pattern the job scripts fill in: use %j (the job), %A (the array job), %a (the array task) or %% (a '%'), as in sbatch(1)'s filename patterns" ;;
+        esac
+    done
+    if [ -n "${task}" ] && [ "${names_task}" = 0 ]; then
+        ddp::err "DDP_RUN_DIR=${given} is the same directory for every task of job array ${SLURM_ARRAY_JOB_ID:-?}: name the task in it with %a (DDP_RUN_DIR='runs/sweep-%A_%a'), so each task trains its own run"
+    fi
+    export DDP_RUN_DIR="${out}${rest}"
+}
+
+# The job as scontrol must name it. Each task of a job array has its own SLURM_JOB_ID, but the first
+# task's equals SLURM_ARRAY_JOB_ID, and scontrol given that id acts on the whole array: a requeue of
+# task 0 would requeue every task (Lightning-AI/pytorch-lightning#15022). "<array job id>_<task id>"
+# names one task (https://slurm.schedmd.com/job_array.html, "Job ID and Environment Variables").
+ddp::job_ref() {
+    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
+        printf '%s_%s\n' "${SLURM_ARRAY_JOB_ID}" "${SLURM_ARRAY_TASK_ID}"
+    else
+        printf '%s\n' "${SLURM_JOB_ID}"
+    fi
 }
 
 ddp::require_image() {
@@ -294,8 +342,9 @@ ddp::maybe_requeue() {
         ddp::log "stopped with a checkpoint, but already requeued ${restarts} times (DDP_MAX_REQUEUES=${max}): not requeuing"
         return 1
     fi
-    ddp::log "stopped with a checkpoint in ${run_dir}: requeuing job ${SLURM_JOB_ID} (restart $((restarts + 1)) of ${max})"
-    scontrol requeue "${SLURM_JOB_ID}"
+    local -r job="$(ddp::job_ref)"
+    ddp::log "stopped with a checkpoint in ${run_dir}: requeuing job ${job} (restart $((restarts + 1)) of ${max})"
+    scontrol requeue "${job}"
 }
 
 # The nodes of the job's partition, one per line.
@@ -330,12 +379,13 @@ ddp::requeue_elsewhere() {
         ddp::log "${short}"
         return 1
     fi
-    ddp::log "bad node(s) ${excluded}: requeuing job ${SLURM_JOB_ID} without them (restart $((restarts + 1)) of ${max}, exit ${DDP_EXIT_BAD_NODE})"
+    local -r job="$(ddp::job_ref)"
+    ddp::log "bad node(s) ${excluded}: requeuing job ${job} without them (restart $((restarts + 1)) of ${max}, exit ${DDP_EXIT_BAD_NODE})"
     (
         trap '' TERM
-        scontrol requeuehold "${SLURM_JOB_ID}"
-        scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"
-        scontrol release "${SLURM_JOB_ID}"
+        scontrol requeuehold "${job}"
+        scontrol update JobId="${job}" ExcNodeList="${excluded}"
+        scontrol release "${job}"
     )
 }
 
@@ -556,6 +606,7 @@ ddp::first_node() {
 ddp::run_job() {
     ddp::split_words DDP_LAUNCH_WORDS DDP_LAUNCH_ARGS
     ddp::split_words DDP_TRAIN_WORDS DDP_TRAIN_ARGS
+    ddp::expand_run_dir
     ddp::absolute_dir_setting DDP_DATA_DIR
     ddp::absolute_dir_setting DDP_RUN_DIR
     ddp::require_runtime

@@ -409,6 +409,85 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     assert_output "1"
 }
 
+# A job array's tasks: each has its own SLURM_JOB_ID, the first task's equal to SLURM_ARRAY_JOB_ID, and
+# scontrol given that id acts on every task (Lightning-AI/pytorch-lightning#15022); <array>_<task> names
+# one (https://slurm.schedmd.com/job_array.html). Task 0 of array 42 here.
+_array_task() {
+    export SLURM_JOB_ID="$1" SLURM_ARRAY_JOB_ID="$2" SLURM_ARRAY_TASK_ID="$3"
+    export DDP_RUN_DIR="${BATS_TEST_TMPDIR}/sweep-%A_%a"
+}
+
+@test "a stop in a job array requeues that task alone: scontrol requeue <array>_<task>" {
+    _array_task 42 42 0
+    export SRUN_STATUS=75
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "requeuing job 42_0 (restart 1 of 3)"
+    run grep '^scontrol' "${CALLS}"
+    assert_output "scontrol requeue 42_0"
+}
+
+@test "a bad node in a job array: that task alone is held, given ExcNodeList and released" {
+    _array_task 43 42 1
+    export DDP_PREFLIGHT=1 DOCTOR_FAILS=node2 PARTITION_NODES="node1 node2 node3"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 76
+    run grep '^scontrol \(update\|requeue\|release\)' "${CALLS}"
+    assert_output "scontrol requeuehold 42_1
+scontrol update JobId=42_1 ExcNodeList=node2
+scontrol release 42_1"
+}
+
+@test "DDP_RUN_DIR names the array task as sbatch --output does (%A_%a), one run dir per task" {
+    _array_task 44 42 2
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run _train_call
+    assert_output --partial " -- --data-dir ${DDP_DATA_DIR} --run-dir ${BATS_TEST_TMPDIR}/sweep-42_2 "
+    [ -d "${BATS_TEST_TMPDIR}/sweep-42_2" ]
+
+    : > "${CALLS}"
+    DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run-%j" run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_success
+    run _train_call
+    assert_output --partial " --run-dir ${BATS_TEST_TMPDIR}/run-44 "
+}
+
+@test "every script's default run dir is the job's own (%j), so each task of an array gets one" {
+    local script count=0
+    for script in "${REPO}"/slurm/*.sh; do
+        grep -q '^ddp::run_job ' "${script}" || continue
+        count=$((count + 1))
+        run grep '^ddp::default DDP_RUN_DIR ' "${script}"
+        assert_output --regexp '^ddp::default DDP_RUN_DIR "\$\{DDP_REPO\}/runs/[a-z0-9-]+-%j"$'
+    done
+    [ "${count}" -ge 9 ]
+}
+
+@test "a run dir every task of an array would share, or a pattern the scripts do not fill in, is one line, exit 2" {
+    _array_task 43 42 1
+    DDP_RUN_DIR="${BATS_TEST_TMPDIR}/sweep" run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output "ddp: error: DDP_RUN_DIR=${BATS_TEST_TMPDIR}/sweep is the same directory for every task of job array 42: name the task in it with %a (DDP_RUN_DIR='runs/sweep-%A_%a'), so each task trains its own run"
+
+    unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+    DDP_RUN_DIR="${BATS_TEST_TMPDIR}/sweep-%a" run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output "ddp: error: DDP_RUN_DIR=${BATS_TEST_TMPDIR}/sweep-%a names an array task (%a), but job 43 is not a job array: submit it with sbatch --array=..., or leave %a out"
+
+    DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run-%x" run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output --partial "'%x' is not a pattern the job scripts fill in: use %j (the job), %A (the array job), %a (the array task) or %% (a '%')"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
+
 @test "only exit 75 requeues: exit 1 is a failure even when the metrics say stopped" {
     export SRUN_STATUS=1
     mkdir -p "${DDP_RUN_DIR}"

@@ -100,10 +100,13 @@ case " $* " in *" -- --data-dir "*)
     fi ;;
 esac
 exit "${SRUN_STATUS:-0}"'
+    # A job is named by its id or, for one task of an array, <array job id>_<task id> (scontrol(1);
+    # https://slurm.schedmd.com/job_array.html).
     _stub scontrol '
+job_id() { [[ "$1" =~ ^[0-9]+(_[0-9]+)?$ ]] || { echo "scontrol stub: bad job id $1" >&2; exit 2; }; }
 case "${1-} ${2-}" in
-    "requeue "[0-9]* | "requeuehold "[0-9]* | "release "[0-9]*) [ "$#" -eq 2 ] ;;
-    "update JobId="[0-9]*) [ "$#" -eq 3 ] && [ "${3%%=*}" = ExcNodeList ] ;;
+    "requeue "* | "requeuehold "* | "release "*) [ "$#" -eq 2 ] && job_id "$2" ;;
+    "update JobId="*) [ "$#" -eq 3 ] && job_id "${2#JobId=}" && [ "${3%%=*}" = ExcNodeList ] ;;
     "show hostnames") printf "%s\n" ${PARTITION_NODES:-node1 node2} ;;
     *) echo "scontrol stub: unknown arguments $*" >&2; exit 2 ;;
 esac'
@@ -139,7 +142,7 @@ _job_env() {
     touch "${DDP_IMAGE}"
     mkdir -p "${DDP_DATA_DIR}/cifar-100-python"
     touch "${DDP_DATA_DIR}/cifar-100-python/"{train,test,meta}
-    unset SLURM_NTASKS SLURM_RESTART_COUNT DDP_TRAIN_ARGS DDP_LAUNCH_ARGS DDP_SITE DDP_REPO NCCL_IB_DISABLE APPTAINER_BIND \
+    unset SLURM_NTASKS SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID SLURM_RESTART_COUNT DDP_TRAIN_ARGS DDP_LAUNCH_ARGS DDP_SITE DDP_REPO NCCL_IB_DISABLE APPTAINER_BIND \
         SINGULARITY_BIND DDP_CONTAINER_RUNTIME
 }
 
