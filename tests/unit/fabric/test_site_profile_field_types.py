@@ -65,6 +65,11 @@ WRONG = [
     (("fabric_gate", "floor_fraction"), 1.5, "fabric_gate.floor_fraction must be in (0, 1]"),
     (("fabric_gate", "sockets_busbw_gbps"), "5.4", "fabric_gate.sockets_busbw_gbps must be a positive number"),
     (("fabric_gate", "source"), 5, "fabric_gate.source must say where the figure comes from"),
+    (("container_runtime",), "singularity", "'container_runtime' must be {\"command\""),
+    (("container_runtime",), {"command": "singularity"}, "'container_runtime' must be {\"command\""),
+    (("container_runtime",), {"command": "podman", "source": "x"},
+     "'container_runtime'.command must be one of apptainer, singularity, got 'podman'"),
+    (("container_runtime",), {"command": "singularity", "source": ""}, "'container_runtime'.source must say"),
 ]
 
 
