@@ -298,9 +298,12 @@ ddp::skip_used_step_ids() {
 
 # One sampler per node as an overlapping job step; DDP_MONITOR_PID is the srun that
 # runs them, and killing it (by PID) stops every node's sampler. --ntasks as well, as in the
-# preflight: the step inherits the job's SLURM_NTASKS (8 on Raven's 2 x 4), which srun takes as
-# --ntasks, and "the --ntasks option will take precedence and the --ntasks-per-node will be treated
-# as a maximum" (srun(1)), so each node would run several samplers into one gpu-<node>.csv.
+# preflight and in MPCDF's tutorial (`srun --ntasks=${SLURM_NNODES} --ntasks-per-node=1`): the step
+# inherits the job's SLURM_NTASKS (8 on Raven's 2 x 4), "Same as -n, --ntasks" for srun, and "the
+# --ntasks option will take precedence and the --ntasks-per-node will be treated as a maximum"
+# (srun(1)): an srun that applies that rule to the inherited count (older ones say "can't honor
+# --ntasks-per-node ... Ignoring") runs several samplers per node into one gpu-<node>.csv. Slurm
+# 22.05 lets the command line's --ntasks-per-node win; naming both makes every version agree.
 ddp::monitor_start() {
     local -r out_dir="$1" interval="$2"
     DDP_MONITOR_PID=""

@@ -68,9 +68,11 @@ python3 -m ddp_launch.accelerators --site olivia apptainer-flag"
 }
 
 @test "a job of 2 nodes x 4 tasks (Raven, LUMI) still runs one sampler and one doctor per node" {
-    # The steps inherit SLURM_NTASKS=8 from the job, and srun gives --ntasks precedence over
-    # --ntasks-per-node (srun(1)): without --ntasks each node would run 4 samplers into one
-    # gpu-<node>.csv. The stub counts a step's tasks by that rule ($STEP_TASKS).
+    # The steps inherit SLURM_NTASKS=8 from the job, "Same as -n, --ntasks", and srun gives --ntasks
+    # precedence over --ntasks-per-node (srun(1)): by that rule, without --ntasks each node runs 4
+    # samplers into one gpu-<node>.csv. The stub counts a step's tasks by it ($STEP_TASKS). Slurm
+    # 22.05 (the e2e cluster) lets the command line's --ntasks-per-node win instead; a step that names
+    # both is the same under either.
     export SLURM_NTASKS=8 DDP_PREFLIGHT=1
 
     run bash "${REPO}/slurm/raven-task-per-gpu.sh"
