@@ -166,12 +166,15 @@ endef
 # %post. So there the pre-pulled arm64 SIF is unpacked to a sandbox directory first
 # (`apptainer sif list` finds its squashfs partition, `unsquashfs -o OFFSET` reads it in
 # place: neither checks the architecture); built on that, the SIF is arm64 all the same.
+# The ~20 GB sandbox goes in APPTAINER_TMPDIR, the scratch that build-space.sh has just checked
+# and where Apptainer makes its own build sandbox ("Temporary Folders", build_env.html above),
+# never in $TMPDIR or /tmp, which a login node keeps small.
 build-olivia:
 	$(need_apptainer)
 	@set -e; notest=""; [ "$$(uname -m)" = aarch64 ] || notest="--notest"; \
 	 if [ -f "$(OLIVIA_BASE_SIF)" ] && [ "$$(uname -m)" != aarch64 ]; then \
 	   command -v unsquashfs >/dev/null || { echo "error: unsquashfs not found: install squashfs-tools (>= 4.5), or run 'make build-olivia-job' to build on a GH200 node" >&2; exit 127; }; \
-	   unpacked="$$(mktemp -d "$${TMPDIR:-/tmp}/olivia-base.XXXXXX")"; trap 'rm -rf "$$unpacked"' EXIT; \
+	   unpacked="$$(mktemp -d "$$APPTAINER_TMPDIR/olivia-base.XXXXXX")"; trap 'rm -rf "$$unpacked"' EXIT; \
 	   offset="$$($(APPTAINER) sif list "$(OLIVIA_BASE_SIF)" | awk -F'|' '/Squashfs/ { split($$4, at, "-"); print at[1] + 0; exit }')"; \
 	   [ -n "$$offset" ] || { echo "error: $(OLIVIA_BASE_SIF) has no squashfs partition ('$(APPTAINER) sif list' shows its parts)" >&2; exit 2; }; \
 	   rootfs="$$unpacked/$(basename $(notdir $(OLIVIA_BASE_SIF)))"; \

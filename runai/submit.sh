@@ -10,9 +10,13 @@
 # RUNAI_POD_SCRIPT (runai/pod.sh as the pod sees it: the image or a mounted checkout),
 # RUNAI_DATA_PVC (required: the PVC that holds cifar-100-python/) mounted at RUNAI_DATA_DIR
 # (default /mnt/data), RUNAI_RUN_PVC (required: the PVC for checkpoints, metrics and logs;
-# it may be the same claim) mounted at RUNAI_RUN_DIR (default /mnt/runs; each job writes
-# RUNAI_RUN_DIR/RUNAI_JOB_NAME), RUNAI_EXTRA_ARGS (more runai flags, words with the shell's
-# quoting: RUNAI_EXTRA_ARGS="-e 'NOTE=two words'"; python3 splits them),
+# it may be the same claim) mounted at RUNAI_RUN_DIR (default /mnt/runs; the same claim may
+# share one mount point with the data), RUNAI_DATA_SUBDIR and RUNAI_RUN_SUBDIR (where in
+# the claim the data and the runs are, relative to its root: homes/<user>/data on a shared
+# claim such as RCP's /mloscratch; default its root), RUNAI_RESUME (the name of an earlier
+# run to continue; default a new run, RUNAI_JOB_NAME-<UTC time>, in the runs directory),
+# RUNAI_EXTRA_ARGS (more runai flags, words with the shell's quoting:
+# RUNAI_EXTRA_ARGS="-e 'NOTE=two words'"; python3 splits them),
 # RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default).
 set -euo pipefail
 
@@ -27,6 +31,19 @@ runai_submit::check_volume() {
     [ -n "${claim}" ] || runai_submit::err "${setting} is unset: name the PVC that holds ${what} (kubectl get pvc lists yours), e.g. ${setting}=my-scratch"
     [[ "${claim}" =~ ^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$ ]] || runai_submit::err "${setting}=${claim} is not a PVC name (lower-case letters, digits, '-' and '.', as Kubernetes names objects)"
     [[ "${dir}" = /* && "${dir}" != *,* ]] || runai_submit::err "${dir_setting}=${dir} must be an absolute path without ',' (the mount point in the pod)"
+}
+
+# A directory inside a claim, relative to its root (Kubernetes' subPath is "Path within the volume
+# from which the container's volume should be mounted", https://kubernetes.io/docs/concepts/storage/volumes/#using-subpath;
+# here the claim is mounted whole and the path is taken below the mount point). Prints it without
+# a trailing '/'.
+runai_submit::subdir() {
+    local -r setting="$1" value="${2%/}" example="$3"
+    [ -n "${value}" ] || return 0
+    if [[ "${value}" = /* || "${value}" = *,* || "/${value}/" = */../* || "/${value}/" = */./* || "${value}" = *//* ]]; then
+        runai_submit::err "${setting}=${2} must be a path inside the claim, relative to its root, without '..', '.' or ',' (e.g. ${setting}=${example})"
+    fi
+    printf '%s\n' "${value}"
 }
 
 # A setting's words by the shell's quoting rules, with no expansion: the rule the SLURM job
@@ -59,7 +76,25 @@ main() {
         "cifar-100-python/ (stage it with make data DATA_DIR=... from a pod that mounts it)"
     runai_submit::check_volume RUNAI_RUN_PVC "${RUNAI_RUN_PVC:-}" RUNAI_RUN_DIR "${run_dir}" \
         "the runs: checkpoints, metrics, logs (it may be the data PVC)"
-    [ "${run_dir}" != "${data_dir}" ] || runai_submit::err "RUNAI_RUN_DIR and RUNAI_DATA_DIR are both ${run_dir}: give each volume its own mount point"
+    # One claim may be mounted once for both; two claims cannot share a mount point (Kubernetes
+    # refuses a pod whose volumeMounts repeat a mountPath: "must be unique").
+    [ "${run_dir}" != "${data_dir}" ] || [ "${RUNAI_RUN_PVC}" = "${RUNAI_DATA_PVC}" ] \
+        || runai_submit::err "RUNAI_RUN_DIR and RUNAI_DATA_DIR are both ${run_dir} for two claims (${RUNAI_DATA_PVC}, ${RUNAI_RUN_PVC}): give each claim its own mount point"
+    local data_subdir run_subdir
+    data_subdir="$(runai_submit::subdir RUNAI_DATA_SUBDIR "${RUNAI_DATA_SUBDIR:-}" "homes/${USER:-me}/data")"
+    run_subdir="$(runai_submit::subdir RUNAI_RUN_SUBDIR "${RUNAI_RUN_SUBDIR:-}" "homes/${USER:-me}/runs")"
+    # A new submission is a new run: a job name used before (RunAI frees it once the old job is
+    # deleted) would otherwise find the old run's checkpoint and continue it, or report it done.
+    # RUNAI_RESUME names the run to continue instead.
+    local run="${RUNAI_RESUME:-}"
+    if [ -n "${run}" ]; then
+        [[ "${run}" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] \
+            || runai_submit::err "RUNAI_RESUME=${run} is not a run's name: give the directory name under the runs directory that the submit of that run printed (e.g. RUNAI_RESUME=${name}-20260101-120000)"
+    else
+        run="${name}-$(date -u +%Y%m%d-%H%M%S)"
+    fi
+    local -r data_path="${data_dir}${data_subdir:+/${data_subdir}}"
+    local -r run_path="${run_dir}${run_subdir:+/${run_subdir}}/${run}"
     command -v runai >/dev/null || runai_submit::err "runai CLI not found: install it from your RunAI cluster's web UI (version 2.13 or newer)"
 
     # --command: without it RunAI appends what follows `--` to the image's ENTRYPOINT
@@ -80,12 +115,23 @@ main() {
     # Existing PVCs: --existing-pvc claimname=NAME,path=PATH (Run:ai CLI reference, runai
     # submit-dist pytorch; --pvc instead creates a new claim from a storage class). pod.sh
     # reads DDP_DATA_DIR and DDP_RUN_DIR (-e NAME=VALUE: a variable in every pod).
-    args+=(--existing-pvc "claimname=${RUNAI_DATA_PVC},path=${data_dir}"
-        --existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}"
-        -e "DDP_DATA_DIR=${data_dir}" -e "DDP_RUN_DIR=${run_dir}/${name}")
+    args+=(--existing-pvc "claimname=${RUNAI_DATA_PVC},path=${data_dir}")
+    if [ "${run_dir}" != "${data_dir}" ]; then
+        args+=(--existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}")
+    fi
+    args+=(-e "DDP_DATA_DIR=${data_path}" -e "DDP_RUN_DIR=${run_path}")
     local -a extra=()
     runai_submit::split_words extra RUNAI_EXTRA_ARGS
-    exec runai "${args[@]}" "${extra[@]}" -- "${pod_script}" "$@"
+    # The trainer's --resume: with it, a run dir without a checkpoint (a mistyped name) is an error
+    # in one line rather than a new run (src/ddp_train/checkpoint.py).
+    local -a resume=()
+    if [ -n "${RUNAI_RESUME:-}" ]; then
+        resume=(--resume)
+        printf 'runai/submit.sh: continuing run %s in %s\n' "${run}" "${run_path}" >&2
+    else
+        printf 'runai/submit.sh: a new run, %s, in %s (RUNAI_RESUME=%s continues it)\n' "${run}" "${run_path}" "${run}" >&2
+    fi
+    exec runai "${args[@]}" "${extra[@]}" -- "${pod_script}" "${resume[@]}" "$@"
 }
 
 main "$@"

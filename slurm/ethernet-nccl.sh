@@ -18,12 +18,12 @@
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
-source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 1; }
+source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-x86_64.sif"
 ddp::default DDP_SITE generic
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
-ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/ethernet-nccl-${SLURM_JOB_ID:-local}"
+ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/ethernet-nccl-%j"
 ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 384 --base-lr 0.01"
 ddp::default NCCL_IB_DISABLE 1
 

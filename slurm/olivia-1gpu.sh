@@ -18,12 +18,12 @@
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
 # Set the account above (or sbatch --account=nnXXXXk).
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
-source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 1; }
+source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-olivia-arm64.sif"
 ddp::default DDP_SITE olivia
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
-ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-1gpu-${SLURM_JOB_ID:-local}"
+ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-1gpu-%j"
 ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 256 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
 
 ddp::run_job node "$@"

@@ -1,6 +1,6 @@
 #!/bin/bash
 #SBATCH --job-name=ddp-raven-1node
-#SBATCH --partition=gpu
+#SBATCH --constraint="gpu"
 #SBATCH --time=01:00:00
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=4
@@ -15,17 +15,20 @@
 # raven-1gpu.sh and raven-task-per-gpu.sh (2 nodes), 32 images per GPU in all three.
 # One SLURM task per GPU over NVLink (RANK=SLURM_PROCID, LOCAL_RANK=SLURM_LOCALID, env:// init).
 # One log file per rank: $DDP_RUN_DIR/logs/<job>-<node>-rank<N>.out; rank 0's streams into this job's output.
+# GPU nodes are a node feature on Raven, not a partition: --constraint="gpu", as in the Raven user
+# guide's GPU batch scripts (https://docs.mpcdf.mpg.de/doc/computing/raven-user-guide.html) and
+# MPCDF's tutorial (github.com/mvigl/MPCDF_tutorial, docs/09_quotas_and_partitions.md).
 # Submit from the repository root: sbatch slurm/raven-1node-4gpu.sh [trainer flags...]
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
-source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 1; }
+source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-x86_64.sif"
 ddp::default DDP_APPTAINER_MODULE apptainer  # MPCDF: Apptainer is a module on Raven
 ddp::default DDP_SITE raven
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
-ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/raven-1node-${SLURM_JOB_ID:-local}"
+ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/raven-1node-%j"
 ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 128 --base-lr 0.01"
 
 ddp::run_job task "$@"

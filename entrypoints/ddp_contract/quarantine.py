@@ -2,8 +2,10 @@
 
 A node that the fabric gate (gate.json) or the preflight (`ddp-launch doctor --json`, one
 report per node) names goes into <run-dir>/quarantine.json with why; the batch script requeues
-the job with those nodes in ExcNodeList. Runs on the host's python3 (3.6 on SLES 15):
-    python3 -m ddp_contract.quarantine add --by gate|doctor --job ID --restart N RUN_DIR REPORT...
+the job with those nodes in ExcNodeList. A check that fails on every node is the setup's, not a
+node's: `add` names nothing then, prints one line with the fix and exits 2. Runs on the host's
+python3 (3.6 on SLES 15):
+    python3 -m ddp_contract.quarantine add --by gate|doctor --job ID --restart N [--nodes N] RUN_DIR REPORT...
     python3 -m ddp_contract.quarantine exclude RUN_DIR     (comma-separated nodes, for ExcNodeList)
     python3 -m ddp_contract.quarantine show RUN_DIR        (one line per excluded node and why)
     python3 -m ddp_contract.quarantine enough RUN_DIR NEED NODE...   (exit 1 with one line when short)
@@ -13,7 +15,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ddp_contract import EXIT_BAD_NODE, EXIT_USAGE
 
@@ -89,19 +91,60 @@ def named_by_gate(report: object) -> Dict[str, str]:
     return named
 
 
-def named_by_doctor(node: str, text: str) -> Optional[str]:
-    """Why the doctor failed this node, or None when it passed or left no report: a node that cannot
-    run the image at all fails the fabric gate next, so a garbled file never excludes a node."""
+class Failed(NamedTuple):  # one FAIL of a doctor report (ddp_launch.doctor.render_json)
+    name: str
+    detail: str
+    fix: str
+
+
+def doctor_failures(text: str) -> Optional[Tuple[Failed, ...]]:
+    """The checks a node's doctor report FAILs (none when it passed), or None when the file is no
+    report: a node that cannot run the image at all fails the fabric gate next."""
     try:
         report = json.loads(text)
     except ValueError:
+        return None
+    if not isinstance(report, dict):
+        return None
+    if report.get("ok"):
+        return ()
+    failed = tuple(Failed(str(c.get("name")), str(c.get("detail")), str(c.get("fix") or ""))
+                   for c in report.get("checks") or () if isinstance(c, dict) and c.get("status") == "FAIL")
+    return failed or (Failed("doctor", "failed", ""),)
+
+
+def named_by_doctor(node: str, failures: Optional[Tuple[Failed, ...]]) -> Optional[str]:
+    """Why the doctor failed this node, or None when it passed or left no report (so a garbled file
+    never excludes a node)."""
+    if failures is None:
         print("preflight: no doctor report from {} (see doctor-{}.err): not excluding it on that".format(
             node, node), file=sys.stderr)
         return None
-    if not isinstance(report, dict) or report.get("ok"):
+    return "; ".join("{}: {}".format(f.name, f.detail) for f in failures) or None
+
+
+def setup_problem(failures: Mapping[str, Optional[Tuple[Failed, ...]]], nodes: int) -> Optional[str]:
+    """One line when a check FAILs in the report of every node of the job: the image, the binds or a
+    setting, which excluding nodes cannot fix. The fabric gate's rule for NCCL on TCP sockets is the
+    same (src/ddp_train/fabric_gate.py, decide: on every node, "a setup problem, not a node"), and,
+    like it, it counts the only node of a 1-node job as every node: one node cannot tell a node's
+    fault from the setup's, and a requeue cannot either, while it costs up to DDP_MAX_REQUEUES waits
+    in the queue for a setup fault. The line names the node, for an --exclude when it is the node."""
+    reports = sorted(failures.items())
+    if not reports or len(reports) < nodes or any(found is None for _, found in reports):
         return None
-    failed = [c for c in report.get("checks") or () if c.get("status") == "FAIL"]
-    return "; ".join("{}: {}".format(c.get("name"), c.get("detail")) for c in failed) or "doctor failed"
+    common = [f for f in reports[0][1] if all(f.name in {g.name for g in found} for _, found in reports[1:])]
+    if not common:
+        return None
+    first = common[0]
+    if len(reports) > 1:
+        where = "on every node of the job ({} of {})".format(len(reports), len(reports))
+    else:
+        where = "on the job's only node ({}; if the node is at fault, resubmit with sbatch --exclude={})".format(
+            reports[0][0], reports[0][0])
+    return ("preflight: ddp-launch doctor fails '{}' {}: {}: a setup problem, not a bad node, so nothing is "
+            "excluded or requeued; fix: {}".format(first.name, where, first.detail,
+                                                   first.fix or "see each node's doctor-<node>.json"))
 
 
 def doctor_node(path: str) -> str:
@@ -109,25 +152,37 @@ def doctor_node(path: str) -> str:
     return name[len(DOCTOR_PREFIX):-len(".json")] if name.startswith(DOCTOR_PREFIX) else name
 
 
-def collect(by: str, reports: Iterable[str], job: str, restart: int) -> List[Excluded]:
-    found = []
-    for path in reports:
+def read_reports(paths: Iterable[str]) -> Dict[str, str]:
+    """{path: text} of the reports that can be read."""
+    texts = {}
+    for path in paths:
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
+                texts[path] = handle.read()
         except OSError:
             continue
-        if by == "gate":
-            try:
-                named = named_by_gate(json.loads(text))
-            except ValueError:
-                named = {}
-            found += [Excluded(node, by, why, job, restart) for node, why in sorted(named.items())]
-        else:
-            node = doctor_node(path)
-            why = named_by_doctor(node, text)
+    return texts
+
+
+def doctor_reports(texts: Mapping[str, str]) -> Dict[str, Optional[Tuple[Failed, ...]]]:
+    """{node: its FAILs, or None when its file is no report}, from the doctor-<node>.json files."""
+    return {doctor_node(path): doctor_failures(text) for path, text in texts.items()}
+
+
+def collect(by: str, texts: Mapping[str, str], job: str, restart: int) -> List[Excluded]:
+    found = []
+    if by == "doctor":
+        for node, failures in sorted(doctor_reports(texts).items()):
+            why = named_by_doctor(node, failures)
             if why:
                 found.append(Excluded(node, by, why, job, restart))
+        return found
+    for text in texts.values():
+        try:
+            named = named_by_gate(json.loads(text))
+        except ValueError:
+            named = {}
+        found += [Excluded(node, by, why, job, restart) for node, why in sorted(named.items())]
     return found
 
 
@@ -150,6 +205,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add.add_argument("--by", choices=("gate", "doctor"), required=True)
     add.add_argument("--job", default="?")
     add.add_argument("--restart", type=int, default=0)
+    add.add_argument("--nodes", type=int, default=0, help="the job's node count (default: one per report)")
     add.add_argument("reports", nargs="*")
     for name in ("exclude", "show"):
         sub.add_parser(name).add_argument("run_dir")
@@ -163,7 +219,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
     known = read_record(args.run_dir)
     if args.command == "add":
-        record, new = merge(known, collect(args.by, args.reports, args.job, args.restart))
+        texts = read_reports(args.reports)
+        if args.by == "doctor":
+            problem = setup_problem(doctor_reports(texts), args.nodes or len(args.reports))
+            if problem:
+                print(problem)
+                return EXIT_USAGE
+        record, new = merge(known, collect(args.by, texts, args.job, args.restart))
         if new:
             write_record(args.run_dir, record)
         for entry in new:

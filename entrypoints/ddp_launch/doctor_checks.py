@@ -32,9 +32,11 @@ from ddp_launch.libload import load_in_child, missing_library
 from ddp_launch.options import read_options
 from ddp_launch.plan import LAUNCHER, LaunchPlan
 from ddp_launch.rendezvous import host_name_problem
-from ddp_launch.sites import SiteProfile, container_search_paths
+from ddp_launch.sites import CONTAINER_RUNTIMES, SiteProfile, container_search_paths
 
 OK, WARN, FAIL, SKIP = "OK", "WARN", "FAIL", "SKIP"
+# Set by the job scripts (slurm/lib/ddp.sh): the command that runs the image, apptainer or singularity.
+CONTAINER_RUNTIME_VAR = "DDP_CONTAINER_RUNTIME"
 # Oldest Linux driver for each CUDA major (CUDA toolkit release notes, table 3), by runtime:
 # no such table is published for HIP (the amdgpu driver ships with each ROCm release).
 MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
@@ -145,6 +147,22 @@ def fabric_expected(ctx: DoctorContext) -> Optional[str]:
     return ctx.fabric.fabric if ctx.fabric.fabric != "ethernet" else None
 
 
+def container_runtime(ctx: DoctorContext) -> str:
+    """The command the fixes name: DDP_CONTAINER_RUNTIME where the job script set it (slurm/lib/ddp.sh
+    runs the image with it, and Apptainer and SingularityCE pass the host's environment in), else the
+    site profile's (LUMI: singularity, its only runtime), else apptainer."""
+    chosen = ctx.env.get(CONTAINER_RUNTIME_VAR, "")
+    if chosen in CONTAINER_RUNTIMES:
+        return chosen
+    return ctx.profile.container_runtime if ctx.profile else CONTAINER_RUNTIMES[0]
+
+
+def bind_variable(runtime: str) -> str:
+    """Where each runtime reads its binds: APPTAINER_BIND, SINGULARITY_BIND (their user guides,
+    "Bind Paths and Mounts")."""
+    return f"{runtime.upper()}_BIND"
+
+
 def planned(ctx: DoctorContext, name: str) -> Optional[str]:
     """The value the launcher would run with: the user's, else the fabric plan's."""
     if name in ctx.env:
@@ -170,16 +188,17 @@ def check_gpus(ctx: DoctorContext) -> Check:
         granted = integer(granted_from, ctx.env[granted_from]) if granted_from else None
     except LaunchError as error:
         return Check("gpus", FAIL, str(error), f"give {granted_from} a whole number of GPUs")
+    runtime = container_runtime(ctx)
     if granted and visible == 0:
         return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted",
-                     f"run with `apptainer exec {vendor.apptainer_flag}` (or `apptainer run {vendor.apptainer_flag}`) "
+                     f"run with `{runtime} exec {vendor.apptainer_flag}` (or `{runtime} run {vendor.apptainer_flag}`) "
                      "so the GPUs enter the container")
     if granted is not None and visible != granted:
         return Check("gpus", WARN, f"{visible} GPUs visible ({source}), {granted} granted",
                      f"check {vendor.visible_variables[0]} and the job's --gpus-per-node")
     if visible == 0:
         return Check("gpus", WARN, "no GPUs visible; training will run on CPU",
-                     f"on a GPU node, add {vendor.apptainer_flag} to apptainer")
+                     f"on a GPU node, add {vendor.apptainer_flag} to {runtime}")
     granted_note = f", {granted} granted" if granted is not None else ""
     return Check("gpus", OK, f"{visible} GPUs visible ({source}){granted_note}")
 
@@ -313,13 +332,15 @@ def binds_fix(ctx: DoctorContext) -> Optional[str]:
     Host paths enter the container only through binds (Apptainer user guide, "Bind Paths
     and Mounts"), and Apptainer sets APPTAINER_BIND inside the container to what was bound
     (user guide appendix, "Apptainer's environment variables"): unset here means none was.
-    It is read on the host, so the container must be started again.
+    It is read on the host, so the container must be started again, and by the site's runtime:
+    SingularityCE (LUMI) reads SINGULARITY_BIND.
     """
     if ctx.env.get("APPTAINER_BIND") or ctx.env.get("SINGULARITY_BIND"):
         return None
     site = ctx.profile.name if ctx.profile else "SITE"
-    return (f'nothing is bound (APPTAINER_BIND is unset): on the host run '
-            f'export APPTAINER_BIND="$(python3 -m ddp_launch.binds --site {site})" '
+    variable = bind_variable(container_runtime(ctx))
+    return (f'nothing is bound ({variable} is unset): on the host run '
+            f'export {variable}="$(python3 -m ddp_launch.binds --site {site})" '
             f'(PYTHONPATH=<checkout>/entrypoints), then start the container again')
 
 

@@ -22,6 +22,9 @@ LIBRARY_ORDERS = ("first", "prepend", "append")
 # The GPU vendors with data in containers/sites/accelerators (ddp_launch.accelerators); a profile
 # without "accelerator" means the first, so profiles written before AMD keep working.
 ACCELERATORS = ("nvidia", "amd")
+# The command that runs the image on the site (and the variable its binds go in, <COMMAND>_BIND):
+# Apptainer, or SingularityCE where a site has only that (LUMI). Absent: the first.
+CONTAINER_RUNTIMES = ("apptainer", "singularity")
 _NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
@@ -86,6 +89,7 @@ class SiteProfile(NamedTuple):
     fabric_gate: Optional[Dict[str, object]] = None  # the bus bandwidth the fabric gate expects, with its source
     accelerator: str = ACCELERATORS[0]  # the GPU vendor: containers/sites/accelerators/<accelerator>.json
     srun_args: Tuple[SrunArg, ...] = ()  # options for the srun of the training step and the fabric gate
+    container_runtime: str = CONTAINER_RUNTIMES[0]  # the command that runs the image there
 
     def env_value(self, name: str) -> Optional[EnvDefault]:
         for item in self.env:
@@ -151,7 +155,7 @@ def parse_profile(data: object, path: str) -> SiteProfile:
     if not isinstance(data, dict):
         raise fail("the top level must be a JSON object")
     allowed = {"schema", "name", "description", "fabric", "accelerator", "gpu", "binds", "env", "closure", "fabric_gate",
-               "srun_args"}
+               "srun_args", "container_runtime"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise fail(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
@@ -194,6 +198,7 @@ def parse_profile(data: object, path: str) -> SiteProfile:
         fabric_gate=_fabric_gate(data.get("fabric_gate"), fail),
         accelerator=accelerator,
         srun_args=tuple(_srun_arg(item, index, fail) for index, item in enumerate(_list(data, "srun_args", fail))),
+        container_runtime=_container_runtime(data.get("container_runtime"), fail),
     )
 
 
@@ -207,6 +212,19 @@ def _srun_arg(item: object, index: int, fail) -> SrunArg:
     if not isinstance(source, str) or not source:
         raise fail(f"srun_args[{index}].source must say where the option comes from")
     return SrunArg(value, source)
+
+
+def _container_runtime(item: object, fail) -> str:
+    """{"command": "singularity", "source": "..."}: the site's runtime, with where that is said."""
+    if item is None:
+        return CONTAINER_RUNTIMES[0]
+    if not isinstance(item, dict) or set(item) != {"command", "source"}:
+        raise fail("'container_runtime' must be {\"command\": \"apptainer\" or \"singularity\", \"source\": \"...\"}")
+    if item["command"] not in CONTAINER_RUNTIMES:
+        raise fail(f"'container_runtime'.command must be one of {', '.join(CONTAINER_RUNTIMES)}, got {item['command']!r}")
+    if not isinstance(item["source"], str) or not item["source"]:
+        raise fail("'container_runtime'.source must say where the site's runtime is documented")
+    return item["command"]
 
 
 # The fabric gate's expectation: a published all-reduce bus bandwidth at one size, the share of it

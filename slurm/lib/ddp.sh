@@ -14,7 +14,9 @@
 #   DDP_REPO        the checkout holding this file (set from where it was sourced)
 #   DDP_IMAGE       the SIF to run              DDP_SITE      site profile (binds, fabric)
 #   DDP_DATA_DIR    holds cifar-100-python/     DDP_RUN_DIR   metrics, checkpoint, logs
-#                   (both made absolute; ',' and ':' are refused: APPTAINER_BIND cannot carry them)
+#                   (both made absolute; ',' and ':' are refused: APPTAINER_BIND cannot carry them;
+#                   DDP_RUN_DIR may name the job as sbatch --output does: %j, %A, %a, %%; a job
+#                   array's tasks need %a or %j there, one run dir per task: runs/sweep-%A_%a)
 #   DDP_CONTAINER_RUNTIME apptainer (default) or singularity (SingularityCE, LUMI's): the command
 #                   the steps run, and the variable the binds go in (APPTAINER_BIND, SINGULARITY_BIND)
 #   DDP_APPTAINER_MODULE  module that provides that command, loaded when it is not on PATH
@@ -31,6 +33,9 @@
 #   DDP_FABRIC_GATE       1 runs the fabric gate before training (default), 0 skips it
 set -euo pipefail
 
+# ddp_contract.EXIT_USAGE (entrypoints/ddp_contract): a mistake the user can fix, said in one line and
+# never retried; runai/submit.sh and ddp-launch stop with it too.
+readonly DDP_EXIT_USAGE=2
 # ddp_contract.EXIT_REQUEUE (entrypoints/ddp_contract): every worker checkpointed on a stop signal.
 readonly DDP_EXIT_REQUEUE=75
 # ddp_contract.EXIT_BAD_NODE: the preflight or the fabric gate named a node; requeue without it.
@@ -46,7 +51,7 @@ ddp::log() {
 
 ddp::err() {
     ddp::log "error: $*"
-    exit 1
+    exit "${DDP_EXIT_USAGE}"
 }
 
 # Keep a value the user already set (environment, sbatch --export); else the default.
@@ -146,6 +151,52 @@ ddp::absolute_dir_setting() {
     export "${name}=${path}"
 }
 
+# DDP_RUN_DIR with sbatch's filename patterns that name the job filled in (sbatch(1), "filename
+# pattern"): %j the job id, %A the array's job id (the job id outside an array), %a the array task,
+# %% a '%'. The tasks of a job array share the environment they were submitted with, so a run dir
+# without %a or %j would be every task's: the second would stop at the run-dir lock, or, when the
+# first had finished, resume its run. In an array the setting must name the task.
+ddp::expand_run_dir() {
+    local -r given="${DDP_RUN_DIR}" task="${SLURM_ARRAY_TASK_ID:-}"
+    local rest="${given}" out="" symbol names_task=0
+    while [[ "${rest}" == *%* ]]; do
+        out+="${rest%%\%*}"
+        rest="${rest#*%}"
+        symbol="${rest:0:1}"
+        rest="${rest:1}"
+        case "${symbol}" in
+            %) out+=% ;;
+            j)
+                out+="${SLURM_JOB_ID:-local}"
+                names_task=1
+                ;;
+            A) out+="${SLURM_ARRAY_JOB_ID:-${SLURM_JOB_ID:-local}}" ;;
+            a)
+                [ -n "${task}" ] || ddp::err "DDP_RUN_DIR=${given} names an array task (%a), but job ${SLURM_JOB_ID:-local} is not a job array: submit it with sbatch --array=..., or leave %a out"
+                out+="${task}"
+                names_task=1
+                ;;
+            *) ddp::err "DDP_RUN_DIR=${given}: '%${symbol}' is not a pattern the job scripts fill in: use %j (the job), %A (the array job), %a (the array task) or %% (a '%'), as in sbatch(1)'s filename patterns" ;;
+        esac
+    done
+    if [ -n "${task}" ] && [ "${names_task}" = 0 ]; then
+        ddp::err "DDP_RUN_DIR=${given} is the same directory for every task of job array ${SLURM_ARRAY_JOB_ID:-?}: name the task in it with %a (DDP_RUN_DIR='runs/sweep-%A_%a'), so each task trains its own run"
+    fi
+    export DDP_RUN_DIR="${out}${rest}"
+}
+
+# The job as scontrol must name it. Each task of a job array has its own SLURM_JOB_ID, but the first
+# task's equals SLURM_ARRAY_JOB_ID, and scontrol given that id acts on the whole array: a requeue of
+# task 0 would requeue every task (Lightning-AI/pytorch-lightning#15022). "<array job id>_<task id>"
+# names one task (https://slurm.schedmd.com/job_array.html, "Job ID and Environment Variables").
+ddp::job_ref() {
+    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${SLURM_ARRAY_TASK_ID:-}" ]; then
+        printf '%s_%s\n' "${SLURM_ARRAY_JOB_ID}" "${SLURM_ARRAY_TASK_ID}"
+    else
+        printf '%s\n' "${SLURM_JOB_ID}"
+    fi
+}
+
 ddp::require_image() {
     local -r image="$1"
     [ -f "${image}" ] || ddp::err "image ${image} not found: build it (make build-olivia) or set DDP_IMAGE"
@@ -180,7 +231,7 @@ ddp::split_words() {
     into=()
     [ -n "${!name:-}" ] || return 0
     mapfile -t -d '' into < <(ddp::on_host ddp_contract.shell_words "${DDP_LOG_TAG:-ddp}" "${name}" "${!name}")
-    [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit 1  # python3 said why on stderr
+    [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit "${DDP_EXIT_USAGE}"  # python3 said why on stderr
     unset 'into[-1]'
 }
 
@@ -261,7 +312,13 @@ ddp::skip_used_step_ids() {
 }
 
 # One sampler per node as an overlapping job step; DDP_MONITOR_PID is the srun that
-# runs them, and killing it (by PID) stops every node's sampler.
+# runs them, and killing it (by PID) stops every node's sampler. --ntasks as well, as in the
+# preflight and in MPCDF's tutorial (`srun --ntasks=${SLURM_NNODES} --ntasks-per-node=1`): the step
+# inherits the job's SLURM_NTASKS (8 on Raven's 2 x 4), "Same as -n, --ntasks" for srun, and "the
+# --ntasks option will take precedence and the --ntasks-per-node will be treated as a maximum"
+# (srun(1)): an srun that applies that rule to the inherited count (older ones say "can't honor
+# --ntasks-per-node ... Ignoring") runs several samplers per node into one gpu-<node>.csv. Slurm
+# 22.05 lets the command line's --ntasks-per-node win; naming both makes every version agree.
 ddp::monitor_start() {
     local -r out_dir="$1" interval="$2"
     DDP_MONITOR_PID=""
@@ -270,7 +327,8 @@ ddp::monitor_start() {
     fi
     mkdir -p "${out_dir}"
     ddp::take_step_id
-    srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+    local -r nodes="${SLURM_JOB_NUM_NODES:-1}"
+    srun --overlap --nodes="${nodes}" --ntasks="${nodes}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
         --output="${out_dir}/sampler-%N.log" \
         "${DDP_REPO}/slurm/gpu-sampler.sh" "${out_dir}" "${interval}" &
     DDP_MONITOR_PID=$!
@@ -302,8 +360,9 @@ ddp::maybe_requeue() {
         ddp::log "stopped with a checkpoint, but already requeued ${restarts} times (DDP_MAX_REQUEUES=${max}): not requeuing"
         return 1
     fi
-    ddp::log "stopped with a checkpoint in ${run_dir}: requeuing job ${SLURM_JOB_ID} (restart $((restarts + 1)) of ${max})"
-    scontrol requeue "${SLURM_JOB_ID}"
+    local -r job="$(ddp::job_ref)"
+    ddp::log "stopped with a checkpoint in ${run_dir}: requeuing job ${job} (restart $((restarts + 1)) of ${max})"
+    scontrol requeue "${job}"
 }
 
 # The nodes of the job's partition, one per line.
@@ -338,12 +397,13 @@ ddp::requeue_elsewhere() {
         ddp::log "${short}"
         return 1
     fi
-    ddp::log "bad node(s) ${excluded}: requeuing job ${SLURM_JOB_ID} without them (restart $((restarts + 1)) of ${max}, exit ${DDP_EXIT_BAD_NODE})"
+    local -r job="$(ddp::job_ref)"
+    ddp::log "bad node(s) ${excluded}: requeuing job ${job} without them (restart $((restarts + 1)) of ${max}, exit ${DDP_EXIT_BAD_NODE})"
     (
         trap '' TERM
-        scontrol requeuehold "${SLURM_JOB_ID}"
-        scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${excluded}"
-        scontrol release "${SLURM_JOB_ID}"
+        scontrol requeuehold "${job}"
+        scontrol update JobId="${job}" ExcNodeList="${excluded}"
+        scontrol release "${job}"
     )
 }
 
@@ -356,7 +416,10 @@ ddp::show_quarantine() {
 }
 
 # The preflight: `ddp-launch doctor --json` on every node at once, one report per node
-# (preflight/<job>/doctor-<node>.json); a node with a FAIL goes into the quarantine record.
+# (preflight/<job>/doctor-<node>.json); a node with a FAIL goes into the quarantine record. A check
+# that fails on every node (the only node of a 1-node job included) is the setup's: the job stops
+# in one line with the fix, exit 2, and nothing is excluded or requeued (ddp_contract.quarantine,
+# setup_problem, says why).
 ddp::preflight() {
     if [ "${DDP_PREFLIGHT:-1}" = 0 ]; then
         ddp::log "preflight skipped (DDP_PREFLIGHT=0)"
@@ -374,9 +437,14 @@ ddp::preflight() {
         "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
         doctor --json --site "${DDP_SITE}" --data-dir "${DDP_DATA_DIR}" || true
     ddp::log "preflight step: $((SECONDS - started)) s"
-    local status=0
-    ddp::on_host ddp_contract.quarantine add --by doctor --job "${SLURM_JOB_ID:-local}" \
-        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${dir}"/doctor-*.json >&2 || status=$?
+    local status=0 said
+    said="$(ddp::on_host ddp_contract.quarantine add --by doctor --job "${SLURM_JOB_ID:-local}" \
+        --restart "${SLURM_RESTART_COUNT:-0}" --nodes "${SLURM_JOB_NUM_NODES:-1}" \
+        "${DDP_RUN_DIR}" "${dir}"/doctor-*.json)" || status=$?
+    if [ "${status}" -eq "${DDP_EXIT_USAGE}" ]; then
+        ddp::err "${said:-the preflight could not judge the doctor reports in ${dir} (see above)}"
+    fi
+    [ -z "${said}" ] || printf '%s\n' "${said}" >&2
     if [ "${status}" -eq 0 ]; then
         ddp::log "preflight: ddp-launch doctor passed on every node (${dir})"
     fi
@@ -556,6 +624,7 @@ ddp::first_node() {
 ddp::run_job() {
     ddp::split_words DDP_LAUNCH_WORDS DDP_LAUNCH_ARGS
     ddp::split_words DDP_TRAIN_WORDS DDP_TRAIN_ARGS
+    ddp::expand_run_dir
     ddp::absolute_dir_setting DDP_DATA_DIR
     ddp::absolute_dir_setting DDP_RUN_DIR
     ddp::require_runtime

@@ -86,6 +86,33 @@ scontrol release 42"
     assert_output "scontrol update JobId=42 ExcNodeList=node2"
 }
 
+# The fabric gate's rule for NCCL on sockets (src/ddp_train/fabric_gate.py, decide): on every node it is
+# "a setup problem, not a node". The preflight keeps the same rule for a check every doctor FAILs.
+@test "a check that every node's doctor fails stops the job in one line with the fix, exit 2, nothing excluded or requeued" {
+    export DOCTOR_FAILS="node1 node2" PARTITION_NODES="node1 node2 node3"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 2
+    assert_line "ddp: error: preflight: ddp-launch doctor fails 'interface' on every node of the job (2 of 2): eth0 missing: a setup problem, not a bad node, so nothing is excluded or requeued; fix: unset NCCL_SOCKET_IFNAME"
+    refute_output --partial "excluded node"
+    run grep -c '^scontrol\|ddp_train.gate\| -- --data-dir ' "${CALLS}"
+    assert_output "0"
+    [ ! -e "${DDP_RUN_DIR}/quarantine.json" ]
+}
+
+@test "a FAIL on the only node of a 1-node job is the setup's too: exit 2, the node named for an --exclude" {
+    export SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST=node1 DOCTOR_FAILS=node1
+
+    run bash "${REPO}/slurm/olivia-1gpu.sh"
+
+    assert_failure 2
+    assert_line --partial "ddp: error: preflight: ddp-launch doctor fails 'interface' on the job's only node (node1; if the node is at fault, resubmit with sbatch --exclude=node1): eth0 missing"
+    run grep -c '^scontrol' "${CALLS}"
+    assert_output "0"
+    [ ! -e "${DDP_RUN_DIR}/quarantine.json" ]
+}
+
 @test "the requeued job lists the nodes excluded so far and why" {
     mkdir -p "${DDP_RUN_DIR}"
     printf '{"schema": 1, "excluded": [{"node": "node3", "by": "gate", "why": "slow", "job": "41", "restart": 0}]}\n' \

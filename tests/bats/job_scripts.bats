@@ -41,7 +41,7 @@ python3 -m ddp_launch.sites --site olivia srun-args"
 @test "a site the vendor question cannot read stops the job in one line before any srun" {
     DDP_SITE=nosuchsite run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure
+    assert_failure 2
     assert_output --partial "unknown site 'nosuchsite'"
     run grep -c '^srun .* apptainer run' "${CALLS}"
     assert_output "0"
@@ -100,7 +100,22 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
 
     assert_success
     run grep 'gpu-sampler.sh' "${CALLS}"
-    assert_output "srun --overlap --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --output=${DDP_RUN_DIR}/gpu/sampler-%N.log ${REPO}/slurm/gpu-sampler.sh ${DDP_RUN_DIR}/gpu 5"
+    assert_output "srun --overlap --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --output=${DDP_RUN_DIR}/gpu/sampler-%N.log ${REPO}/slurm/gpu-sampler.sh ${DDP_RUN_DIR}/gpu 5"
+}
+
+@test "a job of 2 nodes x 4 tasks (Raven, LUMI) still runs one sampler and one doctor per node" {
+    # The steps inherit SLURM_NTASKS=8 from the job, "Same as -n, --ntasks", and srun gives --ntasks
+    # precedence over --ntasks-per-node (srun(1)): by that rule, without --ntasks each node runs 4
+    # samplers into one gpu-<node>.csv. The stub counts a step's tasks by it ($STEP_TASKS). Slurm
+    # 22.05 (the e2e cluster) lets the command line's --ntasks-per-node win instead; a step that names
+    # both is the same under either.
+    export SLURM_NTASKS=8 DDP_PREFLIGHT=1
+
+    run bash "${REPO}/slurm/raven-task-per-gpu.sh"
+
+    assert_success
+    run grep -E ' (apptainer|.*/gpu-sampler\.sh)$' "${STEP_TASKS}"
+    assert_output "$(printf '%s\n' '2 apptainer' "2 ${REPO}/slurm/gpu-sampler.sh" '8 apptainer')"
 }
 
 @test "raven: one task per GPU, slurm-task mode, one log file per rank named by node" {
@@ -133,6 +148,18 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
         run grep -E '^#SBATCH --(nodes|ntasks-per-node|gres|cpus-per-task)=' "${REPO}/slurm/${name}.sh"
         assert_output "$(printf '%s\n' "#SBATCH --nodes=${nodes}" "#SBATCH --ntasks-per-node=${gpus}" \
             "#SBATCH --cpus-per-task=18" "#SBATCH --gres=gpu:a100:${gpus}")"
+    done
+}
+
+@test "raven's scripts select GPU nodes by the node feature gpu, not a partition" {
+    # Raven's GPU nodes are a constraint: --constraint="gpu" (the Raven user guide's GPU batch scripts,
+    # https://docs.mpcdf.mpg.de/doc/computing/raven-user-guide.html; MPCDF's tutorial,
+    # mvigl/MPCDF_tutorial docs/09_quotas_and_partitions.md: "accessed via constraints rather than
+    # named partitions"). sbatch reads the quotes as the shell does, so the value is gpu.
+    local script
+    for script in "${REPO}"/slurm/raven-*.sh; do
+        run grep -E '^#SBATCH --(constraint|partition)[= ]' "${script}"
+        assert_output '#SBATCH --constraint="gpu"'
     done
 }
 
@@ -242,7 +269,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output "ddp: error: DDP_TRAIN_ARGS=\"--note 'unclosed\" is not words of the shell (No closing quotation): close each quote as in the shell, e.g. \"a b\""
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -253,7 +280,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output "ddp: error: ${DDP_DATA_DIR}/cifar-100-python lacks test: run 'make data DATA_DIR=${DDP_DATA_DIR}' on the login node, or set DDP_DATA_DIR"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -291,7 +318,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output --partial "image ${DDP_IMAGE} not found"
 }
 
@@ -300,7 +327,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_line --partial "${BATS_TEST_TMPDIR}/slurm/lib/ddp.sh: No such file or directory"
     assert_line "error: submit from this project's checkout or set DDP_REPO"
     run grep -c '^srun' "${CALLS}"
@@ -420,6 +447,85 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     assert_output "1"
 }
 
+# A job array's tasks: each has its own SLURM_JOB_ID, the first task's equal to SLURM_ARRAY_JOB_ID, and
+# scontrol given that id acts on every task (Lightning-AI/pytorch-lightning#15022); <array>_<task> names
+# one (https://slurm.schedmd.com/job_array.html). Task 0 of array 42 here.
+_array_task() {
+    export SLURM_JOB_ID="$1" SLURM_ARRAY_JOB_ID="$2" SLURM_ARRAY_TASK_ID="$3"
+    export DDP_RUN_DIR="${BATS_TEST_TMPDIR}/sweep-%A_%a"
+}
+
+@test "a stop in a job array requeues that task alone: scontrol requeue <array>_<task>" {
+    _array_task 42 42 0
+    export SRUN_STATUS=75
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "requeuing job 42_0 (restart 1 of 3)"
+    run grep '^scontrol' "${CALLS}"
+    assert_output "scontrol requeue 42_0"
+}
+
+@test "a bad node in a job array: that task alone is held, given ExcNodeList and released" {
+    _array_task 43 42 1
+    export DDP_PREFLIGHT=1 DOCTOR_FAILS=node2 PARTITION_NODES="node1 node2 node3"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 76
+    run grep '^scontrol \(update\|requeue\|release\)' "${CALLS}"
+    assert_output "scontrol requeuehold 42_1
+scontrol update JobId=42_1 ExcNodeList=node2
+scontrol release 42_1"
+}
+
+@test "DDP_RUN_DIR names the array task as sbatch --output does (%A_%a), one run dir per task" {
+    _array_task 44 42 2
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run _train_call
+    assert_output --partial " -- --data-dir ${DDP_DATA_DIR} --run-dir ${BATS_TEST_TMPDIR}/sweep-42_2 "
+    [ -d "${BATS_TEST_TMPDIR}/sweep-42_2" ]
+
+    : > "${CALLS}"
+    DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run-%j" run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_success
+    run _train_call
+    assert_output --partial " --run-dir ${BATS_TEST_TMPDIR}/run-44 "
+}
+
+@test "every script's default run dir is the job's own (%j), so each task of an array gets one" {
+    local script count=0
+    for script in "${REPO}"/slurm/*.sh; do
+        grep -q '^ddp::run_job ' "${script}" || continue
+        count=$((count + 1))
+        run grep '^ddp::default DDP_RUN_DIR ' "${script}"
+        assert_output --regexp '^ddp::default DDP_RUN_DIR "\$\{DDP_REPO\}/runs/[a-z0-9-]+-%j"$'
+    done
+    [ "${count}" -ge 9 ]
+}
+
+@test "a run dir every task of an array would share, or a pattern the scripts do not fill in, is one line, exit 2" {
+    _array_task 43 42 1
+    DDP_RUN_DIR="${BATS_TEST_TMPDIR}/sweep" run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output "ddp: error: DDP_RUN_DIR=${BATS_TEST_TMPDIR}/sweep is the same directory for every task of job array 42: name the task in it with %a (DDP_RUN_DIR='runs/sweep-%A_%a'), so each task trains its own run"
+
+    unset SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID
+    DDP_RUN_DIR="${BATS_TEST_TMPDIR}/sweep-%a" run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output "ddp: error: DDP_RUN_DIR=${BATS_TEST_TMPDIR}/sweep-%a names an array task (%a), but job 43 is not a job array: submit it with sbatch --array=..., or leave %a out"
+
+    DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run-%x" run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output --partial "'%x' is not a pattern the job scripts fill in: use %j (the job), %A (the array job), %a (the array task) or %% (a '%')"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
+
 @test "only exit 75 requeues: exit 1 is a failure even when the metrics say stopped" {
     export SRUN_STATUS=1
     mkdir -p "${DDP_RUN_DIR}"
@@ -461,7 +567,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output --partial "apptainer is not on PATH: run 'module load apptainer'"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -482,7 +588,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
     : > "${CALLS}"
     DDP_CONTAINER_RUNTIME=podman run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output "ddp: error: DDP_CONTAINER_RUNTIME=podman is not a runtime the job scripts run: use apptainer or singularity (SingularityCE)"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -494,7 +600,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output --partial "singularity is not on PATH: run 'module load singularity'"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
@@ -538,7 +644,7 @@ seq 1 40 | sed "s/^/line /" >> "${rank0}"'
         : > "${CALLS}"
         DDP_RUN_DIR="${bad}" run bash "${REPO}/slurm/olivia-multinode.sh"
 
-        assert_failure 1
+        assert_failure 2
         assert_output "ddp: error: DDP_RUN_DIR=${bad} contains ',' or ':', which APPTAINER_BIND cannot carry: use a path without them (a symlink to it works)"
         run grep -c '^srun' "${CALLS}"
         assert_output "0"

@@ -7,8 +7,10 @@ setup() {
     _common_setup
     _stub runai 'exit 0'
     _stub ddp-launch 'exit 0'
+    # The submit's UTC time names a new run: `date -u +FORMAT` (date(1)), $NOW here.
+    _stub date '[ "$*" = "-u +%Y%m%d-%H%M%S" ] || { echo "date stub: unknown arguments $*" >&2; exit 2; }; echo "${NOW:-20260101-120000}"'
     unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
-        RUNAI_DATA_DIR RUNAI_RUN_DIR KUBERNETES_SERVICE_HOST
+        RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME KUBERNETES_SERVICE_HOST NOW
     export RUNAI_IMAGE=registry.example/ddp-train:0.1 RUNAI_DATA_PVC=scratch RUNAI_RUN_PVC=scratch
     export PYTHONPATH="${REPO}/entrypoints"  # as the image's: pod.sh checks the data with ddp_contract
 }
@@ -17,8 +19,9 @@ setup() {
     run bash "${REPO}/runai/submit.sh" --epochs 5
 
     assert_success
-    run cat "${CALLS}"
-    assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train -- /opt/ddp/runai/pod.sh --epochs 5"
+    assert_output "runai/submit.sh: a new run, ddp-train-20260101-120000, in /mnt/runs/ddp-train-20260101-120000 (RUNAI_RESUME=ddp-train-20260101-120000 continues it)"
+    run grep '^runai ' "${CALLS}"
+    assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 -- /opt/ddp/runai/pod.sh --epochs 5"
 }
 
 @test "runai submit: settings from the environment, no RDMA, extra flags as words" {
@@ -28,7 +31,7 @@ setup() {
 
     assert_success
     run grep '^runai ' "${CALLS}"
-    assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/wrn --node-pools a100 --preemptible -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+    assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/wrn-20260101-120000 --node-pools a100 --preemptible -- /opt/ddp/runai/pod.sh --batch-size 1 024"
 }
 
 # RUNAI_EXTRA_ARGS is split as the SLURM job scripts split DDP_TRAIN_ARGS: the shell's quoting,
@@ -40,7 +43,7 @@ setup() {
 
     assert_success
     run sed -n '/^-e$/,$p' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train \
+    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 \
         --node-pools a100 -e 'NOTE=two words' --label '$HOME' -e 'GLOB=*' -- /opt/ddp/runai/pod.sh --epochs 5)"
 }
 
@@ -71,11 +74,72 @@ setup() {
     assert_failure 2
     assert_output --partial "RUNAI_DATA_PVC=My_Data is not a PVC name"
 
-    RUNAI_RUN_DIR=/mnt/data run bash "${REPO}/runai/submit.sh"
+    RUNAI_RUN_PVC=runs RUNAI_RUN_DIR=/mnt/data run bash "${REPO}/runai/submit.sh"
     assert_failure 2
-    assert_output --partial "give each volume its own mount point"
-    run cat "${CALLS}"
-    assert_output ""
+    assert_output "runai/submit.sh: error: RUNAI_RUN_DIR and RUNAI_DATA_DIR are both /mnt/data for two claims (scratch, runs): give each claim its own mount point"
+    run grep -c '^runai ' "${CALLS}"
+    assert_output "0"
+}
+
+# A new submission is a new run: RunAI frees a job's name once the job is deleted, and a run dir
+# named after the job alone held the old run, which the trainer then continued (or found done).
+@test "runai submit: each submission under one job name trains a new run; RUNAI_RESUME continues a named one" {
+    _stub runai 'printf "%s\n" "$@" > "'"${BATS_TEST_TMPDIR}/runai.argv"'"'
+    NOW=20260101-120000 run bash "${REPO}/runai/submit.sh" --epochs 5
+    assert_success
+    run grep '^DDP_RUN_DIR=' "${BATS_TEST_TMPDIR}/runai.argv"
+    assert_output "DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000"
+
+    NOW=20260102-083000 run bash "${REPO}/runai/submit.sh" --epochs 5
+    assert_success
+    run grep '^DDP_RUN_DIR=' "${BATS_TEST_TMPDIR}/runai.argv"
+    assert_output "DDP_RUN_DIR=/mnt/runs/ddp-train-20260102-083000"
+
+    # The trainer's --resume refuses a run dir without a checkpoint: a mistyped name is an error.
+    RUNAI_RESUME=ddp-train-20260101-120000 run bash "${REPO}/runai/submit.sh" --epochs 9
+    assert_success
+    assert_output "runai/submit.sh: continuing run ddp-train-20260101-120000 in /mnt/runs/ddp-train-20260101-120000"
+    run sed -n '/^DDP_RUN_DIR=/,$p' "${BATS_TEST_TMPDIR}/runai.argv"
+    assert_output "$(printf '%s\n' DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 -- /opt/ddp/runai/pod.sh --resume --epochs 9)"
+}
+
+@test "runai submit: RUNAI_RESUME that is not a run's name is one line, exit 2, nothing submitted" {
+    for bad in ../other /mnt/runs/x "a b"; do
+        RUNAI_RESUME="${bad}" run bash "${REPO}/runai/submit.sh"
+        assert_failure 2
+        assert_output --partial "runai/submit.sh: error: RUNAI_RESUME=${bad} is not a run's name: "
+    done
+    run grep -c '^runai ' "${CALLS}"
+    assert_output "0"
+}
+
+# EPFL RCP keeps each user's files under /mloscratch/homes/<user>/ on one shared claim
+# (epfml/getting-started, docs/README.md; its runai examples mount runai-mlo-<user>-scratch at
+# /mloscratch). The claim is mounted once, whole, and the data and the runs are paths below it.
+@test "runai submit: data and runs in subdirectories of one shared claim, mounted once" {
+    RUNAI_DATA_PVC=runai-mlo-alice-scratch RUNAI_RUN_PVC=runai-mlo-alice-scratch \
+        RUNAI_DATA_DIR=/mloscratch RUNAI_RUN_DIR=/mloscratch \
+        RUNAI_DATA_SUBDIR=homes/alice/data RUNAI_RUN_SUBDIR=homes/alice/runs/ \
+        run bash "${REPO}/runai/submit.sh"
+
+    assert_success
+    run grep '^runai ' "${CALLS}"
+    assert_output --partial " --existing-pvc claimname=runai-mlo-alice-scratch,path=/mloscratch -e DDP_DATA_DIR=/mloscratch/homes/alice/data -e DDP_RUN_DIR=/mloscratch/homes/alice/runs/ddp-train-20260101-120000 -- "
+    run grep -o -- '--existing-pvc' "${CALLS}"
+    assert_output "--existing-pvc"
+}
+
+@test "runai submit: a subdirectory that leaves the claim or is absolute is one line, exit 2" {
+    for bad in /mloscratch/homes/alice ../bob homes/../../etc "homes/a,b"; do
+        RUNAI_DATA_SUBDIR="${bad}" run bash "${REPO}/runai/submit.sh"
+        assert_failure 2
+        assert_output --partial "runai/submit.sh: error: RUNAI_DATA_SUBDIR=${bad} must be a path inside the claim, relative to its root"
+    done
+    RUNAI_RUN_SUBDIR=/abs run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output --partial "RUNAI_RUN_SUBDIR=/abs must be a path inside the claim"
+    run grep -c '^runai ' "${CALLS}"
+    assert_output "0"
 }
 
 @test "runai submit: a missing image or a bad count is one error line and nothing is submitted" {
@@ -108,13 +172,23 @@ setup() {
     [ -d "${BATS_TEST_TMPDIR}/run/logs" ]
 }
 
+@test "pod: without DDP_RUN_DIR the pod stops in one line, exit 2: it cannot tell a new job from its own restart" {
+    _stage_data
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" HOSTNAME=ddp-train-master-0 run bash "${REPO}/runai/pod.sh"
+
+    assert_failure 2
+    assert_output "pod: error: DDP_RUN_DIR is unset: submit with runai/submit.sh (a run dir per submission), or set it in the pod spec to a new directory per run (an earlier run's to continue it)"
+    run grep -c '^ddp-launch' "${CALLS}"
+    assert_output "0"
+}
+
 @test "pod: missing data on the volume stops the pod before ddp-launch" {
     mkdir -p "${BATS_TEST_TMPDIR}/partial/cifar-100-python"
     touch "${BATS_TEST_TMPDIR}/partial/cifar-100-python/train"
     DDP_DATA_DIR="${BATS_TEST_TMPDIR}/partial" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" \
         run bash "${REPO}/runai/pod.sh"
 
-    assert_failure 1
+    assert_failure 2
     assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the PVC"
     run grep -c '^ddp-launch' "${CALLS}"
     assert_output "0"

@@ -137,3 +137,20 @@ def test_a_node_failing_the_preflight_is_excluded_and_the_job_finishes_elsewhere
     assert "Training completed successfully." in output
     record = json.loads((Path(job_env["DDP_RUN_DIR"]) / "quarantine.json").read_text())
     assert [e["node"] for e in record["excluded"]] == ["node2"]
+
+
+def test_a_check_failing_on_every_node_stops_the_job_in_one_line_and_excludes_nothing(cluster, job_env, tmp_path):
+    # The job names an interface no node has (a site's NCCL_SOCKET_IFNAME=hsn0 on another cluster): the
+    # doctor's interface check FAILs on both nodes, a setup problem that excluding nodes cannot fix.
+    job_env = {**job_env, "NCCL_SOCKET_IFNAME": "hsn0"}
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
+
+    job = cluster.wait(job_id, timeout=300)
+
+    output = job.output()
+    assert (job.state, job.exit_code) == ("FAILED", "2:0"), output
+    assert job.fields.get("Restarts") == "0" and job.fields.get("ExcNodeList") == "(null)", job.fields
+    assert "ddp: error: preflight: ddp-launch doctor fails 'interface' on every node of the job (2 of 2): " in output
+    assert "a setup problem, not a bad node, so nothing is excluded or requeued; fix: " in output
+    run_dir = Path(job_env["DDP_RUN_DIR"])
+    assert not (run_dir / "quarantine.json").exists() and not (run_dir / "gate.json").exists()

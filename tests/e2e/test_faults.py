@@ -190,6 +190,32 @@ def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(clu
         assert not (run_dir / ".ddp-stop-request").exists()
 
 
+def test_a_stop_in_a_job_array_requeues_that_task_alone_and_each_task_has_its_own_run_dir(cluster, job_env,
+                                                                                          tmp_path):
+    # sbatch --array=0-1: two one-node tasks side by side, each in its own run dir named with %A_%a as
+    # sbatch --output names files. Task 0's SLURM_JOB_ID is the array's, and scontrol given that id
+    # requeues every task (Lightning-AI/pytorch-lightning#15022): the stop must requeue <array>_0 alone.
+    # The training step alone runs (the preflight and the gate have tests of their own).
+    job_env = {**job_env, "DDP_RUN_DIR": str(tmp_path / "sweep-%A_%a"), "DDP_PREFLIGHT": "0",
+               "DDP_FABRIC_GATE": "0", "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 6")}
+    array = cluster.sbatch([*sbatch_args(tmp_path, "--array=0-1", "--nodes=1"), "slurm/olivia-multinode.sh"],
+                           env=job_env)
+    tasks = [f"{array}_{index}" for index in (0, 1)]
+    run_dirs = [tmp_path / f"sweep-{task}" for task in tasks]
+    _wait_for_epochs(cluster, run_dirs[0], 1)
+
+    cluster.run(["scancel", "--batch", "--signal=USR2", tasks[0]], timeout=30)
+    done = [cluster.wait(task, timeout=300, states={"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}) for task in tasks]
+
+    assert [job.state for job in done] == ["COMPLETED", "COMPLETED"], done[0].output() + done[1].output()
+    assert [job.fields.get("Restarts") for job in done] == ["1", "0"], [job.fields for job in done]
+    assert f"requeuing job {tasks[0]} (restart 1 of 3)" in done[0].output()
+    stopped = [[r for r in metrics_records(run_dir) if r["type"] == "stopped"] for run_dir in run_dirs]
+    assert len(stopped[0]) == 1 and stopped[1] == []
+    for run_dir in run_dirs:
+        assert metrics_records(run_dir)[-1]["type"] == "summary"
+
+
 def test_under_squashfuse_a_stop_signal_kills_the_image_mount_and_the_workers_die_of_sigbus(cluster, job_env,
                                                                                             tmp_path):
     # Why the scripts ask for B:USR2, the TERM test above sets APPTAINER_UNSQUASH=1, and the doctor

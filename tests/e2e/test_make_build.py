@@ -25,16 +25,21 @@ def test_make_build_olivia_on_x86_64_builds_an_arm64_sif_from_the_prepulled_one(
     base = image.arm64_base(lambda argv: cluster.run(argv, timeout=900))
     out = user_dir(tmp_path / "out")
     sif = out / "train-olivia-arm64.sif"
+    # A $TMPDIR the user cannot write, as a full /tmp on a login node: the unpacked base (~20 GB
+    # for the NGC one) belongs in the build scratch that build-space.sh checks, not there.
+    login_tmp = user_dir(tmp_path / "login-tmp")
+    login_tmp.chmod(0o555)
+    scratch = out / ".apptainer-build"
 
     done = cluster.as_user(["make", "--no-print-directory", "build-olivia", f"OLIVIA_BASE_SIF={base}",
                             f"OLIVIA_SIF={sif}", f"BUILD_FLAGS={image.TEST_BUILD_FLAGS}",
-                            *image.build_scratch(out / ".apptainer-build")],
-                           env={"TMPDIR": str(out)}, timeout=900)
+                            *image.build_scratch(scratch)],
+                           env={"TMPDIR": str(login_tmp)}, timeout=900)
 
     assert done.returncode == 0, done.stderr
-    assert f"unpacking {base} (arm64)" in done.stdout
+    assert f"unpacking {base} (arm64) to {scratch}/tmp/olivia-base." in done.stdout
     assert "Architecture arm64 does not match build arch amd64" in done.stderr  # a warning only
-    assert list(out.glob("olivia-base.*")) == []  # the unpacked base is removed
+    assert list((scratch / "tmp").glob("olivia-base.*")) == []  # the unpacked base is removed
     header = cluster.as_user(["apptainer", "sif", "header", sif])
     assert re.search(r"Primary Architecture:\s+arm64", header.stdout), header.stdout
     # The image's metadata: `{"data": {"attributes": {"labels": ...}}}` (what `inspect` reads).

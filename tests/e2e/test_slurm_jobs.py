@@ -66,6 +66,11 @@ def test_task_per_gpu_script_runs_two_ranks_on_each_of_two_nodes(cluster, job_en
                     f"{job_id}-{second}-rank2.out", f"{job_id}-{second}-rank3.out"]
     run = [r for r in _records(Path(job_env["DDP_RUN_DIR"])) if r["type"] == "run"][-1]
     assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(Path(job_env["DDP_IMAGE"]))
+    # One sampler per node although the job has 2 tasks per node and the step inherits SLURM_NTASKS=4
+    # (srun(1): --ntasks wins over --ntasks-per-node; the step names both, so any srun agrees).
+    for node in (first, second):
+        said = (Path(job_env["DDP_RUN_DIR"]) / "gpu" / f"sampler-{node}.log").read_text()
+        assert said.count(f"nvidia-smi not found on {node}") == 1, said
 
 
 @pytest.mark.parametrize("script,tasks", [("slurm/raven-1gpu.sh", 1), ("slurm/raven-1node-4gpu.sh", 2)])

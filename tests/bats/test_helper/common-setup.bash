@@ -9,7 +9,8 @@ _common_setup() {
     STUBS="${BATS_TEST_TMPDIR}/bin"
     CALLS="${BATS_TEST_TMPDIR}/calls.log"
     STEP_ARGV="${BATS_TEST_TMPDIR}/step.argv"
-    export REPO STUBS CALLS STEP_ARGV
+    STEP_TASKS="${BATS_TEST_TMPDIR}/step-tasks.log"
+    export REPO STUBS CALLS STEP_ARGV STEP_TASKS
     mkdir -p "${STUBS}"
     : > "${CALLS}"
     _write_stubs
@@ -27,14 +28,24 @@ _write_stubs() {
     # srun: known options only, then the command; it records the command line and
     # the variables the job scripts export, and exits with $SRUN_STATUS (default 0).
     _stub srun '
+nodes="${SLURM_JOB_NUM_NODES:-1}" ntasks="" per_node=""
 for arg in "$@"; do
     case "${arg}" in
-        --overlap|--nodes=*|--ntasks=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*|--network=*) ;;
+        --overlap|--kill-on-bad-exit=*|--wait=*|--error=*|--network=*) ;;
+        --nodes=*) nodes="${arg#--nodes=}" ;;
+        --ntasks=*) ntasks="${arg#--ntasks=}" ;;
+        --ntasks-per-node=*) per_node="${arg#--ntasks-per-node=}" ;;
         --output=*) output="${arg#--output=}" ;;
         -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
         *) break ;;
     esac
 done
+# How many tasks the step gets, by the rules of srun(1): SLURM_NTASKS, which a step inherits from its
+# batch job, is "Same as -n, --ntasks" (INPUT ENVIRONMENT VARIABLES), and "the --ntasks option will
+# take precedence and the --ntasks-per-node will be treated as a maximum" (--ntasks-per-node).
+# One line per step in $STEP_TASKS: the task count, then the program the step runs.
+ntasks="${ntasks:-${SLURM_NTASKS:-$((nodes * ${per_node:-1}))}}"
+printf "%s %s\n" "${ntasks}" "${arg}" >> "'"${STEP_TASKS}"'"
 # SLURM numbers the steps of a job 0, 1, 2... in the order it creates them, and a step it cannot create
 # takes no id ("srun: error: Unable to create step"); $SRUN_REFUSE_STEPS such refusals come first.
 exec 9>>"'"${BATS_TEST_TMPDIR}"'/step-ids.lock"
@@ -55,11 +66,13 @@ case "$*" in *" printenv SLURM_STEP_ID") printf "%s\n" "${SLURM_STEP_ID}"; exit 
 case " $* " in *" apptainer "* | *" singularity "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
 printf "srun-env NCCL_IB_DISABLE=%s APPTAINER_BIND=%s\n" "${NCCL_IB_DISABLE-unset}" "${APPTAINER_BIND-unset}" >> "'"${CALLS}"'"
 [ -z "${SINGULARITY_BIND+set}" ] || printf "srun-env SINGULARITY_BIND=%s\n" "${SINGULARITY_BIND}" >> "'"${CALLS}"'"
-# The preflight: a doctor report per node, where --output=...%N says; $DOCTOR_FAILS names a failing node.
+# The preflight: a doctor report per node of the step (node1, node2...), where --output=...%N says;
+# $DOCTOR_FAILS names the failing nodes (words).
 case " $* " in *" doctor --json "*)
-    for node in node1 node2; do
-        ok=true; [ "${node}" = "${DOCTOR_FAILS:-}" ] && ok=false
-        printf "{\"ok\": %s, \"checks\": [{\"name\": \"interface\", \"status\": \"%s\", \"detail\": \"eth0 missing\"}]}\n" \
+    for node in $(seq -f "node%g" "${nodes}"); do
+        ok=true
+        case " ${DOCTOR_FAILS:-} " in *" ${node} "*) ok=false ;; esac
+        printf "{\"ok\": %s, \"checks\": [{\"name\": \"interface\", \"status\": \"%s\", \"detail\": \"eth0 missing\", \"fix\": \"unset NCCL_SOCKET_IFNAME\"}]}\n" \
             "${ok}" "$([ "${ok}" = true ] && echo OK || echo FAIL)" > "${output//%N/${node}}"
     done
     exit 0 ;;
@@ -87,10 +100,13 @@ case " $* " in *" -- --data-dir "*)
     fi ;;
 esac
 exit "${SRUN_STATUS:-0}"'
+    # A job is named by its id or, for one task of an array, <array job id>_<task id> (scontrol(1);
+    # https://slurm.schedmd.com/job_array.html).
     _stub scontrol '
+job_id() { [[ "$1" =~ ^[0-9]+(_[0-9]+)?$ ]] || { echo "scontrol stub: bad job id $1" >&2; exit 2; }; }
 case "${1-} ${2-}" in
-    "requeue "[0-9]* | "requeuehold "[0-9]* | "release "[0-9]*) [ "$#" -eq 2 ] ;;
-    "update JobId="[0-9]*) [ "$#" -eq 3 ] && [ "${3%%=*}" = ExcNodeList ] ;;
+    "requeue "* | "requeuehold "* | "release "*) [ "$#" -eq 2 ] && job_id "$2" ;;
+    "update JobId="*) [ "$#" -eq 3 ] && job_id "${2#JobId=}" && [ "${3%%=*}" = ExcNodeList ] ;;
     "show hostnames") printf "%s\n" ${PARTITION_NODES:-node1 node2} ;;
     *) echo "scontrol stub: unknown arguments $*" >&2; exit 2 ;;
 esac'
@@ -126,7 +142,7 @@ _job_env() {
     touch "${DDP_IMAGE}"
     mkdir -p "${DDP_DATA_DIR}/cifar-100-python"
     touch "${DDP_DATA_DIR}/cifar-100-python/"{train,test,meta}
-    unset SLURM_RESTART_COUNT DDP_TRAIN_ARGS DDP_LAUNCH_ARGS DDP_SITE DDP_REPO NCCL_IB_DISABLE APPTAINER_BIND \
+    unset SLURM_NTASKS SLURM_ARRAY_JOB_ID SLURM_ARRAY_TASK_ID SLURM_RESTART_COUNT DDP_TRAIN_ARGS DDP_LAUNCH_ARGS DDP_SITE DDP_REPO NCCL_IB_DISABLE APPTAINER_BIND \
         SINGULARITY_BIND DDP_CONTAINER_RUNTIME
 }
 

@@ -199,8 +199,10 @@ SlurmctldDebug=info
 SlurmdDebug=info
 EOF
     local i
+    # Features=gpu: MPCDF Raven selects its GPU nodes by that node feature (the Raven scripts'
+    # --constraint="gpu"), which SLURM refuses where no node has it (slurm.conf(5), Features).
     for ((i = 1; i <= nodes; i++)); do
-        printf 'NodeName=%s NodeAddr=%s NodeHostname=%s CPUs=144 RealMemory=512000 State=UNKNOWN\n' \
+        printf 'NodeName=%s NodeAddr=%s NodeHostname=%s CPUs=144 RealMemory=512000 Features=gpu State=UNKNOWN\n' \
             "$(cluster::node_name "${i}")" "$(cluster::node_addr "${i}")" "$(cluster::node_name "${i}")"
     done >> "${STATE}/etc/slurm.conf"
     printf 'PartitionName=e2e Nodes=node[1-%d] Default=YES MaxTime=INFINITE State=UP\n' "${nodes}" \

@@ -10,23 +10,42 @@ the real one would see.
 
 from __future__ import annotations
 
+import platform
 import subprocess
+from pathlib import Path
 
 import pytest
 from definitions_paths import REPO
 
 
+# `apptainer sif list` of an arm64 SIF as Apptainer 1.4 prints it: the squashfs partition's
+# start-end in the fourth column (what build-olivia reads to unsquash it in place).
+SIF_LIST = """------------------------------------------------------------------------------
+ID   |GROUP   |LINK    |SIF POSITION (start-end)  |TYPE
+------------------------------------------------------------------------------
+1    |1       |NONE    |32176-32208               |Def.FILE
+2    |1       |NONE    |32208-33022               |JSON.Generic
+3    |1       |NONE    |36864-28954624            |FS (Squashfs/*System/arm64)
+"""
+
+
 def fake_apptainer(tmp_path):
-    """Answers `--version` as Apptainer 1.4.5 does (the Makefile's version floor asks first);
-    accepts only `build`, and writes the two variables it was given, one per line."""
+    """Answers `--version` as Apptainer 1.4.5 does (the Makefile's version floor asks first) and
+    `sif list` with SIF_LIST; accepts `build` otherwise, and writes the two variables it was
+    given, one per line. A fake `unsquashfs` records where it was asked to unpack (-d DIR)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     log = tmp_path / "apptainer.env"
     (fake / "apptainer").write_text(
         '#!/bin/sh\n[ "$1" = --version ] && { echo "apptainer version 1.4.5"; exit 0; }\n'
+        f'[ "$1 $2" = "sif list" ] && {{ cat <<"EOF"\n{SIF_LIST}EOF\nexit 0; }}\n'
         '[ "$1" = build ] || exit 64\n'
         f'printf "%s\\n" "${{APPTAINER_CACHEDIR-unset}}" "${{APPTAINER_TMPDIR-unset}}" > "{log}"\n')
-    (fake / "apptainer").chmod(0o755)
+    (fake / "unsquashfs").write_text(
+        '#!/bin/sh\n[ "$1 $2 $3 $4" = "-no-xattrs -o 36864 -d" ] || exit 64\n'
+        f'mkdir -p "$5" && printf "%s\\n" "$5" > "{tmp_path}/unsquashfs.dir"\n')
+    for tool in ("apptainer", "unsquashfs"):
+        (fake / tool).chmod(0o755)
     return fake, log
 
 
@@ -90,3 +109,26 @@ def test_an_unwritable_scratch_is_named(tmp_path):
     assert result.returncode != 0 and not (tmp_path / "apptainer.env").exists()
     assert result.stderr.splitlines()[0] == (f"error: APPTAINER_CACHEDIR={blocker}/sub/cache cannot be created: "
                                              f"set APPTAINER_CACHEDIR (or BUILD_SCRATCH=DIR) to a directory you can write")
+
+
+def test_the_arm64_base_is_unpacked_in_the_checked_scratch_not_in_tmpdir(tmp_path):
+    # On an x86_64 host build-olivia unpacks the pre-pulled arm64 SIF (~20 GB for the NGC base)
+    # before building on it: into APPTAINER_TMPDIR, whose free space build-space.sh checks, never
+    # into $TMPDIR (a login node's /tmp is small and shared). This test runs on x86_64 hosts.
+    if platform.machine() == "aarch64":
+        pytest.skip("on aarch64 build-olivia builds on the SIF itself and unpacks nothing")
+    base = tmp_path / "pytorch_25.06-py3.sif"
+    base.write_text("an arm64 SIF")
+    small_tmp = tmp_path / "login-tmp"
+    small_tmp.mkdir()
+    scratch = tmp_path / "scratch"
+
+    result = make("build-olivia", tmp_path, {"SCRATCH": str(scratch), "TMPDIR": str(small_tmp)},
+                  f"OLIVIA_BASE_SIF={base}")
+
+    assert result.returncode == 0, result.stderr
+    unpacked = Path((tmp_path / "unsquashfs.dir").read_text().strip())
+    assert unpacked.parent.parent == scratch / ".apptainer-build" / "tmp", unpacked
+    assert unpacked.parent.name.startswith("olivia-base.") and unpacked.name == "pytorch_25.06-py3"
+    assert list(small_tmp.iterdir()) == []
+    assert not unpacked.parent.exists()  # removed once the build is done

@@ -111,3 +111,27 @@ def test_outside_a_pod_a_stray_command_is_the_plain_flag_error():
     done = subprocess.run([sys.executable, "-m", "ddp_launch", "bash", "-c", "true"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unrecognized arguments: bash -c true (put workload arguments after --)" in done.stderr
+
+
+def pod_env(runai_argv: list[str]) -> dict[str, str]:
+    """The variables `-e NAME=VALUE` puts in every pod (Run:ai CLI reference, runai submit-dist pytorch)."""
+    flags = runai_argv[:runai_argv.index("--")]
+    return dict(flags[i + 1].split("=", 1) for i, flag in enumerate(flags) if flag == "-e")
+
+
+def test_a_new_submission_trains_in_a_run_dir_of_its_own_named_by_the_submit_time(submitted):
+    # With the real `date`: the job's name and the UTC time, so a job name used before (RunAI frees it
+    # once the old job is deleted) no longer leads the pods into the old run's checkpoint.
+    argv = submitted("--epochs", "5", RUNAI_JOB_NAME="wrn")
+    assert re.fullmatch(r"/mnt/runs/wrn-\d{8}-\d{6}", pod_env(argv)["DDP_RUN_DIR"])
+    assert pod_argv(dockerfile_entrypoint(DOCKERFILE.read_text()), argv) == ["/opt/ddp/runai/pod.sh", "--epochs", "5"]
+
+
+def test_resuming_names_the_earlier_run_and_asks_the_trainer_to_resume_it(submitted):
+    argv = submitted("--epochs", "9", RUNAI_RESUME="wrn-20260101-120000", RUNAI_RUN_DIR="/mloscratch",
+                     RUNAI_DATA_DIR="/mloscratch", RUNAI_RUN_SUBDIR="homes/alice/runs", RUNAI_DATA_SUBDIR="homes/alice/data")
+    assert pod_env(argv) == {"DDP_DATA_DIR": "/mloscratch/homes/alice/data",
+                             "DDP_RUN_DIR": "/mloscratch/homes/alice/runs/wrn-20260101-120000"}
+    assert pod_argv(dockerfile_entrypoint(DOCKERFILE.read_text()), argv) == \
+        ["/opt/ddp/runai/pod.sh", "--resume", "--epochs", "9"]
+    assert argv.count("--existing-pvc") == 1  # one claim (RUNAI_*_PVC=scratch), mounted once at /mloscratch

@@ -17,7 +17,7 @@ LUMI_JOB = {
     "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2",
     "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
     "SLURMD_NODENAME": "nid005000", "SLURM_GPUS_ON_NODE": "8", "ROCR_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
-    "LD_LIBRARY_PATH": LIBRARY_PATH, "APPTAINER_BIND": "/opt/cray,/usr/lib64/libcxi.so.1",
+    "LD_LIBRARY_PATH": LIBRARY_PATH, "SINGULARITY_BIND": "/opt/cray,/usr/lib64/libcxi.so.1",
 }
 
 
@@ -56,12 +56,42 @@ def test_a_healthy_lumi_node_passes_with_rccl_its_plugin_and_the_hip_driver(node
     assert "libcudart.so" not in checks and "CUDA driver" not in checks and "NCCL" not in checks
 
 
-def test_granted_gcds_that_torch_cannot_see_fail_naming_apptainer_rocm(node):
+# LUMI has SingularityCE's `singularity` and no `apptainer` command
+# (https://docs.lumi-supercomputer.eu/software/containers/singularity/), and SingularityCE reads
+# SINGULARITY_BIND (SingularityCE user guide, "Bind Paths and Mounts"): containers/sites/lumi.json's
+# container_runtime. A fix naming apptainer there cannot be run as written.
+def test_granted_gcds_that_torch_cannot_see_fail_naming_lumis_singularity_with_rocm(node):
     lumi_node(node)
     code, checks, _ = doctor(node, ["--site", "lumi", "--offline"], LUMI_JOB,
                              FakeProbes(torch=dict(ROCM_TORCH, cuda_device_count=0)))
     assert code == 1 and checks["gpus"]["status"] == "FAIL"
-    assert "apptainer exec --rocm" in checks["gpus"]["fix"] and "--nv" not in checks["gpus"]["fix"]
+    assert checks["gpus"]["fix"] == ("run with `singularity exec --rocm` (or `singularity run --rocm`) "
+                                     "so the GPUs enter the container")
+
+
+def test_nothing_bound_on_lumi_gives_the_singularity_bind_command(node):
+    lumi_node(node, plugin=False)
+    job = {k: v for k, v in LUMI_JOB.items() if k != "SINGULARITY_BIND"}
+    code, checks, _ = doctor(node, ["--site", "lumi", "--offline"], job, FakeProbes(torch=ROCM_TORCH))
+    assert code == 1 and checks["OFI plugin"]["status"] == "FAIL"
+    assert checks["OFI plugin"]["fix"] == (
+        'nothing is bound (SINGULARITY_BIND is unset): on the host run export '
+        'SINGULARITY_BIND="$(python3 -m ddp_launch.binds --site lumi)" (PYTHONPATH=<checkout>/entrypoints), '
+        'then start the container again')
+    assert "apptainer" not in " ".join(c["fix"] for c in checks.values()).lower()
+
+
+def test_the_runtime_the_job_script_ran_wins_over_the_sites(node):
+    # slurm/lib/ddp.sh exports DDP_CONTAINER_RUNTIME and runs the image with it; the container
+    # sees the host's environment (Apptainer user guide, "Environment and Metadata").
+    lumi_node(node)
+    job = {**LUMI_JOB, "DDP_CONTAINER_RUNTIME": "apptainer"}
+    _, checks, _ = doctor(node, ["--site", "lumi", "--offline"], job,
+                          FakeProbes(torch=dict(ROCM_TORCH, cuda_device_count=0)))
+    assert checks["gpus"]["fix"].startswith("run with `apptainer exec --rocm`")
+    _, checks, _ = doctor(node, ["--site", "olivia", "--offline"], {**LUMI_JOB, "DDP_CONTAINER_RUNTIME": "podman"},
+                          FakeProbes(torch=dict(ROCM_TORCH, cuda_device_count=0)))
+    assert checks["gpus"]["fix"].startswith("run with `apptainer exec --nv`")  # olivia's own: Apptainer
 
 
 def test_without_torch_the_gpus_are_counted_from_the_render_nodes_not_kfd_or_cards(node):

@@ -184,7 +184,8 @@ def test_job_script_host_call_runs_on_python_36(fake_host, tmp_path):
 
 @pytest.mark.skipif(PYTHON36 is None, reason="no python3.6 interpreter here (pyenv install 3.6.15 to run it)")
 def test_job_script_dataset_check_runs_on_python_36(partial_data, tmp_path):
-    """slurm/lib/ddp.sh's dataset check, with SLES 15's python3 first on PATH: one line, exit 1."""
+    """slurm/lib/ddp.sh's dataset check, with SLES 15's python3 first on PATH: one line, exit 2 (a user's
+    mistake: ddp_contract.EXIT_USAGE)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(PYTHON36)
@@ -193,7 +194,7 @@ def test_job_script_dataset_check_runs_on_python_36(partial_data, tmp_path):
         env={"DDP_REPO": str(REPO), "DATA": str(partial_data), "PATH": f"{bin_dir}:/usr/bin:/bin"},
         capture_output=True, text=True, timeout=60,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr == (f"ddp: error: {partial_data}/cifar-100-python lacks test, meta: run 'make data "
                              f"DATA_DIR={partial_data}' on the login node, or set DDP_DATA_DIR\n")
 

@@ -74,6 +74,11 @@ WRONG = [
     (("srun_args", 0, "value"), "--network disable_rdzv_get", "srun_args[0].value must be one srun option word"),
     (("srun_args", 0, "source"), "", "srun_args[0].source must say where the option comes from"),
     (("srun_args", 0, "source"), ["x"], "srun_args[0].source must say where the option comes from"),
+    (("container_runtime",), "singularity", "'container_runtime' must be {\"command\""),
+    (("container_runtime",), {"command": "singularity"}, "'container_runtime' must be {\"command\""),
+    (("container_runtime",), {"command": "podman", "source": "x"},
+     "'container_runtime'.command must be one of apptainer, singularity, got 'podman'"),
+    (("container_runtime",), {"command": "singularity", "source": ""}, "'container_runtime'.source must say"),
 ]
 
 

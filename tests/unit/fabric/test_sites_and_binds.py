@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -195,3 +196,20 @@ def test_bad_profile_through_the_cli_is_one_line_exit_2(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr == f"ddp-launch: error: bad site profile {tmp_path}/lab.json: 'fabric' must be one of slingshot, infiniband, ethernet, auto, got 'carrier-pigeon'\n"
+
+
+def test_each_job_script_runs_the_image_with_its_sites_container_runtime():
+    # The site profile says which command runs the image there (LUMI: SingularityCE's singularity,
+    # https://docs.lumi-supercomputer.eu/software/containers/singularity/), and doctor's fixes name it;
+    # a job script whose DDP_CONTAINER_RUNTIME said otherwise would run a command the site lacks.
+    checked = 0
+    for script in sorted((REPO / "slurm").glob("*.sh")):
+        text = script.read_text()
+        site = re.search(r"^ddp::default DDP_SITE (\S+)$", text, re.M)
+        if site is None:
+            continue
+        runtime = re.search(r"^ddp::default DDP_CONTAINER_RUNTIME (\S+)$", text, re.M)
+        assert (runtime.group(1) if runtime else "apptainer") == load_site(site.group(1), {}).container_runtime, script.name
+        checked += 1
+    assert checked >= 9
+    assert load_site("lumi", {}).container_runtime == "singularity"

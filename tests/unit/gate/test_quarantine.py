@@ -3,7 +3,7 @@ name, merged across requeues, and whether enough healthy nodes are left."""
 import json
 
 import pytest
-from ddp_contract import EXIT_BAD_NODE
+from ddp_contract import EXIT_BAD_NODE, EXIT_USAGE
 from ddp_contract import quarantine as q
 
 
@@ -19,7 +19,7 @@ def _fault(nodes, measured="busbw 0.01 GB/s"):
 
 def test_the_gate_names_single_nodes_and_never_both_ends_of_a_link(tmp_path):
     report = _gate_json(tmp_path, ["node3"], [_fault(["node3"]), _fault(["node1", "node2"])])
-    named = q.collect("gate", [report], "7", 0)
+    named = q.collect("gate", q.read_reports([report]), "7", 0)
     assert named == [q.Excluded("node3", "gate", "busbw 0.01 GB/s (expected >= 1 GB/s); likely cause: a slow NIC",
                                 "7", 0)]
 
@@ -30,10 +30,71 @@ def test_the_doctor_names_the_nodes_whose_report_has_a_fail(tmp_path):
         {"name": "interface", "status": "FAIL", "detail": "NCCL_SOCKET_IFNAME=eth0 matches none of lo, ens1f1"},
         {"name": "gpus", "status": "WARN", "detail": "no GPUs"}]}))
     (tmp_path / "doctor-node3.json").write_text("FATAL: could not open image\n")
-    named = q.collect("doctor", sorted(str(p) for p in tmp_path.glob("doctor-*.json")), "7", 1)
+    named = q.collect("doctor", q.read_reports(sorted(str(p) for p in tmp_path.glob("doctor-*.json"))), "7", 1)
     # node3's file is no report (two doctors in one file, or no image): the gate judges that node
     assert [(e.node, e.why) for e in named] == [
         ("node2", "interface: NCCL_SOCKET_IFNAME=eth0 matches none of lo, ens1f1")]
+
+
+def _doctor_report(*failed: tuple) -> str:
+    """A `ddp-launch doctor --json` report (ddp_launch.doctor.render_json) with these FAILs and one OK."""
+    checks = [{"name": "torch", "status": "OK", "detail": "2.14", "fix": ""}]
+    checks += [{"name": name, "status": "FAIL", "detail": detail, "fix": fix} for name, detail, fix in failed]
+    return json.dumps({"ok": not failed, "checks": checks})
+
+
+OFI = ("OFI plugin", "not found in LD_LIBRARY_PATH (/opt/host-libs)", "bind the aws-ofi-nccl module's lib dir")
+
+
+def test_a_check_failing_on_every_node_is_a_setup_problem_in_one_line_with_the_fix():
+    reports = {node: q.doctor_failures(_doctor_report(OFI)) for node in ("node1", "node2", "node3")}
+
+    assert q.setup_problem(reports, 3) == (
+        "preflight: ddp-launch doctor fails 'OFI plugin' on every node of the job (3 of 3): not found in "
+        "LD_LIBRARY_PATH (/opt/host-libs): a setup problem, not a bad node, so nothing is excluded or requeued; "
+        "fix: bind the aws-ofi-nccl module's lib dir")
+
+
+@pytest.mark.parametrize("reports, nodes", [
+    # one node passes: the others are the nodes' own faults
+    ({"node1": _doctor_report(OFI), "node2": _doctor_report()}, 2),
+    # every node fails, but not the same check
+    ({"node1": _doctor_report(OFI), "node2": _doctor_report(("interface", "eth0 missing", "unset it"))}, 2),
+    # a node left no report (it could not run the image): not evidence of the same fault everywhere
+    ({"node1": _doctor_report(OFI), "node2": "FATAL: could not open image\n"}, 2),
+    # a node of the job wrote no file at all
+    ({"node1": _doctor_report(OFI), "node2": _doctor_report(OFI)}, 3),
+])
+def test_a_fault_not_on_every_node_of_the_job_is_no_setup_problem(reports, nodes):
+    assert q.setup_problem({node: q.doctor_failures(text) for node, text in reports.items()}, nodes) is None
+
+
+def test_the_only_node_of_a_one_node_job_is_every_node_and_the_line_names_it_for_an_exclude():
+    # The gate's rule (fabric_gate.decide): sockets on len(nodes) of len(nodes) nodes is the setup's,
+    # one node included. A requeue onto another node could not tell either, and would cost a wait in
+    # the queue per DDP_MAX_REQUEUES for a setup fault.
+    problem = q.setup_problem({"node7": q.doctor_failures(_doctor_report(("gpus", "0 GPUs visible", "use --nv")))}, 1)
+
+    assert problem.startswith("preflight: ddp-launch doctor fails 'gpus' on the job's only node (node7; if the "
+                              "node is at fault, resubmit with sbatch --exclude=node7): 0 GPUs visible: ")
+
+
+def test_the_cli_stops_with_exit_2_and_records_nothing_when_every_node_fails_the_same_check(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    reports = []
+    for node in ("node1", "node2"):
+        path = tmp_path / f"doctor-{node}.json"
+        path.write_text(_doctor_report(OFI, ("interface", f"{node}: eth0 missing", "unset it")))
+        reports.append(str(path))
+
+    assert q.main(["add", "--by", "doctor", "--nodes", "2", str(run_dir), *reports]) == EXIT_USAGE
+
+    assert capsys.readouterr().out.startswith("preflight: ddp-launch doctor fails 'OFI plugin' on every node")
+    assert not (run_dir / q.RECORD_NAME).exists()
+    # The same reports in a 3-node job (one node wrote none): the two are excluded as before.
+    assert q.main(["add", "--by", "doctor", "--nodes", "3", str(run_dir), *reports]) == EXIT_BAD_NODE
+    assert [e.node for e in q.read_record(str(run_dir))] == ["node1", "node2"]
 
 
 def test_a_node_keeps_its_first_reason_across_requeues():
