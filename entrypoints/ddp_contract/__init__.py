@@ -47,6 +47,11 @@ PREFLIGHT_VAR = "DDP_PREFLIGHT"             # "0": the job scripts skip the per-
 # In the run dir: a stop asked for by the job script, which alone gets the time-limit signal
 # (sbatch --signal=B:USR2@T). It holds the signal's name; the trainer stops as on that signal.
 STOP_REQUEST_FILE = ".ddp-stop-request"
+
+# The doctor checks that judge a node's own hardware (ddp-launch doctor's "gpu health": ECC, row
+# remapping, throttling, temperature). A FAIL there on the only node of a job is that node's,
+# not the setup's (ddp_contract.quarantine.setup_problem).
+HARDWARE_CHECKS = ("gpu health",)
 # Test-only: "HOST:LOCAL_RANK:COUNT" makes that rank add 1 to COUNT elements of its gate contribution.
 GATE_TEST_CORRUPT_VAR = "DDP_GATE_TEST_CORRUPT"
 

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ddp_contract import EXIT_BAD_NODE, EXIT_USAGE
+from ddp_contract import EXIT_BAD_NODE, EXIT_USAGE, HARDWARE_CHECKS
 
 RECORD_NAME = "quarantine.json"
 DOCTOR_PREFIX = "doctor-"  # doctor-<node>.json, as the job script's srun --output=doctor-%N.json names them
@@ -129,11 +129,14 @@ def setup_problem(failures: Mapping[str, Optional[Tuple[Failed, ...]]], nodes: i
     same (src/ddp_train/fabric_gate.py, decide: on every node, "a setup problem, not a node"), and,
     like it, it counts the only node of a 1-node job as every node: one node cannot tell a node's
     fault from the setup's, and a requeue cannot either, while it costs up to DDP_MAX_REQUEUES waits
-    in the queue for a setup fault. The line names the node, for an --exclude when it is the node."""
+    in the queue for a setup fault. The exception is a check of the node's own hardware
+    (HARDWARE_CHECKS: an uncorrectable ECC error is that GPU's), which on one node is the node's.
+    The line names the node, for an --exclude when it is the node."""
     reports = sorted(failures.items())
     if not reports or len(reports) < nodes or any(found is None for _, found in reports):
         return None
-    common = [f for f in reports[0][1] if all(f.name in {g.name for g in found} for _, found in reports[1:])]
+    common = [f for f in reports[0][1] if all(f.name in {g.name for g in found} for _, found in reports[1:])
+              and (len(reports) > 1 or f.name not in HARDWARE_CHECKS)]
     if not common:
         return None
     first = common[0]

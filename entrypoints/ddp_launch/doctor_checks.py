@@ -210,7 +210,7 @@ def check_gpu_health(ctx: DoctorContext) -> Check:
     found = ctx.probes.which(health.commands[0].argv[0]) is not None
     outputs = [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
                for command in (health.commands if found else ())]
-    verdict = gpu_health.assess(ctx.accelerator, grant, found, outputs)
+    verdict = gpu_health.assess(ctx.accelerator, grant, found, outputs, container_runtime(ctx))
     return Check(gpu_health.NAME, verdict.status, verdict.detail, verdict.fix)
 
 

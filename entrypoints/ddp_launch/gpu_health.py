@@ -13,10 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from xml.etree import ElementTree
 
+from ddp_contract import HARDWARE_CHECKS
 from ddp_launch.accelerators import Accelerator, Health
 from ddp_launch.gpus import GpuGrant
 
-NAME = "gpu health"
+NAME = HARDWARE_CHECKS[0]
 # What nvidia-smi and amd-smi print for a value the GPU does not report (nvidia-smi(1), -q: "Any
 # unsupported data is indicated by a N/A"); a field the GPU does not report is never a failure.
 NOT_REPORTED = {"", "n/a", "not supported", "[not supported]", "requested functionality has been deprecated"}
@@ -216,8 +217,9 @@ def judge(records: Sequence[GpuRecord], health: Health, grant: GpuGrant | None, 
 
 
 def assess(accelerator: Accelerator, grant: GpuGrant | None, found: bool,
-           outputs: Sequence[CommandOutput]) -> Verdict:
-    """The check's result from what the probes saw: the tool on PATH or not, and each command's output.
+           outputs: Sequence[CommandOutput], runtime: str = "apptainer") -> Verdict:
+    """The check's result from what the probes saw: the tool on PATH or not, and each command's output;
+    runtime is the command that runs the image at this site (apptainer, or LUMI's singularity).
 
     Without a grant the node is checked only where the tool finds GPUs (a CPU-only node and a job
     without GPUs are silent); with one, a tool that fails on this node fails it, as NHC's checks
@@ -230,7 +232,7 @@ def assess(accelerator: Accelerator, grant: GpuGrant | None, found: bool,
             return Verdict("SKIP", f"no GPUs granted here and no {tool} on PATH")
         return Verdict("WARN", f"{grant.source} granted {grant.count} GPU(s) but {tool} is not on PATH: "
                                "their health was not read",
-                       f"run the image with `apptainer run {accelerator.apptainer_flag}`, which binds the host's "
+                       f"run the image with `{runtime} run {accelerator.apptainer_flag}`, which binds the host's "
                        f"{tool}, or put {tool} on PATH")
     required = outputs[0]
     if required.code != 0:

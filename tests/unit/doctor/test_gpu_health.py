@@ -341,7 +341,8 @@ def test_a_gpu_health_failure_puts_the_node_in_quarantine(node, tmp_path, capsys
     run_dir = tmp_path / "run"
     run_dir.mkdir()
 
-    code = quarantine.main(["add", "--by", "doctor", "--job", "771234", str(run_dir),
+    # One report of a 2-node job (JOB: olivia-gh[001-002]); the other node passed.
+    code = quarantine.main(["add", "--by", "doctor", "--job", "771234", "--nodes", "2", str(run_dir),
                             str(preflight / "doctor-olivia-gh002.json")])
 
     assert code == EXIT_BAD_NODE

@@ -79,6 +79,21 @@ def test_the_only_node_of_a_one_node_job_is_every_node_and_the_line_names_it_for
                               "node is at fault, resubmit with sbatch --exclude=node7): 0 GPUs visible: ")
 
 
+def test_a_hardware_fault_on_the_only_node_is_that_nodes_and_it_is_excluded(tmp_path, capsys):
+    """An uncorrectable ECC error is the GPU's, however many nodes the job has (ddp-launch doctor's
+    gpu health); on two nodes at once it would again point at the setup (the tool, the driver)."""
+    ecc = ("gpu health", "uncorrectable ECC errors: GPU 2 ecc_errors/volatile/dram_uncorrectable=2", "drain it")
+    assert q.setup_problem({"node7": q.doctor_failures(_doctor_report(ecc))}, 1) is None
+    assert q.setup_problem({n: q.doctor_failures(_doctor_report(ecc)) for n in ("node7", "node8")}, 2) is not None
+    path = tmp_path / "doctor-node7.json"
+    path.write_text(_doctor_report(ecc))
+    (tmp_path / "run").mkdir()
+
+    assert q.main(["add", "--by", "doctor", "--job", "9", "--nodes", "1", str(tmp_path / "run"), str(path)]) == \
+        EXIT_BAD_NODE
+    assert [entry.node for entry in q.read_record(str(tmp_path / "run"))] == ["node7"]
+
+
 def test_the_cli_stops_with_exit_2_and_records_nothing_when_every_node_fails_the_same_check(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
