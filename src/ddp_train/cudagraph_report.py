@@ -2,7 +2,7 @@
 reason in one line: said after the warm-up and in the summary, never left to a silent slowdown.
 
 Inductor decides per compiled graph and says why in one place, `log_cudagraph_skip_and_bump_counter`
-in torch/_inductor/cudagraph_utils.py (torch 2.3 to 2.14): a WARNING "skipping cudagraphs due to
+in torch/_inductor/cudagraph_utils.py (read in torch 2.14.1): a WARNING "skipping cudagraphs due to
 <reason>" on that module's `cudagraphs` artifact logger (torch/_logging/_internal.py names it
 "<module>.__cudagraphs"), and `counters["inductor"]["cudagraph_skips"] += 1` from
 torch/_dynamo/utils.py. A graph on a CPU device, or one a cudagraph policy keeps, only bumps the
@@ -23,8 +23,7 @@ from typing import Any, Optional, Sequence
 # The logger inductor's skip messages go to: getArtifactLogger("torch._inductor.cudagraph_utils",
 # "cudagraphs"). Taken by name, so that a run that never compiles does not import inductor.
 SKIP_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
-SKIP_PREFIX = "skipping cudagraphs due to "
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes with triton.cudagraphs on
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
 

@@ -33,7 +33,9 @@ CHANNELS = (0, 2, 3)  # N, H, W: the dimensions BatchNorm2d reduces over
 
 @dataclass(frozen=True)
 class Kernels:
-    """A device's implementations of both ops, with the signatures of the reference ones."""
+    """A device's implementations of both ops: the reference functions' signatures, and outputs
+    of the same shapes, dtypes and strides (torch.compile plans with the fake versions, which are
+    the reference run on fake tensors)."""
     forward: Callable[..., tuple[Tensor, Tensor, Tensor]]
     backward: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
     source: str  # what implements them, for a run's record
