@@ -97,7 +97,7 @@ bench: venv
 	$(VPY) benchmarks/trainer_throughput.py
 	$(VPY) benchmarks/fabric_gate_cost.py
 
-# On a GPU node: eager, compiled and CUDA graphs by batch, beside the guide's pipeline.
+# On a GPU node: every variant (inductor levers, max-autotune, fused blocks) at the trainer's batch, beside the guide's pipeline.
 bench-gpu: venv
 	$(VPY) benchmarks/gpu_throughput.py --device cuda
 	$(VPY) benchmarks/scaling_model.py

@@ -1,71 +1,160 @@
 """Training images/s of the trainer's step, variant by variant, in one run, against the guide's
 DataLoader pipeline and the device's own measured matmul ceiling.
 
-    python benchmarks/gpu_throughput.py                       # CUDA: full model, bf16, b256/512/1024
+    python benchmarks/gpu_throughput.py                       # CUDA: full model, bf16, b1024, every variant
+    python benchmarks/gpu_throughput.py --list                # the variants and their inductor options
     python benchmarks/gpu_throughput.py --device cpu          # CPU: width 1/16, fp32, a few steps
 
 Variants (each the trainer's real step: on-device crop/flip, cached normalisation, autocast,
 fused SGD, no sync inside the timed steps): eager; compiled (torch.compile, no CUDA graphs);
-graphs (mode="reduce-overhead", CUDA only). The baseline is benchmarks/trainer_throughput.py's
-reproduction of the guide's pipeline (torchvision + DataLoader workers, fp16 on GPU).
-FLOP/s counts 6 x the forward multiply-accumulates per image (forward 2, backward 4), the usual
-rule for convolutions and linears; the ceiling is a large matmul timed in the same run
-(bf16 on CUDA, fp32 on CPU).
+graphs (mode="reduce-overhead", the trainer's CUDA default); one variant per inductor lever on
+top of graphs (VARIANTS below: each sets torch._inductor.config options while it compiles and
+runs); max-autotune, whose tuning results go to the persistent compile cache (--compile-cache-dir,
+resolved as the trainer resolves it); all-levers; and the fused residual blocks
+(ddp_train.fused_blocks). Each row says whether its step ran as a CUDA graph, and inductor's reason
+where it did not. An option this torch does not have is reported in the table, not run.
+The baseline is benchmarks/trainer_throughput.py's reproduction of the guide's pipeline
+(torchvision + DataLoader workers, fp16 on GPU). FLOP/s counts 6 x the forward
+multiply-accumulates per image (forward 2, backward 4), the usual rule for convolutions and
+linears; the ceiling is a large matmul timed in the same run (bf16 on CUDA, fp32 on CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
 
+from ddp_train import cudagraph_report, speed
 from ddp_train.augment import random_crop_flip
+from ddp_train.config import GPU_BATCH_PER_RANK
 from ddp_train.data import memory_format_for, normalize
-from ddp_train.model import WideResNet
+from ddp_train.fused_blocks import FusedBasicBlock
+from ddp_train.model import BasicBlock, WideResNet
 
-VARIANTS = ("eager", "compiled", "graphs")
-COMPILE_MODES = {"eager": None, "compiled": "default", "graphs": "reduce-overhead"}  # as --compile-mode
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the step: a torch.compile mode (None: eager), inductor options set while it
+    compiles and runs, and the block the model is built from."""
+    name: str
+    mode: Optional[str]
+    what: str
+    inductor: tuple[tuple[str, Any], ...] = ()  # torch._inductor.config names, dotted as config.patch takes them
+    fused_blocks: bool = False
+
+    def needs_cuda(self) -> bool:
+        return self.mode in cudagraph_report.CUDA_GRAPH_MODES
+
+
+# The levers for the memory-bound part of the step (BatchNorm statistics and normalisation, ReLU,
+# the residual add), each measured alone on top of the trainer's default (reduce-overhead).
+# Names and meanings: torch/_inductor/config.py.
+LEVERS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
+    "coop-reductions": ("BatchNorm reductions across thread blocks (implies no split)",
+                        (("triton.cooperative_reductions", True),)),
+    "no-split-reductions": ("BatchNorm reductions in one kernel, not split in two", (("split_reductions", False),)),
+    "conv1x1-mm": ("the 1x1 shortcut convolutions as matmuls", (("conv_1x1_as_mm", True),)),
+    "pdl": ("programmatic dependent launch (Hopper and later)", (("triton.enable_pdl", True),)),
+    "combo-kernels": ("independent kernels combined into one launch", (("combo_kernels", True),)),
+}
+# All together: cooperative reductions stand for both reduction levers (inductor turns split
+# reductions off when both are on), under max-autotune.
+ALL_LEVERS = tuple(option for name in ("coop-reductions", "conv1x1-mm", "pdl", "combo-kernels")
+                   for option in LEVERS[name][1])
+
+VARIANTS = (
+    Variant("eager", None, "no torch.compile"),
+    Variant("compiled", "default", "torch.compile, no CUDA graphs"),
+    Variant("graphs", "reduce-overhead", "torch.compile with CUDA graphs: the trainer's CUDA default"),
+    *(Variant(name, "reduce-overhead", f"graphs + {what}", options) for name, (what, options) in LEVERS.items()),
+    Variant("max-autotune", "max-autotune", "graphs + autotuned kernels, tuning kept in the compile cache"),
+    Variant("all-levers", "max-autotune", "max-autotune + every lever above", ALL_LEVERS),
+    Variant("fused-blocks", "reduce-overhead", "graphs + the fused blocks' custom ops (reference kernels "
+            "until cuDNN ones are plugged in)", fused_blocks=True),
+    Variant("eager-fused", None, "eager + the fused blocks' custom ops", fused_blocks=True),
+)
+BY_NAME = {v.name: v for v in VARIANTS}
 
 
 @dataclass(frozen=True)
 class Result:
     variant: str
     batch: int
-    images_per_s: Optional[float]  # None: not run on this device
+    images_per_s: Optional[float]  # None: not run (the note says why)
     note: str = ""
+    setup_s: Optional[float] = None  # the warm-up steps: compile, autotune, graph recording
+    graphs: str = "-"  # whether the step ran as a CUDA graph (cudagraph_report)
+
+
+def inductor_option(name: str) -> Any:
+    """The current value of a dotted torch._inductor.config name ("triton.enable_pdl")."""
+    import torch._inductor.config as inductor_config
+    return functools.reduce(getattr, name.split("."), inductor_config)
+
+
+def missing_options(variant: Variant) -> list[str]:
+    """The variant's options this torch does not have (the GPU image's torch may be older)."""
+    import torch._inductor.config as inductor_config
+    known = inductor_config.get_config_copy()
+    return [name for name, _ in variant.inductor if name not in known]
+
+
+@contextlib.contextmanager
+def inductor_options(variant: Variant) -> Iterator[None]:
+    """The variant's options while it compiles and runs (a mode and options cannot both be
+    passed to torch.compile, so they are patched around it)."""
+    if not variant.inductor:
+        yield
+        return
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch(dict(variant.inductor)):
+        yield
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--list", action="store_true", help="list the variants, their options and whether this "
+                   "torch has them, and stop")
     p.add_argument("--width-scale", type=float, help="default: 1.0 on cuda, 1/16 on cpu")
-    p.add_argument("--batches", help="per-GPU batch sizes, comma-separated (default: 256,512,1024 on cuda, 32,64 on cpu)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    p.add_argument("--batches", help=f"per-GPU batch sizes, comma-separated (default: {GPU_BATCH_PER_RANK}, the "
+                   f"trainer's, on cuda; 32,64 on cpu)")
+    p.add_argument("--variants", default=",".join(v.name for v in VARIANTS),
+                   help=f"subset of {','.join(v.name for v in VARIANTS)}")
     p.add_argument("--steps", type=int, help="timed steps per variant (default: 50 cuda, 3 cpu)")
-    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compile, autotune, graphs)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (compile, autotune, graphs), "
+                   "reported as setup")
     p.add_argument("--dropout", type=float, default=0.0, help="the improved recipe's 0 (guide: 0.01)")
     p.add_argument("--baseline-images", type=int, help="images per guide-pipeline epoch "
                    "(default: 10240 cuda, 256 cpu); 0 skips the baseline")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="guide DataLoader workers")
     p.add_argument("--matmul-size", type=int, help="square matmul for the ceiling (default: 8192 cuda, 1024 cpu)")
+    p.add_argument("--compile-cache-dir", default="", help="inductor's persistent cache, as the trainer's flag: "
+                   "> $TORCHINDUCTOR_CACHE_DIR > a new temporary directory (a cold start). Run twice with the "
+                   "same directory: the second run's setup is what a requeued job pays")
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
-    if cuda and not torch.cuda.is_available():
+    if cuda and not torch.cuda.is_available() and not args.list:
         p.error("--device cuda but no CUDA GPU is visible")
     args.width_scale = args.width_scale or (1.0 if cuda else 1 / 16)
-    args.batches = [int(b) for b in (args.batches or ("256,512,1024" if cuda else "32,64")).split(",")]
-    args.variants = [v for v in args.variants.split(",") if v]
-    unknown = set(args.variants) - set(VARIANTS)
+    args.batches = [int(b) for b in (args.batches or (str(GPU_BATCH_PER_RANK) if cuda else "32,64")).split(",")]
+    names = [v for v in args.variants.split(",") if v]
+    unknown = set(names) - set(BY_NAME)
     if unknown:
-        p.error(f"unknown variant(s) {', '.join(sorted(unknown))}: use {', '.join(VARIANTS)}")
+        p.error(f"unknown variant(s) {', '.join(sorted(unknown))}: use {', '.join(BY_NAME)}")
+    args.variants = [BY_NAME[name] for name in names]
     args.steps = args.steps or (50 if cuda else 3)
     args.baseline_images = args.baseline_images if args.baseline_images is not None else (10240 if cuda else 256)
     args.matmul_size = args.matmul_size or (8192 if cuda else 1024)
@@ -115,16 +204,17 @@ def matmul_ceiling(device: torch.device, size: int) -> float:
     return 2 * size ** 3 * repeats / (time.perf_counter() - start)
 
 
-def make_step(args: argparse.Namespace, device: torch.device, variant: str, batch: int
+def make_step(args: argparse.Namespace, device: torch.device, variant: Variant, batch: int
               ) -> Callable[[int], torch.Tensor]:
     """The trainer's step on resident uint8 data; returns step(i) -> detached loss."""
     torch.manual_seed(0)
-    model = WideResNet(100, args.width_scale, args.dropout).to(device, memory_format=memory_format_for(device))
+    block = FusedBasicBlock if variant.fused_blocks else BasicBlock
+    model = WideResNet(100, args.width_scale, args.dropout, block=block).to(
+        device, memory_format=memory_format_for(device))
     cuda = device.type == "cuda"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
                                 weight_decay=5e-4, fused=cuda)
-    mode = COMPILE_MODES[variant]
-    forward = torch.compile(model, mode=mode) if mode else model
+    forward = torch.compile(model, mode=variant.mode) if variant.mode else model
     images = torch.randint(0, 256, (4 * batch, 3, 32, 32), dtype=torch.uint8, device=device)
     labels = torch.randint(0, 100, (4 * batch,), device=device)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -133,7 +223,7 @@ def make_step(args: argparse.Namespace, device: torch.device, variant: str, batc
     def step(i: int) -> torch.Tensor:
         lo = (i % 4) * batch
         x = normalize(random_crop_flip(images[lo:lo + batch], 4, generator))
-        if variant == "graphs":
+        if variant.needs_cuda():
             torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = criterion(forward(x), labels[lo:lo + batch])
@@ -144,18 +234,45 @@ def make_step(args: argparse.Namespace, device: torch.device, variant: str, batc
     return step
 
 
-def measure(args: argparse.Namespace, device: torch.device, variant: str, batch: int) -> Result:
-    if variant == "graphs" and device.type != "cuda":
-        return Result(variant, batch, None, "CUDA graphs need a GPU")
-    step = make_step(args, device, variant, batch)
-    for i in range(args.warmup_steps):
-        step(i)
-    synchronize(device)
-    start = time.perf_counter()
-    for i in range(args.steps):
-        step(i)
-    synchronize(device)
-    return Result(variant, batch, batch * args.steps / (time.perf_counter() - start))
+def not_run_because(variant: Variant, device: torch.device) -> str:
+    if variant.needs_cuda() and device.type != "cuda":
+        return "CUDA graphs need a GPU"
+    missing = missing_options(variant)
+    if missing:
+        return f"torch {torch.__version__} has no inductor option {', '.join(missing)}"
+    return ""
+
+
+def measure(args: argparse.Namespace, device: torch.device, variant: Variant, batch: int) -> Result:
+    reason = not_run_because(variant, device)
+    if reason:
+        return Result(variant.name, batch, None, reason)
+    watch = cudagraph_report.SkipWatch.start() if variant.mode else None
+    step: Optional[Callable[[int], torch.Tensor]] = None
+    try:
+        with inductor_options(variant):
+            step = make_step(args, device, variant, batch)
+            started = time.perf_counter()
+            for i in range(args.warmup_steps):
+                step(i)
+            synchronize(device)
+            setup_s = time.perf_counter() - started
+            graphs = cudagraph_report.observe(device.type, device.index, variant.mode is not None,
+                                              variant.mode or "eager", watch).text()
+            start = time.perf_counter()
+            for i in range(args.steps):
+                step(i)
+            synchronize(device)
+            elapsed = time.perf_counter() - start
+    except Exception as exc:  # one variant's failure (an option this GPU or torch rejects) is a row, not the end
+        traceback.print_exc()
+        return Result(variant.name, batch, None, f"failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}")
+    finally:
+        if watch is not None:
+            watch.stop()
+        del step  # the model, its graphs and their memory pool, before the next variant compiles
+        torch._dynamo.reset()  # also resets the CUDA-graph trees: the next variant counts its own graphs
+    return Result(variant.name, batch, batch * args.steps / elapsed, setup_s=setup_s, graphs=graphs)
 
 
 def guide_baseline(args: argparse.Namespace, batch: int) -> float:
@@ -172,29 +289,49 @@ def guide_baseline(args: argparse.Namespace, batch: int) -> float:
         return run_seed_pipeline(seed_args, Path(tmp))
 
 
-def table(results: list[Result], baseline: Optional[float], baseline_batch: int, flops_per_image: float,
-          ceiling: float) -> str:
-    lines = [f"{'variant':<10} {'batch':>6} {'images/s':>11} {'TFLOP/s':>9} {'of ceiling':>10} {'vs guide':>9}"]
-    if baseline is not None:
-        lines.append(f"{'guide':<10} {baseline_batch:>6} {baseline:>11,.1f} {baseline * flops_per_image / 1e12:>9.3f} "
-                     f"{baseline * flops_per_image / ceiling:>10.1%} {1:>8.2f}x")
-    for r in results:
-        if r.images_per_s is None:
-            lines.append(f"{r.variant:<10} {r.batch:>6} {'-':>11} {'-':>9} {'-':>10} {'-':>9}  ({r.note})")
-            continue
-        flops = r.images_per_s * flops_per_image
-        ratio = f"{r.images_per_s / baseline:>8.2f}x" if baseline else f"{'-':>9}"
-        lines.append(f"{r.variant:<10} {r.batch:>6} {r.images_per_s:>11,.1f} {flops / 1e12:>9.3f} "
-                     f"{flops / ceiling:>10.1%} {ratio}")
+HEADER = (f"{'variant':<19} {'batch':>6} {'images/s':>11} {'TFLOP/s':>9} {'of ceiling':>10} {'vs guide':>9} "
+          f"{'setup s':>8}  CUDA graphs")
+
+
+def row(r: Result, baseline: Optional[float], flops_per_image: float, ceiling: float) -> str:
+    """One table row; printed as soon as its variant is measured, so a cut-off run keeps its rows."""
+    if r.images_per_s is None:
+        return f"{r.variant:<19} {r.batch:>6} {'-':>11} {'-':>9} {'-':>10} {'-':>9} {'-':>8}  - ({r.note})"
+    flops = r.images_per_s * flops_per_image
+    ratio = f"{r.images_per_s / baseline:>8.2f}x" if baseline else f"{'-':>9}"
+    setup = f"{r.setup_s:>8.1f}" if r.setup_s is not None else f"{'-':>8}"
+    return (f"{r.variant:<19} {r.batch:>6} {r.images_per_s:>11,.1f} {flops / 1e12:>9.3f} "
+            f"{flops / ceiling:>10.1%} {ratio} {setup}  {r.graphs}")
+
+
+def listing(variants: list[Variant]) -> str:
+    """Each variant, its mode and options, and any option this torch lacks (the --list output)."""
+    lines = [f"variants (torch {torch.__version__}; options: torch._inductor.config):"]
+    for v in variants:
+        options = ", ".join(f"{name}={value}" for name, value in v.inductor)
+        missing = missing_options(v)
+        lines.append(f"  {v.name:<19} mode={v.mode or 'eager'}{'; ' + options if options else ''}"
+                     f"{'; fused blocks' if v.fused_blocks else ''}: {v.what}"
+                     f"{'  [NOT IN THIS TORCH: ' + ', '.join(missing) + ']' if missing else ''}")
     return "\n".join(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    if args.list:
+        print(listing(args.variants))
+        return 0
+    with tempfile.TemporaryDirectory(prefix="gpu-bench-") as scratch:
+        # Before anything compiles (and before torch writes its /tmp default into os.environ).
+        cache = speed.compile_cache_dir(args.compile_cache_dir, scratch, os.environ)
+        speed.use_compile_cache(cache, os.environ)
+        return run(args, cache)
+
+
+def run(args: argparse.Namespace, cache: Path) -> int:
     device = torch.device(args.device)
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-        torch.set_float32_matmul_precision("high")
+        speed.tune_backends(device)
         what = torch.cuda.get_device_name(device)
     else:
         what = f"CPU, {torch.get_num_threads()} threads"
@@ -207,10 +344,17 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{precision}, dropout {args.dropout:g}, {args.steps} timed steps after {args.warmup_steps} warm-up")
     print(f"  {flops_per_image / 1e9:.3f} GFLOP per training image; matmul ceiling "
           f"{ceiling / 1e12:.3f} TFLOP/s ({args.matmul_size}^2, {'bf16' if device.type == 'cuda' else 'fp32'})")
-    results = [measure(args, device, variant, batch) for batch in args.batches for variant in args.variants]
+    print(f"  compile cache: {cache}")
+    print(listing(args.variants))
     baseline_batch = min(args.batches)
     baseline = guide_baseline(args, baseline_batch) if args.baseline_images else None
-    print(table(results, baseline, baseline_batch, flops_per_image, ceiling))
+    print(HEADER)
+    if baseline is not None:
+        print(f"{'guide':<19} {baseline_batch:>6} {baseline:>11,.1f} {baseline * flops_per_image / 1e12:>9.3f} "
+              f"{baseline * flops_per_image / ceiling:>10.1%} {1:>8.2f}x {'-':>8}  -", flush=True)
+    for batch in args.batches:
+        for variant in args.variants:
+            print(row(measure(args, device, variant, batch), baseline, flops_per_image, ceiling), flush=True)
     return 0
 
 

@@ -45,7 +45,7 @@ class BasicBlock(nn.Module):
 
 class WideResNet(nn.Module):
     def __init__(self, num_classes: int = 100, width_scale: float = 1.0, dropout: float = 0.01,
-                 blocks_per_stage: int = 2):
+                 blocks_per_stage: int = 2, block: type[BasicBlock] = BasicBlock):
         super().__init__()
         stem, *stage_widths = scaled_widths(width_scale)
         self.stem = nn.Sequential(conv3x3(3, stem), nn.BatchNorm2d(stem), nn.ReLU(inplace=True))
@@ -55,7 +55,7 @@ class WideResNet(nn.Module):
             if i > 0:
                 layers.append(nn.MaxPool2d(2))
             for _ in range(blocks_per_stage):
-                layers.append(BasicBlock(cin, width, dropout))
+                layers.append(block(cin, width, dropout))
                 cin = width
         self.stages = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)

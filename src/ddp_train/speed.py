@@ -16,14 +16,14 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_train import distributed
+from ddp_train import cudagraph_report, distributed
 from ddp_train.checkpoint import rng_state, set_rng_state
 from ddp_train.config import TrainConfig, compile_by_default, resolve_compile_mode
+from ddp_train.cudagraph_report import CUDA_GRAPH_MODES
 from ddp_train.errors import Seen, TrainError
 
 COMPILE_CACHE_DIRNAME = "compile-cache"
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def compile_cache_dir(configured: str, run_dir: str | Path, env: Mapping[str, str]) -> Path:
@@ -100,7 +100,12 @@ class FastModel:
     forward: Callable[[torch.Tensor], torch.Tensor]
     compiled: bool
     compile_mode: str  # "eager" when not compiled
-    cuda_graphs: bool
+    cuda_graphs: bool  # asked for; whether inductor kept them is graph_state's answer
+    skips: Optional[cudagraph_report.SkipWatch] = None  # inductor's skip messages, from before the compile
+
+    def graph_state(self, device: torch.device) -> cudagraph_report.GraphState:
+        """Whether the compiled step runs as a CUDA graph here: ask after the warm-up."""
+        return cudagraph_report.observe(device.type, device.index, self.compiled, self.compile_mode, self.skips)
 
 
 def accelerate(model: nn.Module, config: TrainConfig, device: torch.device,
@@ -112,8 +117,9 @@ def accelerate(model: nn.Module, config: TrainConfig, device: torch.device,
     compiled = compile_by_default(config, device.type)
     compile_mode = resolve_compile_mode(config, device.type) if compiled else "eager"
     cuda_graphs = compiled and device.type == "cuda" and uses_cuda_graphs(compile_mode)
+    skips = cudagraph_report.SkipWatch.start() if compiled else None
     forward = torch.compile(ddp, mode=compile_mode) if compiled else ddp
-    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs)
+    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs, skips)
 
 
 def bucket_layout(ddp: nn.Module) -> Optional[dict[str, Any]]:

@@ -19,7 +19,8 @@ import torch
 
 from ddp_contract import heartbeat as hb
 
-from ddp_train import data, distributed, heartbeat, metrics, peers, provenance, rundir, speed, steptime
+from ddp_train import (cudagraph_report, data, distributed, heartbeat, metrics, peers, provenance, rundir, speed,
+                       steptime)
 from ddp_train.accumulation import accumulate_gradients
 from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
@@ -173,6 +174,8 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, model, optimizer, scaler, device, ema)
         progress.setup_time_s += setup_s
         console.say(f"Warm-up ({fast.compile_mode}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
+    # Said, never assumed: whether each rank's compiled step runs as a CUDA graph, or inductor's reason.
+    console.say(*cudagraph_report.gather(fast.graph_state(device)).lines())
 
     # The loop: every rank takes the same steps and makes the same decisions.
     votes = StopVote(stop, device, config.stop_check_every)
@@ -249,11 +252,13 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     beat.phase(hb.DONE)
     digests = distributed.parameter_digests(model)
     step_times = steptime.gather(clock, rank)
+    graphs = cudagraph_report.gather(fast.graph_state(device))
     if len(set(digests)) != 1:
         console.say(f"WARNING: model parameters differ across ranks ({digests}): please report this")
     log.write("summary", **metrics.summary_record(progress, world_facts, digests, speed.bucket_layout(fast.ddp),
-                                                  time.perf_counter() - wall_start), **step_times.record())
-    console.say(*metrics.summary_lines(progress, world_facts, log.path), *step_times.lines())
+                                                  time.perf_counter() - wall_start), **step_times.record(),
+              **graphs.record())
+    console.say(*metrics.summary_lines(progress, world_facts, log.path), *step_times.lines(), *graphs.lines())
     distributed.agree_or_raise(log.failed or console.failed, device)  # a finished run's record is whole, or exit 2
     # Leave together: no rank exits while a peer still waits in a collective. The process then
     # leaves through cli._leave_now, which explains the abort at exit that this barrier alone left.

@@ -185,6 +185,7 @@ def test_compiled_run_warms_up_off_the_clock_into_the_run_dirs_compile_cache(ten
     assert result.returncode == 0, result.stderr
     summary, epochs = summary_and_epochs(tmp_path)
     assert "Warm-up (default, 1 pass(es), outside the training time)" in result.stdout
+    assert "CUDA graphs: not used (CPU: CUDA graphs need a GPU)" in result.stdout
     assert summary["setup_time_s"] > 0 and summary["total_time_s"] == pytest.approx(epochs[0]["epoch_time_s"])
     cached = [p for p in (tmp_path / "compile-cache").rglob("*") if p.is_file()]
     assert cached, "inductor wrote nothing under <run-dir>/compile-cache"

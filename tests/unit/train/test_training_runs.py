@@ -43,6 +43,10 @@ def test_two_gloo_ranks_end_identical_and_evaluate_every_test_image_once(ten_cla
     assert out.count("Training completed successfully.") == 1  # rank 0 only
     for line in ("Number of nodes: 1", "World size: 2", f"Metrics: {tmp_path}/metrics.jsonl"):
         assert line in out
+    graphs = "CUDA graphs, ranks 0-1: not used (CPU: CUDA graphs need a GPU)"
+    assert out.count(graphs) == 2 and out.index(graphs) < out.index("Epoch 1/2")  # first lines, summary
+    assert summary["cuda_graphs"] == [{"rank": r, "state": "not used", "detail": "CPU: CUDA graphs need a GPU"}
+                                      for r in (0, 1)]
 
 
 def final_weights(run_dir: Path) -> dict:
