@@ -1,9 +1,11 @@
 """The run directory's record of bad nodes, kept across requeues, and what the batch script asks of it.
 
-A node that the fabric gate (gate.json) or the preflight (`ddp-launch doctor --json`, one
-report per node) names goes into <run-dir>/quarantine.json with why; the batch script requeues
-the job with those nodes in ExcNodeList. Runs on the host's python3 (3.6 on SLES 15):
-    python3 -m ddp_contract.quarantine add --by gate|doctor --job ID --restart N RUN_DIR REPORT...
+A node that the fabric gate (gate.json), the preflight (`ddp-launch doctor --json`, one
+report per node) or the trainer's roll call after a failed collective (roll-call.json: a node lost
+mid-run) names goes into <run-dir>/quarantine.json with why; the batch script trains on a spare
+node instead (ddp_contract.spares) or requeues the job with those nodes in ExcNodeList. Runs on the
+host's python3 (3.6 on SLES 15):
+    python3 -m ddp_contract.quarantine add --by gate|doctor|roll-call --job ID --restart N RUN_DIR REPORT...
     python3 -m ddp_contract.quarantine exclude RUN_DIR     (comma-separated nodes, for ExcNodeList)
     python3 -m ddp_contract.quarantine show RUN_DIR        (one line per excluded node and why)
     python3 -m ddp_contract.quarantine enough RUN_DIR NEED NODE...   (exit 1 with one line when short)
@@ -23,14 +25,14 @@ DOCTOR_PREFIX = "doctor-"  # doctor-<node>.json, as the job script's srun --outp
 
 class Excluded(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login nodes
     node: str
-    by: str        # "gate" | "doctor"
+    by: str        # "gate" | "doctor" | "roll-call"
     why: str
     job: str
     restart: int
 
     def line(self) -> str:
         return "excluded {} (named by the {} in job {}, restart {}): {}".format(
-            self.node, self.by, self.job, self.restart, self.why)
+            self.node, self.by.replace("-", " "), self.job, self.restart, self.why)
 
 
 def record_path(run_dir: str) -> str:
@@ -89,6 +91,17 @@ def named_by_gate(report: object) -> Dict[str, str]:
     return named
 
 
+def named_by_roll_call(report: object) -> Dict[str, str]:
+    """{node: why} from roll-call.json: the nodes none of whose ranks answered (src/ddp_train/peers.py)."""
+    if not isinstance(report, dict):
+        return {}
+    named = {}
+    for lost in report.get("lost") or ():
+        if isinstance(lost, dict) and lost.get("node"):
+            named[str(lost["node"])] = "lost mid-run: {}".format(report.get("cause") or "no answer to the roll call")
+    return named
+
+
 def named_by_doctor(node: str, text: str) -> Optional[str]:
     """Why the doctor failed this node, or None when it passed or left no report: a node that cannot
     run the image at all fails the fabric gate next, so a garbled file never excludes a node."""
@@ -104,6 +117,10 @@ def named_by_doctor(node: str, text: str) -> Optional[str]:
     return "; ".join("{}: {}".format(c.get("name"), c.get("detail")) for c in failed) or "doctor failed"
 
 
+# The checks that write one report for the whole job (the doctor writes one per node).
+NAMED_BY_REPORT = {"gate": named_by_gate, "roll-call": named_by_roll_call}
+
+
 def doctor_node(path: str) -> str:
     name = os.path.basename(path)
     return name[len(DOCTOR_PREFIX):-len(".json")] if name.startswith(DOCTOR_PREFIX) else name
@@ -117,9 +134,9 @@ def collect(by: str, reports: Iterable[str], job: str, restart: int) -> List[Exc
                 text = handle.read()
         except OSError:
             continue
-        if by == "gate":
+        if by in NAMED_BY_REPORT:
             try:
-                named = named_by_gate(json.loads(text))
+                named = NAMED_BY_REPORT[by](json.loads(text))
             except ValueError:
                 named = {}
             found += [Excluded(node, by, why, job, restart) for node, why in sorted(named.items())]
@@ -147,7 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command")
     add = sub.add_parser("add")
     add.add_argument("run_dir")
-    add.add_argument("--by", choices=("gate", "doctor"), required=True)
+    add.add_argument("--by", choices=("gate", "doctor", "roll-call"), required=True)
     add.add_argument("--job", default="?")
     add.add_argument("--restart", type=int, default=0)
     add.add_argument("reports", nargs="*")

@@ -43,6 +43,8 @@ def host_entries(root: Path, data_dir: Path) -> tuple:
                   ("ddp", "DDP_TRAIN_ARGS", "--note 'two words'")),
         # ddp.sh asks for the site's Apptainer GPU flag (--nv, --rocm).
         HostEntry("ddp_launch.accelerators", "ddp_launch.accelerators", ("--site", "lumi", "apptainer-flag")),
+        # ddp.sh asks which nodes train and which wait as spares (DDP_SPARE_NODES).
+        HostEntry("ddp_contract.spares", "ddp_contract.spares", ("place", str(data_dir), "1", "node1", "node2")),
     )
 
 
@@ -107,7 +109,7 @@ def imported_modules(python: str, entry: HostEntry) -> tuple[subprocess.Complete
 
 def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]:
     """The union over the host entries, each run down its whole path."""
-    binds, dataset, download, quarantine, run_dir_lock, shell_words, accelerator = host_entries(root, data_dir)
+    binds, dataset, download, quarantine, run_dir_lock, shell_words, accelerator, spares = host_entries(root, data_dir)
     result, imported = imported_modules(python, binds)
     assert result.returncode == 0, result.stderr
     assert "added " in result.stderr  # the closure ran, so its modules were imported
@@ -124,7 +126,9 @@ def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]
     assert result.returncode == 0 and result.stdout == "--note\0two words\0\0", result.stderr
     result, vendor = imported_modules(python, accelerator)
     assert result.returncode == 0 and result.stdout == "--rocm\n", result.stderr
-    return imported | more | fetched | record | lock | words | vendor
+    result, placed = imported_modules(python, spares)
+    assert result.returncode == 0 and result.stdout.startswith("train=node1\n"), result.stderr
+    return imported | more | fetched | record | lock | words | vendor | placed
 
 
 def test_host_entries_import_exactly_the_listed_modules(fake_host, partial_data):
