@@ -92,13 +92,15 @@ def named_by_gate(report: object) -> Dict[str, str]:
 
 
 def named_by_roll_call(report: object) -> Dict[str, str]:
-    """{node: why} from roll-call.json: the nodes none of whose ranks answered (src/ddp_train/peers.py)."""
+    """{node: why} from roll-call.json: the nodes none of whose ranks answered (src/ddp_train/peers.py).
+    The collective's own error (gloo's and NCCL's run to a source path and a cut-off line) stays in the
+    report and in the trainer's line."""
     if not isinstance(report, dict):
         return {}
     named = {}
     for lost in report.get("lost") or ():
         if isinstance(lost, dict) and lost.get("node"):
-            named[str(lost["node"])] = "lost mid-run: {}".format(report.get("cause") or "no answer to the roll call")
+            named[str(lost["node"])] = "lost mid-run: none of its ranks answered the roll call after a collective failed"
     return named
 
 

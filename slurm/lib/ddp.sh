@@ -278,11 +278,20 @@ ddp::monitor_start() {
     ddp::log "GPU sampler started (pid ${DDP_MONITOR_PID}): ${out_dir}/gpu-<node>.csv"
 }
 
+# srun ends a step on TERM after waiting up to KillWait + 2 s for its tasks ("Job step aborted: Waiting
+# up to 7 seconds", KillWait=5 on the test cluster; slurm.conf(5) KillWait, default 30 s), and a lost
+# node's never end: after a lost node the sampler is only told to stop (`ddp::monitor_stop later`),
+# so that the next training step need not wait for it; bash reaps it.
+#   ddp::monitor_stop [later]
 ddp::monitor_stop() {
     [ -n "${DDP_MONITOR_PID:-}" ] || return 0
     kill -TERM "${DDP_MONITOR_PID}" 2>/dev/null || true
-    wait "${DDP_MONITOR_PID}" 2>/dev/null || true
-    ddp::log "GPU sampler stopped"
+    if [ "${1:-}" = later ]; then
+        ddp::log "GPU sampler stopping (pid ${DDP_MONITOR_PID}), not waited for: a lost node's sampler never ends"
+    else
+        wait "${DDP_MONITOR_PID}" 2>/dev/null || true
+        ddp::log "GPU sampler stopped"
+    fi
     DDP_MONITOR_PID=""
 }
 
@@ -578,6 +587,7 @@ DDP_TRAIN_NODES=""    # the training step's nodes, comma-separated; empty: the w
 DDP_GATE_NODES=""     # the fabric gate's: every healthy node; empty: the whole allocation
 DDP_OVERLAP_STEP=0    # 1 once a node was lost mid-run (ddp::placement says why)
 DDP_FAULT_AT=""       # when the preflight or the gate first named a node, in seconds since the epoch
+DDP_PLACEMENT_SAID="" # the last placement line said
 
 ddp::now() {
     date +%s.%N
@@ -623,7 +633,10 @@ ddp::place() {
             train=*) DDP_TRAIN_NODES="${line#train=}" ;;
             healthy=*) DDP_GATE_NODES="${line#healthy=}" ;;
             recovery=*) recovery="${line#recovery=}" ;;
-            say=*) ddp::log "spares: ${line#say=}" ;;
+            say=*)  # said once, and again only when it changes (after the preflight, after the gate)
+                [ "${line}" = "${DDP_PLACEMENT_SAID}" ] || ddp::log "spares: ${line#say=}"
+                DDP_PLACEMENT_SAID="${line}"
+                ;;
         esac
     done <<< "${out}"
     # Every node healthy: the gate runs on the whole allocation, as without spares.
@@ -725,13 +738,14 @@ ddp::train_with_spares() {
         ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
         ddp::train "$@" || status=$?
         ended_at="$(ddp::now)"
-        ddp::monitor_stop
         unset DDP_RECOVERY
         # A crash on a live node (a killed worker) makes no report: no spare for that.
         if [ "${status}" -eq 0 ] || [ "${status}" -eq "${DDP_EXIT_REQUEUE}" ] \
             || [ ! -e "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" ]; then
+            ddp::monitor_stop
             return "${status}"
         fi
+        ddp::monitor_stop later
         ddp::replace_lost_node "${ended_at}" || return 1
     done
 }

@@ -29,7 +29,7 @@ _write_stubs() {
     _stub srun '
 for arg in "$@"; do
     case "${arg}" in
-        --overlap|--nodes=*|--ntasks=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*) ;;
+        --overlap|--nodes=*|--ntasks=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*|--error=*|--nodelist=*) ;;
         --output=*) output="${arg#--output=}" ;;
         -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
         *) break ;;
@@ -55,10 +55,12 @@ case "$*" in *" printenv SLURM_STEP_ID") printf "%s\n" "${SLURM_STEP_ID}"; exit 
 case " $* " in *" apptainer "* | *" singularity "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
 printf "srun-env NCCL_IB_DISABLE=%s APPTAINER_BIND=%s\n" "${NCCL_IB_DISABLE-unset}" "${APPTAINER_BIND-unset}" >> "'"${CALLS}"'"
 [ -z "${SINGULARITY_BIND+set}" ] || printf "srun-env SINGULARITY_BIND=%s\n" "${SINGULARITY_BIND}" >> "'"${CALLS}"'"
-# The preflight: a doctor report per node, where --output=...%N says; $DOCTOR_FAILS names a failing node.
+[ -z "${DDP_RECOVERY+set}" ] || printf "srun-env DDP_RECOVERY=%s\n" "${DDP_RECOVERY}" >> "'"${CALLS}"'"
+# The preflight: a doctor report per node of the job (SLURM_JOB_NODELIST, as scontrol expands it), where
+# --output=...%N says; $DOCTOR_FAILS names the failing nodes.
 case " $* " in *" doctor --json "*)
-    for node in node1 node2; do
-        ok=true; [ "${node}" = "${DOCTOR_FAILS:-}" ] && ok=false
+    for node in $(scontrol show hostnames "${SLURM_JOB_NODELIST}"); do
+        ok=true; [[ " ${DOCTOR_FAILS:-} " == *" ${node} "* ]] && ok=false
         printf "{\"ok\": %s, \"checks\": [{\"name\": \"interface\", \"status\": \"%s\", \"detail\": \"eth0 missing\"}]}\n" \
             "${ok}" "$([ "${ok}" = true ] && echo OK || echo FAIL)" > "${output//%N/${node}}"
     done
@@ -70,8 +72,21 @@ case " $* " in *" ddp_train.gate "*)
     exit "${GATE_STATUS:-0}" ;;
 esac
 # The training step. With $SRUN_WAITS_FOR_STOP=1 it runs until the batch script asks it to stop
-# through the run dir, then records the request and exits 75, as the trainer does.
+# through the run dir, then records the request and exits 75, as the trainer does. $ROLL_CALL_LOSES
+# ("node2 node3"): the first training step loses the first node, as the trainer'"'"'s roll call reports
+# it (roll-call.json) before it exits 1, the second the second; the steps after them succeed.
 case " $* " in *" -- --data-dir "*)
+    if [ -n "${ROLL_CALL_LOSES:-}" ]; then
+        count_file="'"${BATS_TEST_TMPDIR}"'/training-steps"
+        count="$(cat "${count_file}" 2>/dev/null || echo 0)"
+        echo "$((count + 1))" > "${count_file}"
+        read -r -a lost <<< "${ROLL_CALL_LOSES}"
+        if [ "${count}" -lt "${#lost[@]}" ]; then
+            printf "{\"lost\": [{\"node\": \"%s\", \"ranks\": [2, 3]}], \"cause\": \"Connection reset by peer\", \"failed_at\": 100.0, \"named_at\": 115.0}\n" \
+                "${lost[${count}]}" > "${DDP_RUN_DIR}/roll-call.json"
+            exit 1
+        fi
+    fi
     request="${DDP_RUN_DIR}/.ddp-stop-request"
     [ ! -e "${request}" ] || echo "stop-request-at-start" >> "'"${CALLS}"'"
     if [ "${SRUN_WAITS_FOR_STOP:-0}" = 1 ]; then
@@ -91,7 +106,18 @@ exit "${SRUN_STATUS:-0}"'
 case "${1-} ${2-}" in
     "requeue "[0-9]* | "requeuehold "[0-9]* | "release "[0-9]*) [ "$#" -eq 2 ] ;;
     "update JobId="[0-9]*) [ "$#" -eq 3 ] && [ "${3%%=*}" = ExcNodeList ] ;;
-    "show hostnames") printf "%s\n" ${PARTITION_NODES:-node1 node2} ;;
+    "show hostnames")
+        # The job'"'"'s own list expands as SLURM does (node[1-4], node[1,3-4]); the partition'"'"'s (from sinfo)
+        # is $PARTITION_NODES, which a test sets to the partition it means.
+        if [ "${3-}" = "${SLURM_JOB_NODELIST-}" ] && [[ "${3}" =~ ^([a-z]+)\[([0-9,-]+)\]$ ]]; then
+            prefix="${BASH_REMATCH[1]}"
+            IFS=, read -r -a ranges <<< "${BASH_REMATCH[2]}"
+            for range in "${ranges[@]}"; do
+                for n in $(seq "${range%-*}" "${range#*-}"); do printf "%s%s\n" "${prefix}" "${n}"; done
+            done
+        else
+            printf "%s\n" ${PARTITION_NODES:-node1 node2}
+        fi ;;
     *) echo "scontrol stub: unknown arguments $*" >&2; exit 2 ;;
 esac'
     _stub sinfo '[ "$*" = "-h -p e2e -o %N" ] || { echo "sinfo stub: unknown arguments $*" >&2; exit 2; }; echo "node[1-3]"'
@@ -106,7 +132,7 @@ esac'
     _stub python3 '
 case "${1-} ${2-} ${3-} $#" in
     "-m ddp_launch.binds --site 4") echo "/host/${4}:/opt/${4}" ;;
-    "-m ddp_contract dataset 4" | "-m ddp_contract run-dir-lock 4" | "-m ddp_contract.quarantine "* | "-m ddp_contract.shell_words "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
+    "-m ddp_contract dataset 4" | "-m ddp_contract run-dir-lock 4" | "-m ddp_contract.quarantine "* | "-m ddp_contract.spares "* | "-m ddp_contract.shell_words "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
     "-m ddp_launch.accelerators "*) exec "'"${real_python3}"'" "$@" ;;
     *) echo "python3 stub: unexpected arguments $*" >&2; exit 2 ;;
 esac'
