@@ -19,9 +19,12 @@ from conftest import metrics_records, sbatch_args, submit_env, user_dir
 pytestmark = pytest.mark.e2e
 
 # 512 training images, batch 96 over 6 ranks (3 nodes x 2 CPU workers): 5 steps an epoch; no early
-# stop, so every run trains the same 5 epochs; a checkpoint every epoch, the last one to resume from.
-SPARE_RUN = ("--epochs 5 --batch-size 96 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
+# stop, so every run trains the same 4 epochs; a checkpoint every epoch, the last one to resume from.
+EPOCHS = 4
+SPARE_RUN = (f"--epochs {EPOCHS} --batch-size 96 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
              "--dist-timeout-s 30 --target-accuracy 1.1")
+# The preflight and the fabric gate where a test is not about them: about 50 s of a job here.
+NO_PREFLIGHT, NO_GATE = {"DDP_PREFLIGHT": "0"}, {"DDP_FABRIC_GATE": "0"}
 ALLOCATION = ["node1", "node2", "node3", "node4"]
 # The preflight fails a node by its interface: the job names eth0 (as sites name hsn0), a node whose NIC
 # is called otherwise FAILs the doctor's interface check there and nowhere else.
@@ -64,22 +67,23 @@ def assert_like_an_undisturbed_run(run_dir: Path, reference: Path) -> None:
     gloo's ring sums six ranks' values in an order that follows the layout (floating-point addition is
     not associative; with two ranks it is, and tests/unit/train's resume is bit-identical)."""
     got, want = summary(run_dir), summary(reference)
-    assert (got["epochs_run"], got["world_size"], got["nodes"]) == (5, 6, 3)
+    assert (got["epochs_run"], got["world_size"], got["nodes"]) == (EPOCHS, 6, 3)
     assert got["final_accuracy"] == want["final_accuracy"] and got["ranks_in_sync"]
     records = metrics_records(run_dir)  # every line whole JSON, or this raises
     starts = [i for i, r in enumerate(records) if r["type"] == "run"]
     assert {records[i]["steps_per_epoch"] for i in starts} == {5}
     resumed = records[starts[-1]]["resumed_from_epoch"] or 0
     after = [r["epoch"] for r in records[starts[-1]:] if r["type"] == "epoch"]
-    assert after == list(range(resumed + 1, 6)), after
+    assert after == list(range(resumed + 1, EPOCHS + 1)), after
     before = [r["epoch"] for r in records[:starts[-1]] if r["type"] == "epoch"]
     assert set(range(1, resumed + 1)) <= set(before), before  # nothing lost before the resume
     assert (run_dir / "metrics.jsonl").read_text().endswith("\n")
     mine, theirs = epochs(run_dir), epochs(reference)
-    assert [mine[e]["val_correct"] for e in range(1, 6)] == [theirs[e]["val_correct"] for e in range(1, 6)]
+    every = range(1, EPOCHS + 1)
+    assert [mine[e]["val_correct"] for e in every] == [theirs[e]["val_correct"] for e in every]
     if resumed:
         assert all(abs(mine[e]["train_loss"] - theirs[e]["train_loss"]) <= 1e-5 * theirs[e]["train_loss"]
-                   for e in range(1, 6))
+                   for e in every)
     else:
         assert got["parameter_digests"] == want["parameter_digests"]
 
@@ -122,7 +126,7 @@ def test_a_node_failing_the_preflight_is_replaced_by_a_spare_and_the_head_moves_
     record = json.loads((run_dir / "quarantine.json").read_text())
     assert [(e["node"], e["by"]) for e in record["excluded"]] == [("node1", "doctor")]
     assert "Training completed successfully." in output and "Traceback" not in output
-    assert summary(run_dir)["epochs_run"] == 5 and summary(run_dir)["world_size"] == 6
+    assert summary(run_dir)["epochs_run"] == EPOCHS and summary(run_dir)["world_size"] == 6
     assert not left, f"job processes left behind: {left}"
     print(f"preflight recovery: {recovery['seconds']} s, parts {recovery['parts']}")
 
@@ -132,7 +136,7 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_and_training_resumes_from_
     cluster.needs_nodes(6)
     reference = preflight_job[1]
     user_dir(tmp_path)
-    env = spare_env(images, cifar_data, tmp_path / "run")
+    env = {**spare_env(images, cifar_data, tmp_path / "run"), **NO_PREFLIGHT, **NO_GATE}
     run_dir = Path(env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=4", f"--nodelist={','.join(ALLOCATION)}"),
                              "slurm/olivia-multinode.sh"], env=env)
@@ -183,7 +187,7 @@ def test_a_job_whose_spare_is_used_up_falls_back_to_the_requeue_without_its_bad_
     cluster.needs_nodes(6)
     reference = preflight_job[1]
     user_dir(tmp_path)
-    env = spare_env(images, cifar_data, tmp_path / "run")
+    env = {**spare_env(images, cifar_data, tmp_path / "run"), **NO_GATE}
     run_dir = Path(env["DDP_RUN_DIR"])
     with failing_preflight(cluster, "node2"), failing_preflight(cluster, "node4"):
         # No --nodelist: it would stay the requeued job's ReqNodeList, against its ExcNodeList. Six idle
