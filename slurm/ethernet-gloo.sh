@@ -7,6 +7,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # Plain-Ethernet cluster, gloo: N nodes, CPU workers talking gloo over TCP, for nodes
 # where NCCL is not usable (mixed or GPU-less nodes). The trainer picks gloo whenever

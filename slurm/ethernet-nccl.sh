@@ -7,6 +7,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # Plain-Ethernet cluster: N nodes x 1 GPU, NCCL over TCP sockets. InfiniBand is off
 # (NCCL_IB_DISABLE=1) and the socket interface is chosen per node by ddp-launch from

@@ -11,6 +11,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # LUMI (CSC / EuroHPC), 2 or more LUMI-G nodes over Slingshot 11: one SLURM task per GCD, 8
 # per node (an MI250X is two GCDs, and Slurm and HIP count each as a GPU:

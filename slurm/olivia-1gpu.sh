@@ -11,6 +11,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # Olivia (Sigma2), one GH200: the single-GPU baseline of the scaling table.
 # Submit from the repository root: sbatch slurm/olivia-1gpu.sh [trainer flags...]

@@ -11,6 +11,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # Olivia (Sigma2), one node with 4 GH200: torchrun with 4 workers on the node.
 # Submit from the repository root: sbatch slurm/olivia-1node-4gpu.sh [trainer flags...]

@@ -11,6 +11,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # Olivia (Sigma2), 2 or more nodes x 4 GH200 over Slingshot: one task per node,
 # torchrun per node with c10d rendezvous on the first node (found by ddp-launch, no

@@ -10,6 +10,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # Raven (MPCDF), one A100: the single-GPU row of the scaling table (then raven-1node-4gpu.sh,
 # then raven-task-per-gpu.sh on 2 nodes; 32 images per GPU in all three). A quarter of a

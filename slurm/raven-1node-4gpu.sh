@@ -10,6 +10,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # Raven (MPCDF), one node with 4 A100: the middle row of the scaling table, between
 # raven-1gpu.sh and raven-task-per-gpu.sh (2 nodes), 32 images per GPU in all three.

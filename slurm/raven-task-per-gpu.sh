@@ -10,6 +10,7 @@
 #SBATCH --output=%x-%j.out
 #SBATCH --signal=B:USR2@120
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 # Raven (MPCDF) style: one SLURM task per GPU (4 per node) over InfiniBand. No torchrun:
 # each task is one rank (RANK=SLURM_PROCID, LOCAL_RANK=SLURM_LOCALID, env:// init).

@@ -52,6 +52,16 @@ STOP_REQUEST_FILE = ".ddp-stop-request"
 # remapping, throttling, temperature). A FAIL there on the only node of a job is that node's,
 # not the setup's (ddp_contract.quarantine.setup_problem).
 HARDWARE_CHECKS = ("gpu health",)
+# In the run dir: the nodes a failed collective's roll call found gone (src/ddp_train/peers.py writes
+# it, ddp_contract.quarantine reads it: `add --by roll-call`). Only a lost node makes one: a worker
+# killed on a live node does not.
+ROLL_CALL_REPORT = "roll-call.json"
+# Set by the job script for a training step that replaces nodes with spares (ddp_contract.spares):
+# JSON with the nodes swapped and the fault's times; the trainer records the recovery from it.
+RECOVERY_VAR = "DDP_RECOVERY"
+# Set by ddp-launch's torchrun agent for its workers: when it started torchrun (its rendezvous), in
+# seconds since the epoch; a recovery record measures the rendezvous from it.
+RENDEZVOUS_STARTED_VAR = "DDP_RENDEZVOUS_STARTED_AT"
 # Test-only: "HOST:LOCAL_RANK:COUNT" makes that rank add 1 to COUNT elements of its gate contribution.
 GATE_TEST_CORRUPT_VAR = "DDP_GATE_TEST_CORRUPT"
 

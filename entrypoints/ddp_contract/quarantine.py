@@ -1,11 +1,12 @@
 """The run directory's record of bad nodes, kept across requeues, and what the batch script asks of it.
 
-A node that the fabric gate (gate.json) or the preflight (`ddp-launch doctor --json`, one
-report per node) names goes into <run-dir>/quarantine.json with why; the batch script requeues
-the job with those nodes in ExcNodeList. A check that fails on every node is the setup's, not a
-node's: `add` names nothing then, prints one line with the fix and exits 2. Runs on the host's
-python3 (3.6 on SLES 15):
-    python3 -m ddp_contract.quarantine add --by gate|doctor --job ID --restart N [--nodes N] RUN_DIR REPORT...
+A node that the fabric gate (gate.json), the preflight (`ddp-launch doctor --json`, one
+report per node) or the trainer's roll call after a failed collective (roll-call.json: a node lost
+mid-run) names goes into <run-dir>/quarantine.json with why; the batch script trains on a spare
+node instead (ddp_contract.spares) or requeues the job with those nodes in ExcNodeList. A check that
+fails on every node is the setup's, not a node's: `add` names nothing then, prints one line with
+the fix and exits 2. Runs on the host's python3 (3.6 on SLES 15):
+    python3 -m ddp_contract.quarantine add --by gate|doctor|roll-call --job ID --restart N [--nodes N] RUN_DIR REPORT...
     python3 -m ddp_contract.quarantine exclude RUN_DIR     (comma-separated nodes, for ExcNodeList)
     python3 -m ddp_contract.quarantine show RUN_DIR        (one line per excluded node and why)
     python3 -m ddp_contract.quarantine enough RUN_DIR NEED NODE...   (exit 1 with one line when short)
@@ -25,14 +26,14 @@ DOCTOR_PREFIX = "doctor-"  # doctor-<node>.json, as the job script's srun --outp
 
 class Excluded(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login nodes
     node: str
-    by: str        # "gate" | "doctor"
+    by: str        # "gate" | "doctor" | "roll-call"
     why: str
     job: str
     restart: int
 
     def line(self) -> str:
         return "excluded {} (named by the {} in job {}, restart {}): {}".format(
-            self.node, self.by, self.job, self.restart, self.why)
+            self.node, self.by.replace("-", " "), self.job, self.restart, self.why)
 
 
 def record_path(run_dir: str) -> str:
@@ -88,6 +89,19 @@ def named_by_gate(report: object) -> Dict[str, str]:
         if len(nodes) == 1 and nodes[0] in (report.get("bad_nodes") or ()):
             named.setdefault(nodes[0], "{} (expected {}); likely cause: {}".format(
                 fault.get("measured"), fault.get("expected"), fault.get("cause")))
+    return named
+
+
+def named_by_roll_call(report: object) -> Dict[str, str]:
+    """{node: why} from roll-call.json: the nodes none of whose ranks answered (src/ddp_train/peers.py).
+    The collective's own error (gloo's and NCCL's run to a source path and a cut-off line) stays in the
+    report and in the trainer's line."""
+    if not isinstance(report, dict):
+        return {}
+    named = {}
+    for lost in report.get("lost") or ():
+        if isinstance(lost, dict) and lost.get("node"):
+            named[str(lost["node"])] = "lost mid-run: none of its ranks answered the roll call after a collective failed"
     return named
 
 
@@ -150,6 +164,10 @@ def setup_problem(failures: Mapping[str, Optional[Tuple[Failed, ...]]], nodes: i
                                                    first.fix or "see each node's doctor-<node>.json"))
 
 
+# The checks that write one report for the whole job (the doctor writes one per node).
+NAMED_BY_REPORT = {"gate": named_by_gate, "roll-call": named_by_roll_call}
+
+
 def doctor_node(path: str) -> str:
     name = os.path.basename(path)
     return name[len(DOCTOR_PREFIX):-len(".json")] if name.startswith(DOCTOR_PREFIX) else name
@@ -182,7 +200,7 @@ def collect(by: str, texts: Mapping[str, str], job: str, restart: int) -> List[E
         return found
     for text in texts.values():
         try:
-            named = named_by_gate(json.loads(text))
+            named = NAMED_BY_REPORT[by](json.loads(text))
         except ValueError:
             named = {}
         found += [Excluded(node, by, why, job, restart) for node, why in sorted(named.items())]
@@ -205,7 +223,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command")
     add = sub.add_parser("add")
     add.add_argument("run_dir")
-    add.add_argument("--by", choices=("gate", "doctor"), required=True)
+    add.add_argument("--by", choices=("gate", "doctor", "roll-call"), required=True)
     add.add_argument("--job", default="?")
     add.add_argument("--restart", type=int, default=0)
     add.add_argument("--nodes", type=int, default=0, help="the job's node count (default: one per report)")

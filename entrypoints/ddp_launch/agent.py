@@ -13,9 +13,10 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 
-from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE
+from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE, RENDEZVOUS_STARTED_VAR
 from ddp_contract import free_bytes as contract_free_bytes
 from ddp_contract.heartbeat import HEARTBEAT_DIR_VAR
 from ddp_launch.watchdog import Watchdog, heartbeat_directory
@@ -306,6 +307,8 @@ def _run_torchrun(torchrun, argv: list[str] | None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return EXIT_USAGE
+    # The workers inherit it: a recovery's record measures torchrun's rendezvous from here (ddp_train.recovery).
+    os.environ[RENDEZVOUS_STARTED_VAR] = f"{time.time():.3f}"
     try:
         torchrun.run(args)
     except ChildFailedError as failure:

@@ -31,6 +31,13 @@
 #   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
 #   DDP_PREFLIGHT         1 runs `ddp-launch doctor` on every node first (default), 0 skips it
 #   DDP_FABRIC_GATE       1 runs the fabric gate before training (default), 0 skips it
+#   DDP_SPARE_NODES       S spare nodes in the allocation (default 0). Ask SLURM for N + S nodes:
+#                   DDP_SPARE_NODES=1 sbatch --nodes=3 slurm/olivia-multinode.sh   (2 train, 1 spare)
+#                   The training runs on N; a node the preflight, the fabric gate or a lost node's
+#                   roll call names is replaced by a spare inside the allocation, and the training
+#                   resumes from the last checkpoint with the same global batch. With no spare left:
+#                   the requeue without the node (exit 76) or, for a lost node, exit 1, as with S=0.
+#                   The scripts' `#SBATCH --no-kill` keeps the job when a node fails (sbatch(1)).
 set -euo pipefail
 
 # ddp_contract.EXIT_USAGE (entrypoints/ddp_contract): a mistake the user can fix, said in one line and
@@ -44,6 +51,8 @@ readonly DDP_EXIT_BAD_NODE=76
 readonly DDP_STOP_REQUEST_FILE=.ddp-stop-request
 # In the run dir: "JOB N", the number of step ids job JOB has taken so far (ddp::take_step_id).
 readonly DDP_STEP_IDS_FILE=.ddp-step-ids
+# ddp_contract.ROLL_CALL_REPORT: in the run dir, the nodes a failed collective's roll call found gone.
+readonly DDP_ROLL_CALL_REPORT=roll-call.json
 
 ddp::log() {
     printf '%s: %s\n' "${DDP_LOG_TAG:-ddp}" "$*" >&2
@@ -326,20 +335,35 @@ ddp::monitor_start() {
         return 0
     fi
     mkdir -p "${out_dir}"
+    local -a where=(--nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks="${SLURM_JOB_NUM_NODES:-1}")
+    local -r placed="$(ddp::step_nodes sampler)"
+    if [ -n "${placed}" ]; then  # with spares: one sampler on each training node
+        local -a listed=()
+        IFS=, read -r -a listed <<< "${placed}"
+        where=(--nodes="${#listed[@]}" --ntasks="${#listed[@]}" --nodelist="${placed}")
+    fi
     ddp::take_step_id
-    local -r nodes="${SLURM_JOB_NUM_NODES:-1}"
-    srun --overlap --nodes="${nodes}" --ntasks="${nodes}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+    srun --overlap "${where[@]}" --ntasks-per-node=1 --kill-on-bad-exit=0 \
         --output="${out_dir}/sampler-%N.log" \
         "${DDP_REPO}/slurm/gpu-sampler.sh" "${out_dir}" "${interval}" &
     DDP_MONITOR_PID=$!
     ddp::log "GPU sampler started (pid ${DDP_MONITOR_PID}): ${out_dir}/gpu-<node>.csv"
 }
 
+# srun ends a step on TERM after waiting up to KillWait + 2 s for its tasks ("Job step aborted: Waiting
+# up to 7 seconds", KillWait=5 on the test cluster; slurm.conf(5) KillWait, default 30 s), and a lost
+# node's never end: after a lost node the sampler is only told to stop (`ddp::monitor_stop later`),
+# so that the next training step need not wait for it; bash reaps it.
+#   ddp::monitor_stop [later]
 ddp::monitor_stop() {
     [ -n "${DDP_MONITOR_PID:-}" ] || return 0
     kill -TERM "${DDP_MONITOR_PID}" 2>/dev/null || true
-    wait "${DDP_MONITOR_PID}" 2>/dev/null || true
-    ddp::log "GPU sampler stopped"
+    if [ "${1:-}" = later ]; then
+        ddp::log "GPU sampler stopping (pid ${DDP_MONITOR_PID}), not waited for: a lost node's sampler never ends"
+    else
+        wait "${DDP_MONITOR_PID}" 2>/dev/null || true
+        ddp::log "GPU sampler stopped"
+    fi
     DDP_MONITOR_PID=""
 }
 
@@ -501,6 +525,7 @@ ddp::launch_step() {
     if [ -n "${DDP_CPU_WORKERS:-}" ]; then
         launch_args+=(--cpu-workers "${DDP_CPU_WORKERS}")
     fi
+    ddp::placement srun_args "$(ddp::step_nodes "${name}")"  # with spares: part of the allocation
 
     local log_dir="${DDP_RUN_DIR}/logs"
     local job_logs="${SLURM_JOB_ID:-local}"
@@ -533,7 +558,7 @@ ddp::launch_step() {
     ddp::take_step_id
     if [ "${mode}" = task ]; then
         ddp::log "${name}: per-rank logs: ${log_dir}/${SLURM_JOB_ID:-}-<node>-rank<N>.out; rank 0's follows"
-        ddp::run_following "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node)-rank0.out" "${step[@]}" || status=$?
+        ddp::run_following "${log_dir}/${SLURM_JOB_ID:-}-$(ddp::first_node "${name}")-rank0.out" "${step[@]}" || status=$?
     else
         "${step[@]}" &
         ddp::wait_for "$!" || status=$?
@@ -608,18 +633,208 @@ ddp::train() {
         "${DDP_TRAIN_WORDS[@]}" "$@"
 }
 
-# The node of rank 0, whose log a task-mode step follows: the job's first node, where sbatch runs
-# the batch script ("Slurm runs a single copy of the batch script on the first node in the set of
-# allocated nodes", sbatch(1)) and names it in SLURMD_NODENAME ("Name of the node running the job
-# script", sbatch(1), OUTPUT ENVIRONMENT VARIABLES; sbatch --batch=<features>, which no job script
-# here uses, could pick another); srun's block distribution puts task 0 there. Outside a batch
+# The node of rank 0, whose log a task-mode step follows: the step's first node. A step on the whole
+# allocation starts on the job's first node, where sbatch runs the batch script ("Slurm runs a single
+# copy of the batch script on the first node in the set of allocated nodes", sbatch(1)) and names it
+# in SLURMD_NODENAME ("Name of the node running the job script", sbatch(1), OUTPUT ENVIRONMENT
+# VARIABLES; sbatch --batch=<features>, which no job script here uses, could pick another); srun's
+# block distribution puts task 0 there. A step on part of it (spares, ddp::placement) starts on its
+# own first node, which is not the batch script's when the preflight named that one. Outside a batch
 # job: this host.
+#   ddp::first_node [STEP_NAME]
 ddp::first_node() {
-    printf '%s\n' "${SLURMD_NODENAME:-$(hostname -s)}"
+    local -r placed="$(ddp::step_nodes "${1:-}")"
+    if [ -n "${placed}" ]; then
+        printf '%s\n' "${placed%%,*}"
+    else
+        printf '%s\n' "${SLURMD_NODENAME:-$(hostname -s)}"
+    fi
+}
+
+# Spare nodes (DDP_SPARE_NODES=S). The allocation is N + S nodes; the training runs on N of them,
+# and a node the preflight, the fabric gate or a roll call names is replaced inside the allocation:
+# no requeue, no new wait in the queue. Which nodes train is decided by ddp_contract.spares from the
+# run dir's quarantine record: the first N healthy nodes in the allocation's order, so the survivors
+# keep their places and the next healthy spare takes the bad node's. The preflight and the gate run
+# on every healthy node of the allocation, spares included: a spare swapped in mid-run has passed both.
+#
+# A node that fails mid-job: by default slurmctld ends the whole job once it marks the node DOWN
+# (SlurmdTimeout, slurm.conf(5), default 300 s), as NODE_FAIL. Every job script asks for
+# `#SBATCH --no-kill`: "the job allocation will not be revoked so the user may launch new job
+# steps on the remaining nodes" (sbatch(1), --no-kill; on the test cluster slurmctld logs "Removing
+# failed node node2 from JobId=..." and the job runs on). Neither `scontrol show job` nor its --json
+# shows the flag (SLURM 26.05), so the library cannot check it: a script of one's own needs the line.
+DDP_ALLOCATION=()     # the allocation's nodes in SLURM's order (scontrol show hostnames), with spares
+DDP_TRAIN_NODES=""    # the training step's nodes, comma-separated; empty: the whole allocation
+DDP_GATE_NODES=""     # the fabric gate's: every healthy node; empty: the whole allocation
+DDP_OVERLAP_STEP=0    # 1 once a node was lost mid-run (ddp::placement says why)
+DDP_FAULT_AT=""       # when the preflight or the gate first named a node, in seconds since the epoch
+DDP_PLACEMENT_SAID="" # the last placement line said
+
+ddp::now() {
+    date +%s.%N
+}
+
+# DDP_SPARE_NODES checked and the allocation read, before any step. A user's mistake: one line, exit 2
+# (ddp_contract.EXIT_USAGE).
+ddp::spares_setup() {
+    local -r spares="${DDP_SPARE_NODES:-0}" allocated="${SLURM_JOB_NUM_NODES:-1}"
+    if ! [[ "${spares}" =~ ^[0-9]+$ ]]; then
+        ddp::log "error: DDP_SPARE_NODES=${spares} is not a number of nodes: set it to 0 (no spares) or to the spare nodes' count, and submit with sbatch --nodes=N+S"
+        exit 2
+    fi
+    export DDP_SPARE_NODES="$((10#${spares}))"
+    [ "${DDP_SPARE_NODES}" -gt 0 ] || return 0
+    if [ "${DDP_SPARE_NODES}" -ge "${allocated}" ]; then
+        ddp::log "error: DDP_SPARE_NODES=${DDP_SPARE_NODES} leaves no node to train on in job ${SLURM_JOB_ID:-?}'s ${allocated} node(s): submit with sbatch --nodes=N+${DDP_SPARE_NODES} (N training nodes plus the spares), or ask for fewer spares"
+        exit 2
+    fi
+    mapfile -t DDP_ALLOCATION < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}")
+    if [ "${#DDP_ALLOCATION[@]}" -ne "${allocated}" ]; then
+        ddp::err "scontrol show hostnames ${SLURM_JOB_NODELIST:-} gave ${#DDP_ALLOCATION[@]} node(s), not the job's ${allocated}: cannot place spares"
+    fi
+    ddp::log "spares: ${DDP_SPARE_NODES} of the job's ${allocated} nodes wait as spares, the training runs on $((allocated - DDP_SPARE_NODES)) (DDP_SPARE_NODES=${DDP_SPARE_NODES})"
+}
+
+# Which nodes train and which gate, from the quarantine record (python3 -m ddp_contract.spares place,
+# its options: --previous, --named-at, --step-ended-at, --roll-call). Sets DDP_TRAIN_NODES and
+# DDP_GATE_NODES, exports DDP_RECOVERY for the training step when a spare replaces a training node
+# (the trainer records the recovery from it), and says the placement in one line. Returns 1 with one
+# line when too few healthy nodes are left.
+ddp::place() {
+    local out status=0 line recovery=""
+    out="$(ddp::on_host ddp_contract.spares place "$@" "${DDP_RUN_DIR}" "${DDP_SPARE_NODES}" \
+        "${DDP_ALLOCATION[@]}")" || status=$?
+    if [ "${status}" -ne 0 ]; then
+        ddp::log "spares: ${out:-python3 -m ddp_contract.spares failed (exit ${status}; see above)}"
+        [ "${status}" -eq 1 ] || exit "${status}"
+        return 1
+    fi
+    while IFS= read -r line; do
+        case "${line}" in
+            train=*) DDP_TRAIN_NODES="${line#train=}" ;;
+            healthy=*) DDP_GATE_NODES="${line#healthy=}" ;;
+            recovery=*) recovery="${line#recovery=}" ;;
+            say=*)  # said once, and again only when it changes (after the preflight, after the gate)
+                [ "${line}" = "${DDP_PLACEMENT_SAID}" ] || ddp::log "spares: ${line#say=}"
+                DDP_PLACEMENT_SAID="${line}"
+                ;;
+        esac
+    done <<< "${out}"
+    # Every node healthy: the gate runs on the whole allocation, as without spares.
+    [ "${DDP_GATE_NODES}" != "$(IFS=,; printf '%s' "${DDP_ALLOCATION[*]}")" ] || DDP_GATE_NODES=""
+    if [ -n "${recovery}" ]; then
+        export DDP_RECOVERY="${recovery}"
+    else
+        unset DDP_RECOVERY
+    fi
+}
+
+# Before the training, with spares: the nodes the preflight or the gate named (STATUS 76) are left
+# out and spares take their places; 76 again when too few healthy nodes are left, which requeues the
+# job without them as without spares. Any other STATUS is returned as it is.
+#   ddp::place_before_training STATUS
+ddp::place_before_training() {
+    local -r status="$1"
+    if [ "${DDP_SPARE_NODES:-0}" = 0 ] || { [ "${status}" -ne 0 ] && [ "${status}" -ne "${DDP_EXIT_BAD_NODE}" ]; }; then
+        return "${status}"
+    fi
+    if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ] && [ -z "${DDP_FAULT_AT}" ]; then
+        DDP_FAULT_AT="$(ddp::now)"
+    fi
+    local -a named=()
+    [ -z "${DDP_FAULT_AT}" ] || named=(--named-at "${DDP_FAULT_AT}")
+    if ! ddp::place "${named[@]}"; then
+        ddp::log "spares: none left for the bad node(s): falling back to a requeue without them (exit ${DDP_EXIT_BAD_NODE})"
+        return "${DDP_EXIT_BAD_NODE}"
+    fi
+}
+
+# srun's options that put a step on CSV's nodes (comma-separated; none: the whole allocation),
+# appended to ARRAY_NAME. --ntasks
+# too: a step inherits the job's SLURM_NTASKS, which would win over --ntasks-per-node ("the --ntasks
+# option will take precedence", srun(1)). SLURM runs a step's tasks on its nodes in the allocation's
+# order whatever order --nodelist gives ("the node names will be sorted by Slurm", srun(1); on the
+# test cluster --nodelist=node4,node3,node1 ran task 0 on node1, SLURM_STEP_NODELIST=node[1,3-4]),
+# which ddp::first_node and ddp-launch's head (the step's first node) rely on.
+# After a node was lost, the failed step still holds its resources on the survivors until slurmctld
+# marks the lost node DOWN (SlurmdTimeout) and removes it from the job: a new step there waits
+# ("srun: Step created" 22 s late on the test cluster, SlurmdTimeout=60). --overlap lets it share
+# them ("allows steps to share all resources (CPUs, memory, and GRES) with all other steps",
+# srun(1)); the failed step's processes on the survivors have ended by then.
+#   ddp::placement ARRAY_NAME CSV
+ddp::placement() {
+    local -n into="$1"
+    local -r csv="$2"
+    [ -n "${csv}" ] || return 0
+    local -a listed=()
+    IFS=, read -r -a listed <<< "${csv}"
+    local -r count="${#listed[@]}"
+    local -r per_node="${SLURM_NTASKS_PER_NODE:-$((${SLURM_NTASKS:-${SLURM_JOB_NUM_NODES:-1}} / ${SLURM_JOB_NUM_NODES:-1}))}"
+    into+=(--nodes="${count}" --ntasks="$((count * per_node))" --nodelist="${csv}")
+    [ "${DDP_OVERLAP_STEP}" = 0 ] || into+=(--overlap)
+}
+
+# The nodes a step runs on: the training's and the gate's may be part of the allocation (spares).
+#   ddp::step_nodes NAME      (train | gate | sampler)
+ddp::step_nodes() {
+    case "$1" in
+        train | sampler) printf '%s\n' "${DDP_TRAIN_NODES}" ;;
+        gate) printf '%s\n' "${DDP_GATE_NODES}" ;;
+        *) printf '\n' ;;
+    esac
+}
+
+# After a failed training step: when the roll call named the lost node(s) (<run-dir>/roll-call.json,
+# src/ddp_train/peers.py), they go into the quarantine record, and a spare takes each one's place
+# (return 0: train again); with no spare left, one line and return 1 (the job's exit 1 for a lost
+# node). The seconds from the fault to training again are the trainer's to say (DDP_RECOVERY).
+#   ddp::replace_lost_node STEP_ENDED_AT
+ddp::replace_lost_node() {
+    local -r ended_at="$1" report="${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
+    ddp::on_host ddp_contract.quarantine add --by roll-call --job "${SLURM_JOB_ID:-local}" \
+        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${report}" >&2 || true
+    if [ "${DDP_SPARE_NODES:-0}" = 0 ]; then
+        ddp::log "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): exit 1; the checkpoint is kept: resubmit to resume from it"
+        return 1
+    fi
+    if ! ddp::place --previous "${DDP_TRAIN_NODES}" --step-ended-at "${ended_at}" --roll-call "${report}"; then
+        ddp::log "spares: none left for the lost node: exit 1; the checkpoint is kept: resubmit to resume from it"
+        return 1
+    fi
+    if [ -z "${DDP_RECOVERY:-}" ]; then  # the node named is none of the training's: nothing to replace
+        ddp::log "spares: the roll call named no training node (${report}): exit 1"
+        return 1
+    fi
+    DDP_OVERLAP_STEP=1
+}
+
+# The training step, and after a node lost mid-run the next one on the survivors and a spare, from
+# the last checkpoint, while spares are left; the sampler runs on the training's nodes.
+#   ddp::train_with_spares MODE TRAIN_ARGS...
+ddp::train_with_spares() {
+    local status ended_at
+    while true; do
+        status=0
+        rm -f -- "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
+        ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
+        ddp::train "$@" || status=$?
+        ended_at="$(ddp::now)"
+        unset DDP_RECOVERY
+        # A crash on a live node (a killed worker) makes no report: no spare for that.
+        if [ "${status}" -eq 0 ] || [ "${status}" -eq "${DDP_EXIT_REQUEUE}" ] \
+            || [ ! -e "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" ]; then
+            ddp::monitor_stop
+            return "${status}"
+        fi
+        ddp::monitor_stop later
+        ddp::replace_lost_node "${ended_at}" || return 1
+    done
 }
 
 # The whole job: checks, the preflight and the fabric gate, sampler, training step, sampler
-# stopped, requeue (after a stop, or without a bad node) or exit.
+# stopped, spares in bad nodes' places (DDP_SPARE_NODES), requeue (after a stop, or without a bad
+# node) or exit.
 #   ddp::run_job MODE TRAIN_ARGS...     (MODE: node | task, see ddp::train)
 ddp::run_job() {
     ddp::split_words DDP_LAUNCH_WORDS DDP_LAUNCH_ARGS
@@ -634,6 +849,7 @@ ddp::run_job() {
     mkdir -p "${DDP_RUN_DIR}"
     ddp::export_binds "${DDP_SITE}" "${DDP_DATA_DIR}" "${DDP_RUN_DIR}"
     ddp::print_job
+    ddp::spares_setup
     DDP_APPTAINER_ARGS=(run)
     if [ "${DDP_GPU:-1}" = 1 ]; then
         ddp::gpu_flag "${DDP_SITE}"
@@ -648,13 +864,13 @@ ddp::run_job() {
     trap 'ddp::request_stop USR1' USR1
     local status=0
     ddp::preflight || status=$?
+    if ddp::place_before_training "${status}"; then status=0; else status=$?; fi
     if [ "${status}" -eq 0 ]; then
         ddp::gate "$@" || status=$?
+        if ddp::place_before_training "${status}"; then status=0; else status=$?; fi
     fi
     if [ "${status}" -eq 0 ]; then
-        ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
-        ddp::train "$@" || status=$?
-        ddp::monitor_stop
+        ddp::train_with_spares "$@" || status=$?
     fi
     if ddp::maybe_requeue "${status}" "${DDP_RUN_DIR}"; then
         # 76 stays this run's code (sacct shows why it ended); a checkpointed stop ends well (0).

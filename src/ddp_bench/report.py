@@ -20,6 +20,7 @@ from typing import Sequence
 from ddp_bench import run_facts
 from ddp_bench.errors import ReportError
 from ddp_bench.gate_table import gate_table
+from ddp_bench.recoveries import recovery_table
 from ddp_train.metrics import METRICS_NAME
 
 
@@ -200,10 +201,11 @@ def plot(rows: Sequence[Row], path: Path) -> bool:
 
 def report(run_dirs: Sequence[Path], out_dir: Path) -> str:
     rows = scaling_rows([load_run(path) for path in run_dirs])
-    # Beside the figures: the fabric gate's results (gate_table.py), step time per rank,
-    # stragglers, what ran and what differed (run_facts.py).
+    # Beside the figures: the fabric gate's results (gate_table.py), the spares that took bad nodes'
+    # places (recoveries.py), step time per rank, stragglers, what ran and what differed (run_facts.py).
     facts = [(load_run(path).name, path, _last_summary(path)) for path in run_dirs]
-    table = markdown_table(rows) + gate_table(run_dirs) + run_facts.section(facts)
+    recovered = [(name, read_records(path / METRICS_NAME if path.is_dir() else path)) for name, path, _ in facts]
+    table = markdown_table(rows) + gate_table(run_dirs) + recovery_table(recovered) + run_facts.section(facts)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "report.md").write_text(table, encoding="utf-8")

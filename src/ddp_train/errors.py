@@ -6,7 +6,7 @@ prints it as one line and exits EXIT_USAGE. Anything else is a bug and keeps its
 
 import contextlib
 import enum
-from typing import Iterator
+from typing import Iterator, Optional
 
 # EXIT_USAGE (2): a TrainError: bad flag, missing or corrupt dataset or checkpoint.
 # EXIT_REQUEUE (75): stopped on request (SIGUSR2/SIGUSR1/SIGTERM) after writing a checkpoint: the
@@ -43,9 +43,10 @@ class PeerLost(Exception):
     """A node of the job went away mid-run (peers.roll_call): not a user mistake, so EXIT_FAILURE,
     but said in one line by one rank (`prints`) instead of a traceback per rank."""
 
-    def __init__(self, message: str, prints: bool):
+    def __init__(self, message: str, prints: bool, report: Optional[dict] = None):
         super().__init__(message)
         self.prints = prints
+        self.report = report  # for <run-dir>/roll-call.json when a node is gone (peers.roll_call_report)
 
 
 @contextlib.contextmanager

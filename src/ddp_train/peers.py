@@ -13,17 +13,27 @@ rank 0 waits on rank 1, which left the collective for its roll call) only fails 
 peer exits, one roll call later; it takes the verdict instead of waiting out a roll call of
 its own, so the whole job ends about ROLL_CALL_S after the first failure, well inside the
 time srun gives the other tasks once one has ended (ddp.sh: srun --wait).
+
+The rank that says the verdict also writes it for the job script, <run-dir>/roll-call.json (the
+lost nodes, the cause, when the collective failed and when the roll call named them): a lost node
+goes into the quarantine record, and the job script trains on a spare in its place
+(slurm/lib/ddp.sh, DDP_SPARE_NODES). Ranks that died on a live node make no report: that is a crash,
+not a lost node.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import socket
 import time
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
+from ddp_contract import ROLL_CALL_REPORT
 from ddp_train.errors import PeerLost
 
 ROLL_CALL_S = 15.0  # every live rank fails within this of the first (they share the timeout)
@@ -32,10 +42,16 @@ PRINTED_KEY = "ddp-train/roll-call/printed"
 VERDICT_KEY = "ddp-train/roll-call/verdict"
 
 
-def hosts_by_rank() -> list[str]:
-    """Every rank's host name, gathered once at the start (a collective)."""
+def node_name(env: Mapping[str, str]) -> str:
+    """This node as SLURM names it (SLURMD_NODENAME, which srun sets for every task: the name the
+    quarantine and ExcNodeList need), else the host name."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def hosts_by_rank(env: Mapping[str, str]) -> list[str]:
+    """Every rank's node name, gathered once at the start (a collective)."""
     hosts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname())
+    dist.all_gather_object(hosts, node_name(env))
     return [str(h) for h in hosts]
 
 
@@ -48,6 +64,11 @@ def missing_nodes(hosts: Sequence[str], answered: Sequence[int]) -> dict[str, li
     return silent
 
 
+def gone_nodes(silent: dict[str, list[int]], hosts: Sequence[str]) -> list[str]:
+    """The nodes none of whose ranks answered: lost. A node with a rank that answered is up."""
+    return [host for host in silent if len(silent[host]) == list(hosts).count(host)]
+
+
 def lost_message(silent: dict[str, list[int]], hosts: Sequence[str], waited_s: float, cause: str,
                  checkpoint: str) -> str:
     """A node none of whose ranks answered is lost. Where every node has a rank that answered,
@@ -57,7 +78,7 @@ def lost_message(silent: dict[str, list[int]], hosts: Sequence[str], waited_s: f
         listed = silent[host]
         return f"rank{'s' if len(listed) > 1 else ''} {', '.join(map(str, listed))}"
 
-    gone = [host for host in silent if len(silent[host]) == list(hosts).count(host)]
+    gone = gone_nodes(silent, hosts)
     if gone:
         what = (f"lost contact with {', '.join(f'{h} ({ranks(h)})' for h in gone)}: no answer {waited_s:.0f} s "
                 f"after a collective failed ({cause}); the node dropped off the network or died")
@@ -74,6 +95,39 @@ def head_lost_message(head: str, cause: str, checkpoint: str) -> str:
             f"requeue the job to resume from it")
 
 
+def head_node(head: str, hosts: Sequence[str]) -> str:
+    """The head's node name: MASTER_ADDR may be its address (ddp-launch passes the head's IPv4)."""
+    if head in hosts:
+        return head
+    for host in dict.fromkeys(hosts):
+        try:
+            if socket.gethostbyname(host) == head:
+                return host
+        except OSError:
+            continue
+    return head
+
+
+def roll_call_report(lost: dict[str, list[int]], cause: str, failed_at: float, message: str) -> dict:
+    """roll-call.json: the lost nodes with their ranks, the cause, the collective's failure and the
+    verdict's time (seconds since the epoch: the job script measures the recovery from them)."""
+    return {"lost": [{"node": node, "ranks": ranks} for node, ranks in lost.items()], "cause": cause,
+            "failed_at": round(failed_at, 3), "named_at": round(time.time(), 3), "message": message}
+
+
+def write_report(run_dir: str | Path, report: dict) -> None:
+    """Written aside and renamed, so the job script never reads half of one; one rank per node may
+    write it (a lost head), each through a file of its own."""
+    path = Path(run_dir) / ROLL_CALL_REPORT
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(report) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:  # the line on stderr still names the node; the job script falls back to exit 1
+        print(f"ddp-train: warning: cannot write {path} ({exc.strerror}): the job script cannot put a spare "
+              f"in the lost node's place", flush=True)
+
+
 def first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0][:160] if lines else type(exc).__name__
@@ -85,6 +139,7 @@ def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: s
     (then the failure is not a lost node and keeps its traceback). `store`: the process group's
     (the rendezvous store) unless given."""
     cause = first_line(exc)
+    failed_at = time.time()
     try:
         store = store if store is not None else dist.distributed_c10d._get_default_store()
         store.set_timeout(datetime.timedelta(seconds=wait_s))
@@ -100,7 +155,11 @@ def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: s
             time.sleep(0.5)
     except Exception:  # noqa: BLE001 - any store failure means the store's host is out of reach
         first_here = min(r for r, host in enumerate(hosts) if host == hosts[rank])
-        return PeerLost(head_lost_message(head, cause, checkpoint), prints=rank == first_here)
+        message = head_lost_message(head, cause, checkpoint)
+        node = head_node(head, hosts)
+        return PeerLost(message, prints=rank == first_here,
+                        report=roll_call_report({node: [r for r, h in enumerate(hosts) if h == node]}, cause,
+                                                failed_at, message))
     silent = missing_nodes(hosts, answered)
     if not silent:
         return None
@@ -111,4 +170,5 @@ def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: s
             store.set(VERDICT_KEY, message)
     except Exception:  # noqa: BLE001 - the store went away meanwhile: say it from the lowest rank that answered
         first = rank == min(answered)
-    return PeerLost(message, prints=first)
+    gone = {node: silent[node] for node in gone_nodes(silent, hosts)}
+    return PeerLost(message, prints=first, report=roll_call_report(gone, cause, failed_at, message) if gone else None)

@@ -19,8 +19,8 @@ import torch
 
 from ddp_contract import heartbeat as hb
 
-from ddp_train import (cudagraph_report, data, distributed, heartbeat, metrics, peers, provenance, rundir, speed,
-                       steptime)
+from ddp_train import (cudagraph_report, data, distributed, heartbeat, metrics, peers, provenance, recovery, rundir,
+                       speed, steptime)
 from ddp_train.accumulation import accumulate_gradients
 from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
@@ -38,6 +38,7 @@ from ddp_train.signals import StopFlag, StopVote, stop_request_path
 
 
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:
+    started = recovery.StartClock.started(env)  # a recovery's record measures this start (recovery.py)
     dist_env = DistEnv.from_env(env)
     with seen_by(Seen.BY_EVERY_RANK_OF_NODE):  # the same GPUs for every rank of a node
         device = distributed.pick_device(config.device, dist_env)
@@ -60,16 +61,19 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     heartbeat.use_run_dir_for_flight_recorder(config.run_dir, env, os.environ)
     try:
         distributed.init_process_group(dist_env, device, config.dist_timeout_s, config.backend)
-        hosts = peers.hosts_by_rank() if distributed.active() else []
+        hosts = peers.hosts_by_rank(env) if distributed.active() else []
+        started.mark("group_ready_at")
         with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device):
             try:
                 return train(config, env, dist_env, device, precision, stop, forensics.heartbeat,
-                             Console(dist_env.is_main))
+                             Console(dist_env.is_main), started)
             except RuntimeError as exc:  # a failed collective: was it a node that went away?
                 lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),
                                        env.get("MASTER_ADDR", "?")) if hosts else None
                 if lost is None:
                     raise
+                if lost.prints and lost.report:  # for the job script: a spare can take the node's place
+                    peers.write_report(config.run_dir, lost.report)
                 raise lost from None
     finally:
         forensics.stop()
@@ -92,7 +96,9 @@ def record_provenance(config: TrainConfig, dist_env: DistEnv, console: Console) 
 
 
 def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device,
-          precision: str, stop: StopFlag, beat: heartbeat.Heartbeat, console: Console) -> int:
+          precision: str, stop: StopFlag, beat: heartbeat.Heartbeat, console: Console,
+          started: Optional[recovery.StartClock] = None) -> int:
+    started = started or recovery.StartClock()
     wall_start = time.perf_counter()
     rank, world = dist_env.rank, dist_env.world_size
     log = metrics.MetricsWriter(config.run_dir, enabled=dist_env.is_main)
@@ -107,7 +113,9 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     learner = build_learner(config, dist_env, device, precision)
     model, ema, optimizer, scaler = learner.model, learner.ema, learner.optimizer, learner.scaler
     checkpoints = Checkpointer(config, learner, dist_env, device)
+    started.mark("resume_started_at")
     resumed = checkpoints.resume()
+    started.mark("resume_done_at")
     progress = resumed or Progress()
     if dist_env.is_main:
         rundir.warn_if_low_space(Path(config.run_dir), checkpoints.estimated_bytes())
@@ -176,6 +184,13 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         console.say(f"Warm-up ({fast.compile_mode}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
     # Said, never assumed: whether each rank's compiled step runs as a CUDA graph, or inductor's reason.
     console.say(*cudagraph_report.gather(fast.graph_state(device)).lines())
+
+    # Training again after spares took bad nodes' places: the recovery's record and line (recovery.py).
+    started.mark("training_at")
+    recovered = recovery.from_env(env) if dist_env.is_main and recovery.first_start(env) else None
+    if recovered is not None and not progress.finished:
+        log.write("recovery", **recovery.record(recovered, started))
+        console.say(recovery.line(recovered, started))
 
     # The loop: every rank takes the same steps and makes the same decisions.
     votes = StopVote(stop, device, config.stop_check_every)

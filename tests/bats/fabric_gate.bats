@@ -96,7 +96,7 @@ scontrol release 42"
     assert_failure 2
     assert_line "ddp: error: preflight: ddp-launch doctor fails 'interface' on every node of the job (2 of 2): eth0 missing: a setup problem, not a bad node, so nothing is excluded or requeued; fix: unset NCCL_SOCKET_IFNAME"
     refute_output --partial "excluded node"
-    run grep -c '^scontrol\|ddp_train.gate\| -- --data-dir ' "${CALLS}"
+    run grep -c '^scontrol \(requeue\|update\|release\)\|ddp_train.gate\| -- --data-dir ' "${CALLS}"
     assert_output "0"
     [ ! -e "${DDP_RUN_DIR}/quarantine.json" ]
 }
@@ -108,7 +108,7 @@ scontrol release 42"
 
     assert_failure 2
     assert_line --partial "ddp: error: preflight: ddp-launch doctor fails 'interface' on the job's only node (node1; if the node is at fault, resubmit with sbatch --exclude=node1): eth0 missing"
-    run grep -c '^scontrol' "${CALLS}"
+    run grep -c '^scontrol \(requeue\|update\|release\)' "${CALLS}"
     assert_output "0"
     [ ! -e "${DDP_RUN_DIR}/quarantine.json" ]
 }

@@ -24,6 +24,7 @@ from pathlib import Path
 import apptainer_root
 import e2e_image as image
 import pytest
+from contextlib import contextmanager
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "e2e" / "cluster" / "cluster.sh"
@@ -31,9 +32,10 @@ STATE = Path(os.environ.get("DDP_E2E_STATE", "/tmp/ddp-e2e-cluster"))
 # cluster.sh's names and addresses; the variables let one cluster per working tree coexist.
 PREFIX = os.environ.get("DDP_E2E_PREFIX", "ddpe2e")
 SUBNET = os.environ.get("DDP_E2E_SUBNET", "10.77.0")
-# Four: the fabric gate's tests run a 3-node job (a slow node is told apart by comparing pairs)
-# and requeue a 2-node job onto a spare; the other tests use two.
-NODES = int(os.environ.get("DDP_E2E_NODES", "4"))
+# Six: the spare-node tests run a 3-node job with one spare (4 nodes) and, once its spare is used up,
+# requeue it without two bad nodes onto the other two; the fabric gate's tests run a 3-node job (a
+# slow node is told apart by comparing pairs); the other tests use two.
+NODES = int(os.environ.get("DDP_E2E_NODES", "6"))
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -211,6 +213,49 @@ class Cluster:
         """argv as root on a node: its network, host name and mount namespace (inside the root)."""
         return self.cluster_sh(["exec", node, *argv], timeout=timeout)
 
+    def needs_nodes(self, count: int) -> None:
+        if self.nodes < count:
+            pytest.fail(f"this test needs {count} nodes: run with DDP_E2E_NODES={count}")
+
+    @contextmanager
+    def renamed_nic(self, node: str, new: str = "ens1f1"):
+        """One node's NIC under another name (a node whose NIC is ens1f1 where the job says eth0, as in
+        mixed clusters), renamed back on the way out. A link is renamed only while down (ip-link(8))."""
+        for argv in (["ip", "link", "set", "eth0", "down"], ["ip", "link", "set", "eth0", "name", new],
+                     ["ip", "link", "set", new, "up"]):
+            done = self.in_netns(node, argv)
+            assert done.returncode == 0, done.stderr
+        try:
+            yield
+        finally:
+            for argv in (["ip", "link", "set", new, "down"], ["ip", "link", "set", new, "name", "eth0"],
+                         ["ip", "link", "set", "eth0", "up"]):
+                self.in_netns(node, argv)
+
+    def job_processes(self) -> list[str]:
+        """'node:pid:command' of every job process left on any node: ours, the image's FUSE mount and
+        Apptainer's starter (whose command line is its process title)."""
+        found = []
+        for node in self.node_names:
+            pids = subprocess.run(["ip", "netns", "pids", self.netns(node)], capture_output=True, text=True).stdout
+            for pid in pids.split():
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if any(marker in cmdline for marker in JOB_PROCESS_MARKERS):
+                    found.append(f"{node}:{pid}:{cmdline.replace(bytes([0]), b' ')[:80].decode(errors='replace')}")
+        return found
+
+    def settled(self, timeout: float = 90) -> list[str]:
+        """The job processes still there once SLURM had time to end them (KillWait, srun --wait)."""
+        deadline = time.monotonic() + timeout
+        left = self.job_processes()
+        while left and time.monotonic() < deadline:
+            time.sleep(1)
+            left = self.job_processes()
+        return left
+
     def cancel_all(self) -> None:
         subprocess.run(self.in_root(["scancel", "--full", "--partition=e2e"]), env=self.env,
                        capture_output=True, timeout=30)
@@ -228,6 +273,11 @@ class Cluster:
             lines = log.read_text(errors="replace").splitlines()[-30:]
             parts.append(f"--- {log.name}\n" + "\n".join(lines))
         return "\n".join(parts)
+
+
+# What a job leaves running if it leaves anything (Cluster.job_processes).
+JOB_PROCESS_MARKERS = (b"ddp_launch", b"ddp_train", b"torch.distributed.run", b"squashfuse_ll",
+                       b"Apptainer runtime parent")
 
 
 class SetupError(RuntimeError):

@@ -10,7 +10,9 @@ a stop: checkpoint, exit 75, the job script requeues, the job resumes at the ste
 completes; SIGKILL of one worker, of a launcher, or of a whole node (slurmd and its processes), a
 network drop of a node, each a crash: exit 1, FAILED, or NODE_FAIL where SLURM saw the node go first;
 a full disk under the run dir (its own small file system): one line, exit 2, FAILED, the checkpoint
-intact, and a new job on the same run dir resumes from it once space is freed. For every job: the
+intact, and a new job on the same run dir resumes from it once space is freed; kill-node with a spare
+(a 2-node job with DDP_SPARE_NODES=1 on 3 nodes): the spare takes the killed node's place inside the
+job, which resumes from the checkpoint and completes without a requeue. For every job: the
 SLURM state and exit code match the fault, the
 checkpoint loads and holds every epoch before the fault, no job process is left on any node, every
 line of metrics.jsonl is whole JSON, a requeued job resumes at the stopped step.
@@ -38,7 +40,8 @@ import apptainer_root  # noqa: E402
 import conftest  # noqa: E402  (the e2e harness: cluster, images, data, job environment)
 
 REPO = conftest.REPO
-FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "net-drop", "disk-full")
+FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "net-drop", "disk-full",
+          "kill-node-spare")
 # How each stop is sent (scancel(1)) and what its job's environment needs.
 # USR2 goes to the batch shell alone (--batch), as SLURM sends --signal=B:USR2@120 at the time
 # limit: ddp.sh's trap passes it on through <run-dir>/.ddp-stop-request.
@@ -55,10 +58,6 @@ SKIP_CHECKS = {"DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0"}
 RUN = ("--epochs 6 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
        "--dist-timeout-s 30")
 CRASH_STATES = {("FAILED", "1:0"), ("NODE_FAIL", "0:0")}
-# What a job leaves running if it leaves anything: our processes, the image's FUSE mount, and
-# Apptainer's starter, whose command line is its process title.
-STARTER = b"Apptainer runtime parent"
-JOB_PROCESS_MARKERS = (b"ddp_launch", b"ddp_train", b"torch.distributed.run", b"squashfuse_ll", STARTER)
 
 
 @dataclass
@@ -120,20 +119,6 @@ def checkpoint_kept(books: Books, problems: list, run_dir: Path, before: int) ->
         books.lost_checkpoints += 1
         problems.append(f"checkpoint epoch {saved} after {before} epochs done before the fault")
     return saved
-
-
-def job_processes(cluster) -> list[str]:
-    found = []
-    for node in cluster.node_names:
-        pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True, text=True).stdout
-        for pid in pids.split():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if any(marker in cmdline for marker in JOB_PROCESS_MARKERS):
-                found.append(f"{node}:{pid}:{cmdline.replace(bytes([0]), b' ')[:80].decode(errors='replace')}")
-    return found
 
 
 def pids_on(cluster, node: str, want) -> list[str]:
@@ -252,6 +237,8 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
     if kind == "disk-full":
         with SmallDisk(cluster, run_dir, out / f"disk-{index:03d}.img") as disk:
             return full_disk_job(cluster, books, index, disk, base_env, out)
+    if kind == "kill-node-spare":
+        return spare_job(cluster, books, index, rng, base_env, out)
     env = {**base_env, **STOPS.get(kind, ({}, []))[0], **SKIP_CHECKS, "DDP_RUN_DIR": str(run_dir),
            "DDP_TRAIN_ARGS": RUN,
            "DDP_MONITOR_INTERVAL": "0"}
@@ -317,11 +304,7 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
 
 def settle(cluster, books: Books, index: int, kind: str, job, problems: list) -> None:
     """No job process left on any node; the job's line; its problems kept for the report."""
-    deadline = time.monotonic() + 90  # KillWait and srun --wait bound what SLURM leaves running
-    left = job_processes(cluster)
-    while left and time.monotonic() < deadline:
-        time.sleep(1)
-        left = job_processes(cluster)
+    left = cluster.settled(90)  # KillWait and srun --wait bound what SLURM leaves running
     if left:
         books.orphans += len(left)
         problems.append(f"left behind: {left}")
@@ -331,6 +314,56 @@ def settle(cluster, books: Books, index: int, kind: str, job, problems: list) ->
     print(f"soak job {index + 1}: {kind}: job {job.job_id} {job.state} {job.exit_code}: {status}", flush=True)
     if problems:
         books.problems.append(f"job {index + 1} ({kind}, {job.job_id}): {'; '.join(problems)}")
+
+
+def spare_job(cluster, books: Books, index: int, rng: random.Random, base_env: dict, out: Path) -> None:
+    """A 2-node job with one spare (3 nodes) whose second training node dies mid-run (cluster.sh crash):
+    the roll call names it, the spare trains in its place from the last checkpoint, the job completes
+    without a requeue, with one "recovery" record (slurm/lib/ddp.sh, DDP_SPARE_NODES)."""
+    run_dir = out / f"run-{index:03d}"
+    env = {**base_env, **SKIP_CHECKS, "DDP_RUN_DIR": str(run_dir), "DDP_TRAIN_ARGS": RUN, "DDP_MONITOR_INTERVAL": "0",
+           "DDP_SPARE_NODES": "1"}
+    job_id = cluster.sbatch(["--partition=e2e", "--gpus-per-node=0", "--nodes=3", f"--output={out}/%j.out",
+                             "slurm/olivia-multinode.sh"], env=env)
+    deadline = time.monotonic() + 300
+    while epochs_done(run_dir) < 2 and time.monotonic() < deadline and \
+            cluster.job(job_id).state not in conftest.TERMINAL_STATES:
+        time.sleep(0.5)
+    before = epochs_done(run_dir)
+    node = cluster.job_nodes(cluster.job(job_id))[1]  # a training node; the first runs the batch script
+    time.sleep(rng.uniform(0, 2))
+    crashed = cluster.cluster_sh(["crash", node], timeout=30)
+    if crashed.returncode != 0:
+        raise RuntimeError(f"cluster.sh crash {node} failed: {crashed.stderr.strip()[-200:]}")
+    try:
+        report = run_dir / "roll-call.json"
+        deadline = time.monotonic() + 120
+        while not report.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        saved_before = saved_epoch(run_dir)  # the old step's ranks have stopped: what the spare resumes
+        job = wait_terminal(cluster, job_id, 600)
+    finally:
+        revive(cluster, node)
+    books.jobs += 1
+    books.faults["kill-node-spare"] += 1
+    problems = []
+    outcome = (job.state, job.exit_code, job.fields.get("Restarts"))
+    recoveries = [r for r in records(run_dir) if r["type"] == "recovery"] if metrics_whole(run_dir) else []
+    if outcome != ("COMPLETED", "0:0", "0") or len(recoveries) != 1:
+        books.wrong_states += 1
+        problems.append(f"state, exit, restarts {outcome} and {len(recoveries)} recovery record(s) do not match a "
+                        f"spare in {node}'s place")
+    checkpoint_kept(books, problems, run_dir, before)
+    if not metrics_whole(run_dir):
+        books.truncated_metrics += 1
+        problems.append("metrics.jsonl has a partial line")
+    else:
+        starts = [r for r in records(run_dir) if r["type"] == "run"]
+        if len(starts) != 2 or starts[1]["resumed_from_epoch"] != saved_before:
+            books.bad_resumes += 1
+            problems.append(f"resume {[s['resumed_from_epoch'] for s in starts]} after a checkpoint of epoch "
+                            f"{saved_before}")
+    settle(cluster, books, index, "kill-node-spare", job, problems)
 
 
 def full_disk_job(cluster, books: Books, index: int, disk: SmallDisk, base_env: dict, out: Path) -> None:

@@ -1,5 +1,6 @@
-"""Faults a real cluster has: a node that drops off the network or dies mid-job, two jobs in one
-run dir, several jobs at once, a rendezvous port already taken on the head node."""
+"""Faults a real cluster has: a node that drops off the network mid-job, two jobs in one run dir,
+several jobs at once, a rendezvous port already taken on the head node. A node that dies mid-job and
+a spare in its place: tests/e2e/test_spares.py."""
 from __future__ import annotations
 
 import json
@@ -72,17 +73,18 @@ def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_the_next_r
         assert kept >= 2
     finally:
         revive(cluster, "node2")
-    # Not a stop with a checkpoint (75): the job script does not requeue it (FAILED, exit 1), and the
-    # user (here the test) submits it again; or slurmctld saw the node go first and requeued it
-    # (NODE_FAIL). Again, not `scontrol requeue`: the requeued run keeps the job id and its step
-    # ids, and once here srun's kill of the lost node's training step, which slurmctld could not
-    # deliver while the node was off the network, reached it about a minute later and SIGKILLed
-    # the requeued run's step of the same id (docs/reliability.md).
+    # Not a stop with a checkpoint (75) and no spare node (DDP_SPARE_NODES=0): the job script ends it
+    # with exit 1, FAILED, and the user (here the test) submits it again. The job scripts' --no-kill
+    # keeps slurmctld from ending it as NODE_FAIL and requeueing it when it marks node2 DOWN first
+    # (sbatch(1) --no-kill): a requeued run would keep the job id and its step ids, and srun's kill of
+    # the lost node's step, which slurmctld could not deliver while the node was off the network,
+    # would reach the requeued run's step of the same id (docs/reliability.md).
     job = cluster.job(job_id)
-    assert (job.state, job.exit_code) == ("FAILED", "1:0") or \
-        (job.state == "PENDING" and job.fields.get("Restarts") == "1"), job.fields
-    if job.state == "FAILED":
-        job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
+    assert (job.state, job.exit_code) == ("FAILED", "1:0"), job.fields
+    assert "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): exit 1" in output
+    excluded = json.loads((run_dir / "quarantine.json").read_text())["excluded"]
+    assert [(e["node"], e["by"]) for e in excluded] == [("node2", "roll-call")]
+    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
     job = cluster.wait(job_id, timeout=400)
     assert job.state == "COMPLETED", job.output()
     starts = [r for r in metrics_records(run_dir) if r["type"] == "run"]
@@ -121,32 +123,6 @@ def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_ki
     assert f"restart 1: skipped step ids 0-{max(before)}," in job.output()
     types = [r["type"] for r in metrics_records(run_dir)]
     assert types.count("run") == 2 and "summary" in types[types.index("run", 1):], types
-
-
-def test_a_node_that_dies_ends_the_job_naming_it_and_slurm_says_it_failed(cluster, long_job_env, tmp_path):
-    job_id, run_dir = started_job(cluster, long_job_env, tmp_path)
-    done = cluster.cluster_sh(["crash", "node2"], timeout=30)
-    assert done.returncode == 0, done.stderr
-    died_at = time.monotonic()
-    try:
-        cluster.wait_for_file(run_dir, 240, predicate=lambda _: job_state(cluster, job_id) not in ("RUNNING",
-                                                                                                   "COMPLETING"))
-        print(f"the job ended {time.monotonic() - died_at:.0f} s after node2 died")
-        output = Path(tmp_path / f"{job_id}.out").read_text(errors="replace")
-        assert re.search(r"ddp-train: error: lost contact with node2 \(ranks 2, 3\): no answer", output), output
-        assert "Traceback" not in output
-        assert saved_epoch(run_dir) >= 2
-        # A crash (1), not a stop with a checkpoint (75): the job script does not requeue it, and
-        # SLURM records FAILED with that code; or slurmctld saw the node stop answering first
-        # (SlurmdTimeout) and ended the job as NODE_FAIL, which it requeues itself for a job
-        # submitted with --requeue (slurm.conf(5) JobRequeue; sbatch(1) --requeue).
-        job = cluster.job(job_id)
-        requeued_by_slurm = job.state == "PENDING" and job.fields.get("Restarts") == "1"
-        assert (job.state, job.exit_code) == ("FAILED", "1:0") or requeued_by_slurm, job.fields
-    finally:
-        revive(cluster, "node2")
-    if requeued_by_slurm:
-        assert cluster.wait(job_id, timeout=400).state == "COMPLETED"
 
 
 def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_finishes(cluster, job_env, tmp_path):

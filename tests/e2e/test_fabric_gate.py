@@ -1,5 +1,6 @@
 """The fabric gate and the quarantine on the real cluster: the slurm/ job scripts, sbatch, srun, the
-image, gloo over the nodes' veth links. A 3-node job and a spare: DDP_E2E_NODES=4 (conftest's default).
+image, gloo over the nodes' veth links. A node the preflight or the gate names, replaced by a spare
+node or requeued without: tests/e2e/test_spares.py.
 """
 import json
 from pathlib import Path
@@ -12,11 +13,6 @@ pytestmark = pytest.mark.e2e
 
 def _gate(run_dir: Path) -> dict:
     return json.loads((run_dir / "gate.json").read_text())
-
-
-def _needs_nodes(cluster, count: int) -> None:
-    if cluster.nodes < count:
-        pytest.fail(f"this test needs {count} nodes: run with DDP_E2E_NODES={count}")
 
 
 @pytest.fixture
@@ -34,26 +30,6 @@ def rate_limited(cluster):
     yield limit
     for node in limited:
         cluster.in_netns(node, ["tc", "qdisc", "del", "dev", "eth0", "root"])
-
-
-@pytest.fixture
-def renamed_nic(cluster):
-    """Give one node's NIC another name (a node whose NIC is ens1f1 where the job says eth0, as in
-    mixed clusters); renamed back after the test. A link is renamed only while down (ip-link(8))."""
-    renamed = []
-
-    def rename(node: str, new: str) -> None:
-        for argv in (["ip", "link", "set", "eth0", "down"], ["ip", "link", "set", "eth0", "name", new],
-                     ["ip", "link", "set", new, "up"]):
-            done = cluster.in_netns(node, argv)
-            assert done.returncode == 0, done.stderr
-        renamed.append((node, new))
-
-    yield rename
-    for node, new in renamed:
-        for argv in (["ip", "link", "set", new, "down"], ["ip", "link", "set", new, "name", "eth0"],
-                     ["ip", "link", "set", "eth0", "up"]):
-            cluster.in_netns(node, argv)
 
 
 def test_a_healthy_gate_passes_with_its_figures_in_the_job_output_and_the_json(cluster, job_env, tmp_path):
@@ -99,7 +75,7 @@ def test_a_corrupting_rank_is_named_with_its_wrong_element_count(cluster, job_en
 
 
 def test_a_slow_node_is_named_by_the_pair_rounds(cluster, job_env, tmp_path, rate_limited):
-    _needs_nodes(cluster, 3)
+    cluster.needs_nodes(3)
     rate_limited("node3")
     job_env = {**job_env, "DDP_MAX_REQUEUES": "0"}
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=3", "--nodelist=node1,node2,node3"),
@@ -115,28 +91,6 @@ def test_a_slow_node_is_named_by_the_pair_rounds(cluster, job_env, tmp_path, rat
     assert "fabric gate: FAIL in " in output and "node node3: busbw " in output
     rounds = {g["round"] for g in report["rounds"]}
     assert rounds == {"node", "pairs-1", "pairs-2"}  # ceil(log2 3) pair rounds
-
-
-def test_a_node_failing_the_preflight_is_excluded_and_the_job_finishes_elsewhere(cluster, job_env, tmp_path,
-                                                                               renamed_nic):
-    _needs_nodes(cluster, 3)
-    # The job names its interface (as sites do, e.g. NCCL_SOCKET_IFNAME=hsn0); node2's is named
-    # otherwise, so the doctor's interface check FAILs there and nowhere else.
-    renamed_nic("node2", "ens1f1")
-    job_env = {**job_env, "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
-    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
-
-    job = cluster.wait(job_id, timeout=500)
-
-    output = job.output()  # the requeued run's output: SLURM rewrites it on the restart
-    assert job.state == "COMPLETED", output
-    assert job.fields.get("Restarts") == "1"
-    assert "node2" not in job.fields["NodeList"] and job.fields["ExcNodeList"] == "node2"
-    assert "excluded node2 (named by the doctor in job" in output and "interface" in output
-    assert "fabric gate: PASS" in output
-    assert "Training completed successfully." in output
-    record = json.loads((Path(job_env["DDP_RUN_DIR"]) / "quarantine.json").read_text())
-    assert [e["node"] for e in record["excluded"]] == ["node2"]
 
 
 def test_a_check_failing_on_every_node_stops_the_job_in_one_line_and_excludes_nothing(cluster, job_env, tmp_path):

@@ -28,10 +28,11 @@ _write_stubs() {
     # srun: known options only, then the command; it records the command line and
     # the variables the job scripts export, and exits with $SRUN_STATUS (default 0).
     _stub srun '
-nodes="${SLURM_JOB_NUM_NODES:-1}" ntasks="" per_node=""
+nodes="${SLURM_JOB_NUM_NODES:-1}" ntasks="" per_node="" nodelist=""
 for arg in "$@"; do
     case "${arg}" in
         --overlap|--kill-on-bad-exit=*|--wait=*|--error=*|--network=*) ;;
+        --nodelist=*) nodelist="${arg#--nodelist=}" ;;
         --nodes=*) nodes="${arg#--nodes=}" ;;
         --ntasks=*) ntasks="${arg#--ntasks=}" ;;
         --ntasks-per-node=*) per_node="${arg#--ntasks-per-node=}" ;;
@@ -66,12 +67,18 @@ case "$*" in *" printenv SLURM_STEP_ID") printf "%s\n" "${SLURM_STEP_ID}"; exit 
 case " $* " in *" apptainer "* | *" singularity "*) sleep 0.5; printf "%s\n" "$@" > "'"${STEP_ARGV}"'" ;; esac
 printf "srun-env NCCL_IB_DISABLE=%s APPTAINER_BIND=%s\n" "${NCCL_IB_DISABLE-unset}" "${APPTAINER_BIND-unset}" >> "'"${CALLS}"'"
 [ -z "${SINGULARITY_BIND+set}" ] || printf "srun-env SINGULARITY_BIND=%s\n" "${SINGULARITY_BIND}" >> "'"${CALLS}"'"
-# The preflight: a doctor report per node of the step (node1, node2...), where --output=...%N says;
-# $DOCTOR_FAILS names the failing nodes (words).
+[ -z "${DDP_RECOVERY+set}" ] || printf "srun-env DDP_RECOVERY=%s\n" "${DDP_RECOVERY}" >> "'"${CALLS}"'"
+# The preflight: a doctor report per node of the step (its --nodelist, or the first --nodes of the
+# job'"'"'s SLURM_JOB_NODELIST as scontrol expands it), where --output=...%N says; $DOCTOR_FAILS names the
+# failing nodes (words).
 case " $* " in *" doctor --json "*)
-    for node in $(seq -f "node%g" "${nodes}"); do
-        ok=true
-        case " ${DOCTOR_FAILS:-} " in *" ${node} "*) ok=false ;; esac
+    if [ -n "${nodelist}" ]; then
+        step_nodes="${nodelist//,/ }"
+    else
+        step_nodes="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-node[1-${nodes}]}" | head -n "${nodes}")"
+    fi
+    for node in ${step_nodes}; do
+        ok=true; [[ " ${DOCTOR_FAILS:-} " == *" ${node} "* ]] && ok=false
         printf "{\"ok\": %s, \"checks\": [{\"name\": \"interface\", \"status\": \"%s\", \"detail\": \"eth0 missing\", \"fix\": \"unset NCCL_SOCKET_IFNAME\"}]}\n" \
             "${ok}" "$([ "${ok}" = true ] && echo OK || echo FAIL)" > "${output//%N/${node}}"
     done
@@ -83,8 +90,21 @@ case " $* " in *" ddp_train.gate "*)
     exit "${GATE_STATUS:-0}" ;;
 esac
 # The training step. With $SRUN_WAITS_FOR_STOP=1 it runs until the batch script asks it to stop
-# through the run dir, then records the request and exits 75, as the trainer does.
+# through the run dir, then records the request and exits 75, as the trainer does. $ROLL_CALL_LOSES
+# ("node2 node3"): the first training step loses the first node, as the trainer'"'"'s roll call reports
+# it (roll-call.json) before it exits 1, the second the second; the steps after them succeed.
 case " $* " in *" -- --data-dir "*)
+    if [ -n "${ROLL_CALL_LOSES:-}" ]; then
+        count_file="'"${BATS_TEST_TMPDIR}"'/training-steps"
+        count="$(cat "${count_file}" 2>/dev/null || echo 0)"
+        echo "$((count + 1))" > "${count_file}"
+        read -r -a lost <<< "${ROLL_CALL_LOSES}"
+        if [ "${count}" -lt "${#lost[@]}" ]; then
+            printf "{\"lost\": [{\"node\": \"%s\", \"ranks\": [2, 3]}], \"cause\": \"Connection reset by peer\", \"failed_at\": 100.0, \"named_at\": 115.0}\n" \
+                "${lost[${count}]}" > "${DDP_RUN_DIR}/roll-call.json"
+            exit 1
+        fi
+    fi
     request="${DDP_RUN_DIR}/.ddp-stop-request"
     [ ! -e "${request}" ] || echo "stop-request-at-start" >> "'"${CALLS}"'"
     if [ "${SRUN_WAITS_FOR_STOP:-0}" = 1 ]; then
@@ -107,7 +127,18 @@ job_id() { [[ "$1" =~ ^[0-9]+(_[0-9]+)?$ ]] || { echo "scontrol stub: bad job id
 case "${1-} ${2-}" in
     "requeue "* | "requeuehold "* | "release "*) [ "$#" -eq 2 ] && job_id "$2" ;;
     "update JobId="*) [ "$#" -eq 3 ] && job_id "${2#JobId=}" && [ "${3%%=*}" = ExcNodeList ] ;;
-    "show hostnames") printf "%s\n" ${PARTITION_NODES:-node1 node2} ;;
+    "show hostnames")
+        # The job'"'"'s own list expands as SLURM does (node[1-4], node[1,3-4]); the partition'"'"'s (from sinfo)
+        # is $PARTITION_NODES, which a test sets to the partition it means.
+        if [ "${3-}" = "${SLURM_JOB_NODELIST-}" ] && [[ "${3}" =~ ^([a-z]+)\[([0-9,-]+)\]$ ]]; then
+            prefix="${BASH_REMATCH[1]}"
+            IFS=, read -r -a ranges <<< "${BASH_REMATCH[2]}"
+            for range in "${ranges[@]}"; do
+                for n in $(seq "${range%-*}" "${range#*-}"); do printf "%s%s\n" "${prefix}" "${n}"; done
+            done
+        else
+            printf "%s\n" ${PARTITION_NODES:-node1 node2}
+        fi ;;
     *) echo "scontrol stub: unknown arguments $*" >&2; exit 2 ;;
 esac'
     _stub sinfo '[ "$*" = "-h -p e2e -o %N" ] || { echo "sinfo stub: unknown arguments $*" >&2; exit 2; }; echo "node[1-3]"'
@@ -122,7 +153,7 @@ esac'
     _stub python3 '
 case "${1-} ${2-} ${3-} $#" in
     "-m ddp_launch.binds --site 4") echo "/host/${4}:/opt/${4}" ;;
-    "-m ddp_contract dataset 4" | "-m ddp_contract run-dir-lock 4" | "-m ddp_contract.quarantine "* | "-m ddp_contract.shell_words "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
+    "-m ddp_contract dataset 4" | "-m ddp_contract run-dir-lock 4" | "-m ddp_contract.quarantine "* | "-m ddp_contract.spares "* | "-m ddp_contract.shell_words "* | "-c "*) exec "'"${real_python3}"'" "$@" ;;
     "-m ddp_launch.accelerators "* | "-m ddp_launch.sites "*) exec "'"${real_python3}"'" "$@" ;;
     *) echo "python3 stub: unexpected arguments $*" >&2; exit 2 ;;
 esac'

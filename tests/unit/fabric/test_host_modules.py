@@ -45,6 +45,8 @@ def host_entries(root: Path, data_dir: Path) -> tuple:
         HostEntry("ddp_launch.accelerators", "ddp_launch.accelerators", ("--site", "lumi", "apptainer-flag")),
         # ddp.sh asks for the site's srun options for its training and gate steps.
         HostEntry("ddp_launch.sites", "ddp_launch.sites", ("--site", "olivia", "srun-args")),
+        # ddp.sh asks which nodes train and which wait as spares (DDP_SPARE_NODES).
+        HostEntry("ddp_contract.spares", "ddp_contract.spares", ("place", str(data_dir), "1", "node1", "node2")),
     )
 
 
@@ -109,7 +111,8 @@ def imported_modules(python: str, entry: HostEntry) -> tuple[subprocess.Complete
 
 def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]:
     """The union over the host entries, each run down its whole path."""
-    binds, dataset, download, quarantine, run_dir_lock, shell_words, accelerator, srun = host_entries(root, data_dir)
+    binds, dataset, download, quarantine, run_dir_lock, shell_words, accelerator, srun, spares = host_entries(
+        root, data_dir)
     result, imported = imported_modules(python, binds)
     assert result.returncode == 0, result.stderr
     assert "added " in result.stderr  # the closure ran, so its modules were imported
@@ -128,7 +131,9 @@ def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]
     assert result.returncode == 0 and result.stdout == "--rocm\n", result.stderr
     result, site = imported_modules(python, srun)
     assert result.returncode == 0 and result.stdout == "--network=disable_rdzv_get\n", result.stderr
-    return imported | more | fetched | record | lock | words | vendor | site
+    result, placed = imported_modules(python, spares)
+    assert result.returncode == 0 and result.stdout.startswith("train=node1\n"), result.stderr
+    return imported | more | fetched | record | lock | words | vendor | site | placed
 
 
 def test_host_entries_import_exactly_the_listed_modules(fake_host, partial_data):

@@ -154,3 +154,37 @@ def test_no_record_yet_excludes_nothing(tmp_path, capsys):
     assert q.main(["exclude", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "\n"
     assert q.main([]) == 2
+
+
+def _roll_call_json(tmp_path, lost):
+    path = tmp_path / "roll-call.json"
+    path.write_text(json.dumps({"lost": [{"node": node, "ranks": [2, 3]} for node in lost],
+                                "cause": "Connection reset by peer", "failed_at": 1.0, "named_at": 16.0,
+                                "message": "lost contact with node2 (ranks 2, 3): ..."}))
+    return str(path)
+
+
+LOST = "lost mid-run: none of its ranks answered the roll call after a collective failed"
+
+
+def test_a_roll_call_names_the_lost_node(tmp_path):
+    named = q.collect("roll-call", q.read_reports([_roll_call_json(tmp_path, ["node2"])]), "7", 0)
+    assert named == [q.Excluded("node2", "roll-call", LOST, "7", 0)]
+    assert named[0].line() == ("excluded node2 (named by the roll call in job 7, restart 0): lost mid-run: "
+                               "none of its ranks answered the roll call after a collective failed")
+
+
+def test_a_roll_call_report_that_is_not_one_names_nothing(tmp_path):
+    (tmp_path / "roll-call.json").write_text("{not json")
+    assert q.collect("roll-call", q.read_reports([str(tmp_path / "roll-call.json"), str(tmp_path / "absent.json")]), "7", 0) == []
+    assert q.named_by_roll_call({"lost": [{"ranks": [1]}, "node3"]}) == {}
+
+
+def test_the_cli_records_a_lost_node_by_the_roll_call_and_excludes_it_on_a_requeue(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    report = _roll_call_json(tmp_path, ["node2"])
+    assert q.main(["add", "--by", "roll-call", "--job", "9", str(run_dir), report]) == EXIT_BAD_NODE
+    assert capsys.readouterr().out.startswith("excluded node2 (named by the roll call in job 9, restart 0)")
+    assert q.main(["exclude", str(run_dir)]) == 0
+    assert capsys.readouterr().out == "node2\n"

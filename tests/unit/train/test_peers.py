@@ -1,7 +1,10 @@
 """The roll call after a failed collective: which node is silent, and the one line naming it."""
 
+import json
 import time
 
+from ddp_contract import ROLL_CALL_REPORT
+from ddp_train import peers
 from ddp_train.peers import lost_message, missing_nodes, roll_call
 
 HOSTS = ["node1", "node1", "node2", "node2"]
@@ -89,3 +92,55 @@ def test_a_store_that_does_not_answer_names_the_head_node_from_one_rank_per_node
     loud = roll_call(HOSTS, 2, RuntimeError("timed out"), "/r/checkpoint.pt", "node1", store=Gone(), wait_s=0.2)
     assert str(loud).startswith("lost contact with the head node node1")
     assert loud.prints and not quiet.prints
+
+
+# The report the job script reads (<run-dir>/roll-call.json): only for a node that is gone.
+
+def test_a_lost_node_comes_with_a_report_of_its_ranks_and_the_times_of_failure_and_verdict():
+    store = _store()
+    store.set("ddp-train/roll-call/0", "1")
+    before = time.time()
+    lost = roll_call(HOSTS, 1, RuntimeError("Connection closed by peer"), "/r/checkpoint.pt", "node1",
+                     store=store, wait_s=0.2)
+    report = lost.report
+    assert report["lost"] == [{"node": "node2", "ranks": [2, 3]}]
+    assert report["cause"] == "Connection closed by peer" and report["message"] == str(lost)
+    assert before - 0.01 <= report["failed_at"] <= report["named_at"] - 0.15  # the roll call waited 0.2 s
+
+
+def test_ranks_that_died_on_a_live_node_make_no_report():
+    store = _store()
+    for rank in (0, 3):
+        store.set(f"ddp-train/roll-call/{rank}", "1")
+    lost = roll_call(HOSTS, 1, RuntimeError("Connection reset by peer"), "/r/checkpoint.pt", "node1",
+                     store=store, wait_s=0.2)
+    assert lost is not None and "stopped answering while every node is up" in str(lost)
+    assert lost.report is None
+
+
+def test_a_lost_head_is_reported_by_its_node_name_when_master_addr_is_its_address(monkeypatch):
+    class Gone:
+        def set_timeout(self, _):
+            raise RuntimeError("Connection refused")
+
+    addresses = {"node1": "10.0.0.11", "node2": "10.0.0.12"}
+    monkeypatch.setattr(peers.socket, "gethostbyname", lambda host: addresses[host])
+    lost = roll_call(HOSTS, 2, RuntimeError("timed out"), "/r/checkpoint.pt", "10.0.0.11", store=Gone(), wait_s=0.2)
+    assert lost.report["lost"] == [{"node": "node1", "ranks": [0, 1]}]
+    assert str(lost).startswith("lost contact with the head node 10.0.0.11")
+
+
+def test_the_report_is_written_whole_under_its_contract_name(tmp_path):
+    peers.write_report(tmp_path, {"lost": [{"node": "node2", "ranks": [2]}]})
+    assert json.loads((tmp_path / ROLL_CALL_REPORT).read_text())["lost"][0]["node"] == "node2"
+    assert [p.name for p in tmp_path.iterdir()] == [ROLL_CALL_REPORT]  # no temporary file left
+
+
+def test_a_report_that_cannot_be_written_is_a_warning_not_a_second_error(tmp_path, capsys):
+    peers.write_report(tmp_path / "absent", {"lost": []})
+    assert "ddp-train: warning: cannot write" in capsys.readouterr().out
+
+
+def test_ranks_are_named_as_slurm_names_their_node():
+    assert peers.node_name({"SLURMD_NODENAME": "node7"}) == "node7"
+    assert peers.node_name({}) == peers.socket.gethostname()

@@ -1,0 +1,215 @@
+#!/usr/bin/env bats
+# Spare nodes (DDP_SPARE_NODES, slurm/lib/ddp.sh): which nodes each step runs on, a spare in the place
+# of a node the preflight, the gate or a roll call names, and the fallbacks, with srun, scontrol and
+# sinfo stubbed. A 3-node training with one spare: a 4-node allocation.
+
+setup() {
+    load 'test_helper/common-setup'
+    _common_setup
+    _job_env
+    export SLURM_JOB_NUM_NODES=4 SLURM_JOB_NODELIST='node[1-4]' SLURM_NTASKS=4 SLURM_NTASKS_PER_NODE=1
+    export DDP_SPARE_NODES=1 DDP_PREFLIGHT=1 DDP_FABRIC_GATE=1 PARTITION_NODES="node1 node2 node3 node4 node5 node6"
+}
+
+_srun_lines() {
+    grep "^srun .*$1" "${CALLS}"
+}
+
+_gate_names() {
+    printf '{"ok": false, "bad_nodes": ["%s"], "faults": [{"kind": "slow", "nodes": ["%s"], "measured": "busbw 0.1 GB/s", "expected": ">= 1 GB/s", "cause": "a slow NIC"}]}\n' \
+        "$1" "$1" > "${BATS_TEST_TMPDIR}/gate.json"
+    export GATE_REPORT="${BATS_TEST_TMPDIR}/gate.json" GATE_STATUS=76
+}
+
+@test "every job script asks SLURM to keep the job when one of its nodes fails (--no-kill)" {
+    local script
+    for script in "${REPO}"/slurm/*.sh; do
+        grep -q '^#SBATCH --requeue$' "${script}" || continue
+        run grep -c '^#SBATCH --no-kill$' "${script}"
+        assert_output "1"
+    done
+}
+
+@test "the roll call's report name is the trainer's (ddp_contract.ROLL_CALL_REPORT)" {
+    run python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ddp_contract; print(ddp_contract.ROLL_CALL_REPORT)' "${REPO}/entrypoints"
+    assert_success
+    run grep -c "^readonly DDP_ROLL_CALL_REPORT=${output}\$" "${REPO}/slurm/lib/ddp.sh"
+    assert_output "1"
+}
+
+@test "one spare of four: the preflight and the gate on every node, the training and its sampler on the first three" {
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "spares: 1 of the job's 4 nodes wait as spares, the training runs on 3 (DDP_SPARE_NODES=1)"
+    assert_output --partial "spares: training on node1,node2,node3 (3 of the allocation's 4 nodes), 1 spare(s) left: node4"
+    run _srun_lines ' doctor --json '
+    assert_output --partial "srun --nodes=4 --ntasks=4 --ntasks-per-node=1 "
+    run _srun_lines ' ddp_train.gate '
+    assert_output --regexp '^srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer '  # Olivia's
+    run _srun_lines 'gpu-sampler.sh'
+    assert_output --partial "srun --overlap --nodes=3 --ntasks=3 --nodelist=node1,node2,node3 --ntasks-per-node=1 "
+    run _train_call
+    assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get --nodes=3 --ntasks=3 --nodelist=node1,node2,node3 apptainer run "
+    refute_output --partial "--overlap"
+    run grep -c '^srun-env DDP_RECOVERY=' "${CALLS}"
+    assert_output "0"  # nothing replaced, nothing to record
+}
+
+@test "a node the doctor fails is replaced by the spare: the gate on the healthy nodes, no requeue, the recovery for the trainer" {
+    export DOCTOR_FAILS=node2
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "excluded node2 (named by the doctor in job 42, restart 0): interface: eth0 missing"
+    assert_output --partial "spares: spare node4 replaces node2 (named by the doctor: interface: eth0 missing): training on node1,node3,node4 (3 of the allocation's 4 nodes), 0 spare(s) left"
+    run _srun_lines ' ddp_train.gate '
+    assert_output --partial "--nodes=3 --ntasks=3 --nodelist=node1,node3,node4 apptainer"
+    run _train_call
+    assert_output --partial "--nodes=3 --ntasks=3 --nodelist=node1,node3,node4 apptainer"
+    run grep -c '^scontrol \(requeue\|requeuehold\|update\)' "${CALLS}"
+    assert_output "0"
+    # The training step (the last srun) carries what the trainer records: the swap and the fault's time.
+    run bash -c "grep '^srun-env DDP_RECOVERY=' '${CALLS}' | tail -n 1"
+    assert_output --regexp '"swaps": \[\{"node": "node2", "by": "doctor", "why": "interface: eth0 missing", "spare": "node4"\}\], "fault_at": [0-9.]+, "named_at": [0-9.]+, "old_step_ended_at": null'
+}
+
+@test "a node the gate names is replaced by the spare before the training" {
+    _gate_names node3
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "excluded node3 (named by the gate in job 42, restart 0): busbw 0.1 GB/s"
+    assert_output --partial "spares: spare node4 replaces node3 (named by the gate: "
+    run _train_call
+    assert_output --partial "--nodelist=node1,node2,node4 apptainer"
+    run grep -c '^scontrol \(requeue\|requeuehold\)' "${CALLS}"
+    assert_output "0"
+}
+
+@test "more bad nodes than spares before the training falls back to the requeue without them, exit 76" {
+    export DOCTOR_FAILS="node2 node4"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 76
+    assert_output --partial "spares: no spare left: the training needs 3 node(s) and 2 of the allocation's 4 are healthy after excluding node2 (named by the doctor), node4 (named by the doctor) (DDP_SPARE_NODES=1)"
+    assert_output --partial "spares: none left for the bad node(s): falling back to a requeue without them (exit 76)"
+    run grep '^scontrol \(update\|requeuehold\|release\)' "${CALLS}"
+    assert_output "scontrol requeuehold 42
+scontrol update JobId=42 ExcNodeList=node2,node4
+scontrol release 42"
+    run grep -c -- ' -- --data-dir ' "${CALLS}"
+    assert_output "0"
+    run grep -c 'ddp_train.gate' "${CALLS}"
+    assert_output "0"
+}
+
+@test "a node lost mid-run: quarantined by the roll call, the next step on the survivors and the spare, --overlap, in the same job" {
+    export ROLL_CALL_LOSES=node2
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "excluded node2 (named by the roll call in job 42, restart 0): lost mid-run: none of its ranks answered the roll call after a collective failed"
+    assert_output --partial "spares: spare node4 replaces node2 (named by the roll call: lost mid-run: none of its ranks answered the roll call after a collective failed): training on node1,node3,node4"
+    assert_output --partial "GPU sampler stopping"
+    run _train_call
+    assert_line --index 0 --partial "--nodes=3 --ntasks=3 --nodelist=node1,node2,node3 apptainer"
+    assert_line --index 1 --partial "--nodes=3 --ntasks=3 --nodelist=node1,node3,node4 --overlap apptainer"
+    run _srun_lines 'gpu-sampler.sh'
+    assert_line --index 1 --partial "--nodelist=node1,node3,node4"
+    run grep -c '^scontrol \(requeue\|requeuehold\)' "${CALLS}"
+    assert_output "0"
+    # The second training step knows the roll call's times and when the failed step ended.
+    run bash -c "grep '^srun-env DDP_RECOVERY=' '${CALLS}' | tail -n 1"
+    assert_output --regexp '"by": "roll-call".*"spare": "node4"\}\], "fault_at": 100.0, "named_at": 115.0, "old_step_ended_at": [0-9.]+, "step_started_at"'
+    run python3 -c 'import json, sys; print([(e["node"], e["by"]) for e in json.load(open(sys.argv[1]))["excluded"]])' "${DDP_RUN_DIR}/quarantine.json"
+    assert_output "[('node2', 'roll-call')]"
+    [ ! -e "${DDP_RUN_DIR}/roll-call.json" ]  # each training step starts without an old report
+}
+
+@test "a second lost node with the spare used up ends the job with exit 1 in one line, without a requeue" {
+    export ROLL_CALL_LOSES="node2 node3"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "spares: spare node4 replaces node2"
+    assert_output --partial "spares: no spare left: the training needs 3 node(s) and 2 of the allocation's 4 are healthy after excluding node2 (named by the roll call), node3 (named by the roll call)"
+    assert_output --partial "spares: none left for the lost node: exit 1; the checkpoint is kept: resubmit to resume from it"
+    run grep -c -- ' -- --data-dir ' "${CALLS}"
+    assert_output "2"
+    run grep -c '^scontrol \(requeue\|requeuehold\)' "${CALLS}"
+    assert_output "0"
+}
+
+@test "without spares a node lost mid-run is quarantined and the job ends with exit 1, as before" {
+    export DDP_SPARE_NODES=0 ROLL_CALL_LOSES=node2
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "excluded node2 (named by the roll call in job 42, restart 0)"
+    assert_output --partial "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): exit 1"
+    run _train_call
+    refute_output --partial "--nodelist"
+    run grep -c -- ' -- --data-dir ' "${CALLS}"
+    assert_output "1"
+}
+
+@test "a crash on a live node (no roll-call report) is no lost node: no spare, the step's status is the job's" {
+    export SRUN_STATUS=137
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 137
+    refute_output --partial "replaces"
+    run grep -c -- ' -- --data-dir ' "${CALLS}"
+    assert_output "1"
+}
+
+@test "task mode: the batch host failing the preflight moves rank 0, and the job output follows the new first node's log" {
+    export DOCTOR_FAILS=node1 SLURM_NTASKS=16 SLURM_NTASKS_PER_NODE=4
+    local -r job_out="${BATS_TEST_TMPDIR}/job.out"
+    # The training step writes rank 0's file on the first node of its --nodelist (SLURM runs task 0
+    # there), then waits for its line to reach the job output.
+    cat > "${BATS_TEST_TMPDIR}/train-step" <<EOF
+output=""; nodes=""
+for arg in "\$@"; do
+    case "\${arg}" in
+        --output=*) output="\${arg#--output=}" ;;
+        --nodelist=*) nodes="\${arg#--nodelist=}" ;;
+    esac
+done
+rank0="\$(printf "%s" "\${output}" | sed "s/%j/\${SLURM_JOB_ID}/; s/%N/\${nodes%%,*}/; s/%t/0/")"
+echo "Epoch 1/50 on the first node" > "\${rank0}"
+for _ in \$(seq 200); do grep -q "Epoch 1/50 on the first node" "${job_out}" && exit 0; sleep 0.1; done
+echo "srun stub: rank 0's log was not followed" >&2; exit 1
+EOF
+    sed -i 's|^case " \$\* " in \*" -- --data-dir "\*)$|case " $* " in *" -- --data-dir "*) bash "'"${BATS_TEST_TMPDIR}"'/train-step" "$@"; exit ;; esac\n&|' "${STUBS}/srun"
+
+    bash "${REPO}/slurm/raven-task-per-gpu.sh" > "${job_out}" 2>&1 || { cat "${job_out}"; false; }
+
+    run cat "${job_out}"
+    assert_line "Epoch 1/50 on the first node"
+    run _train_call
+    assert_output --partial "--nodes=3 --ntasks=12 --nodelist=node2,node3,node4 --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out apptainer"
+    [ -e "${DDP_RUN_DIR}/logs/42-node2-rank0.out" ]
+}
+
+@test "DDP_SPARE_NODES that leaves no node to train on, or is no number, stops the job in one line, exit 2, before any srun" {
+    export DDP_SPARE_NODES=4
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output --partial "ddp: error: DDP_SPARE_NODES=4 leaves no node to train on in job 42's 4 node(s): submit with sbatch --nodes=N+4 (N training nodes plus the spares), or ask for fewer spares"
+
+    export DDP_SPARE_NODES=one
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output --partial "ddp: error: DDP_SPARE_NODES=one is not a number of nodes"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
