@@ -19,7 +19,7 @@ from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 from ddp_contract import DATASET_DIRNAME, missing_dataset_files
 from ddp_launch import gpu_health, planner
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
-from ddp_launch.envvars import integer
+from ddp_launch.envvars import Setting, integer
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, plan_fabric
 from ddp_launch.fabric.defaults import (FabricData, HostLibrary, for_accelerator, load_fabric_defaults,
@@ -103,6 +103,7 @@ class DoctorContext:
     accelerator: Accelerator            # the site's GPU vendor (its device files, flag, driver, collective)
     launch: Optional[LaunchPlan] = None     # the launcher's plan; None when planning refused
     plan_problem: Optional[str] = None      # the launcher's one-line refusal, when it refused
+    cpu_workers: Optional[Setting] = None   # CPU workers asked for (DDP_LAUNCH_CPU_WORKERS): GPUs unused on purpose
 
     @property
     def multi_node(self) -> bool:
@@ -119,9 +120,11 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
     argv = launcher_argv(profile)
     accelerator = load_accelerator(profile.accelerator if profile else DEFAULT_ACCELERATOR, env)
     data = FabricData(profile, read_all_fabric_defaults(env), accelerator)
-    launch, problem = None, None
+    launch, problem, cpu_workers = None, None, None
     try:
-        parsed = planner.parse(read_options(argv, env), env, data)
+        options = read_options(argv, env)
+        cpu_workers = options.cpu_workers
+        parsed = planner.parse(options, env, data)
         # Without the driver question: check_gpus asks torch itself and says more than a refusal.
         questions = replace(planner.questions(parsed), cuda=False)
     except LaunchError as error:
@@ -138,7 +141,8 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
     else:
         # The planner refused before the fabric: the node's own fabric settings still get checked.
         fabric = plan_fabric(FabricRequest(env=env, multi_node=False), facts, data)
-    return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, accelerator, launch, problem)
+    return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, accelerator, launch, problem,
+                         cpu_workers)
 
 
 def fabric_expected(ctx: DoctorContext) -> Optional[str]:
@@ -189,6 +193,13 @@ def check_gpus(ctx: DoctorContext) -> Check:
     except LaunchError as error:
         return Check("gpus", FAIL, str(error), f"give {granted_from} a whole number of GPUs")
     runtime = container_runtime(ctx)
+    if granted and visible == 0 and ctx.cpu_workers is not None:
+        # The launcher takes --cpu-workers as training on CPU on purpose and leaves the granted GPUs
+        # alone (gpus.grant_to_check): the preflight must not fail every node for what it accepts.
+        return Check("gpus", WARN, f"0 GPUs visible ({source}), {granted} granted; the workers run on CPU as "
+                                   f"{ctx.cpu_workers.source}={ctx.cpu_workers.value} asks",
+                     f"to train on the GPUs, unset {ctx.cpu_workers.source} and run with `{runtime} exec "
+                     f"{vendor.apptainer_flag}` (or `{runtime} run {vendor.apptainer_flag}`)")
     if granted and visible == 0:
         return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted",
                      f"run with `{runtime} exec {vendor.apptainer_flag}` (or `{runtime} run {vendor.apptainer_flag}`) "

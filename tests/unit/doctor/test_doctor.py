@@ -181,6 +181,18 @@ def test_gpus_granted_but_invisible_fails(node):
     assert code == 1 and "--nv" in checks["gpus"]["fix"]
 
 
+def test_gpus_granted_but_invisible_only_warn_when_the_workers_run_on_cpu_on_purpose(node):
+    # The launcher starts CPU workers on a node with granted GPUs when asked to (grant_to_check); a
+    # preflight that failed every such node would stop the job it lets run.
+    node.net("eth0")
+    env = {"SLURM_GPUS_ON_NODE": "4", "DDP_LAUNCH_CPU_WORKERS": "2"}
+    code, checks, _ = doctor(node, ["--offline"], env, FakeProbes(torch=dict(TORCH, cuda_device_count=0)))
+    assert code == 0 and checks["gpus"]["status"] == "WARN"
+    assert checks["gpus"]["detail"] == ("0 GPUs visible (torch.cuda.device_count()), 4 granted; the workers run on "
+                                        "CPU as DDP_LAUNCH_CPU_WORKERS=2 asks")
+    assert "unset DDP_LAUNCH_CPU_WORKERS" in checks["gpus"]["fix"]
+
+
 def test_gpu_count_mismatch_warns(node):
     node.net("eth0")
     _, checks, _ = doctor(node, ["--offline"], {"SLURM_GPUS_ON_NODE": "4"}, FakeProbes(torch=dict(TORCH, cuda_device_count=2)))
