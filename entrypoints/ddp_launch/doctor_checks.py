@@ -331,6 +331,20 @@ def _find(ctx: DoctorContext, dirs: Sequence[str], pattern: str) -> Tuple[str, .
     return tuple(hits)
 
 
+def _distinct_files(ctx: DoctorContext, paths: Sequence[str]) -> Tuple[str, ...]:
+    """paths less those naming a file named before: a merged-/usr image (Ubuntu's, NGC's, LUMI's)
+    has /lib -> usr/lib and /lib64 -> usr/lib64, so ld.so's search meets one file under two
+    names, and it is one library, not one shadowing another."""
+    seen: set = set()
+    kept = []
+    for path in paths:
+        real = os.path.realpath(under(ctx.root, path))
+        if real not in seen:
+            seen.add(real)
+            kept.append(path)
+    return tuple(kept)
+
+
 def host_libraries(env: Mapping[str, str], accelerator: Accelerator) -> Tuple[HostLibrary, ...]:
     """The Slingshot host libraries, in load order (containers/sites/fabrics/slingshot.json), with the
     vendor's collective library and net plugin named."""
@@ -365,7 +379,7 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
     plugin, ofi_variant = vendor.net_plugin, vendor.net_plugin.replace(".so", "-ofi.so")
     for library in host_libraries(ctx.env, vendor):
         label = library.label
-        hits = _find(ctx, dirs, library.file)
+        hits = _distinct_files(ctx, _find(ctx, dirs, library.file))
         if not hits and label == OFI_PLUGIN_LABEL and _find(ctx, dirs, re.escape(ofi_variant)):
             checks.append(Check(label, WARN, f"only {ofi_variant} found; {vendor.collective} dlopens {plugin} unless NCCL_NET_PLUGIN=ofi",
                                 f"bind a plugin directory that has {plugin} (the {vendor.ofi_plugin} module provides the link)"))

@@ -161,6 +161,18 @@ def test_ld_library_path_comes_before_the_loader_cache_as_in_ld_so(node):
         "also /usr/lib/x86_64-linux-gnu/libfabric.so.1 (later in ld.so's search, not used)")
 
 
+def test_a_library_the_search_meets_twice_through_merged_usr_links_is_one_library(node):
+    # Ubuntu's images have /lib -> usr/lib (merged /usr): ld.so.conf's /lib/x86_64-linux-gnu and
+    # /usr/lib/x86_64-linux-gnu name one directory, and its libfabric shadows nothing.
+    lumi_devices(node)
+    laifs_image(node)
+    (node.root / "lib").symlink_to("usr/lib")
+    env = dict(LUMI_JOB, LD_LIBRARY_PATH="/.singularity.d/libs")
+    _, checks, _ = doctor(node, ["--site", "lumi", "--offline"], env, FakeProbes(torch=ROCM_TORCH))
+    assert checks["libfabric"]["detail"] == "/lib/x86_64-linux-gnu/libfabric.so.1 loads (libfabric 2.3)"
+    assert checks["libcxi"]["detail"] == "/lib/x86_64-linux-gnu/libcxi.so.1 loads"
+
+
 def test_a_library_nowhere_the_loader_looks_fails_naming_each_place_searched(node):
     lumi_devices(node)
     laifs_image(node)
