@@ -18,13 +18,14 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import apptainer_root
 import e2e_image as image
 import pytest
-from contextlib import contextmanager
+import twins
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "e2e" / "cluster" / "cluster.sh"
@@ -32,6 +33,7 @@ STATE = Path(os.environ.get("DDP_E2E_STATE", "/tmp/ddp-e2e-cluster"))
 # cluster.sh's names and addresses; the variables let one cluster per working tree coexist.
 PREFIX = os.environ.get("DDP_E2E_PREFIX", "ddpe2e")
 SUBNET = os.environ.get("DDP_E2E_SUBNET", "10.77.0")
+PORT = int(os.environ.get("DDP_E2E_PORT", "46817"))
 # Six: the spare-node tests run a 3-node job with one spare (4 nodes) and, once its spare is used up,
 # requeue it without two bad nodes onto the other two; the fabric gate's tests run a 3-node job (a
 # slow node is told apart by comparing pairs); the other tests use two.
@@ -99,24 +101,30 @@ class Job:
 
 @dataclass(frozen=True)
 class Cluster:
-    """A running cluster and the environment its clients need (SLURM_CONF, PATH)."""
+    """A running cluster and the environment its clients need (SLURM_CONF, PATH): the session's
+    plain one (node1..nodeN) or a twin (tests/e2e/twins.py), whose names and interface are its own."""
 
     state: Path
-    nodes: int
+    names: tuple[str, ...]
     env: dict
+    prefix: str = PREFIX
+    subnet: str = SUBNET
+    interface: str = "eth0"     # the cluster network's interface in each node
+
+    @property
+    def nodes(self) -> int:
+        return len(self.names)
 
     @property
     def node_names(self) -> list[str]:
-        return [f"node{i}" for i in range(1, self.nodes + 1)]
+        return list(self.names)
 
-    @staticmethod
-    def address(node: str) -> str:
-        """A node's address on the cluster bridge: nodeK is SUBNET.(10+K), as cluster.sh sets it."""
-        return f"{SUBNET}.{10 + int(node.removeprefix('node'))}"
+    def address(self, node: str) -> str:
+        """A node's address on the cluster bridge: the K-th node is SUBNET.(10+K), as cluster.sh sets it."""
+        return f"{self.subnet}.{11 + self.names.index(node)}"
 
-    @staticmethod
-    def netns(node: str) -> str:
-        return f"{PREFIX}-{node}"
+    def netns(self, node: str) -> str:
+        return f"{self.prefix}-{node}"
 
     def in_root(self, argv: list, cwd: Path | None = None, user: bool = False) -> list[str]:
         """argv run in the cluster's root (its mount namespace), as root or the test user."""
@@ -257,7 +265,7 @@ class Cluster:
         return left
 
     def cancel_all(self) -> None:
-        subprocess.run(self.in_root(["scancel", "--full", "--partition=e2e"]), env=self.env,
+        subprocess.run(self.in_root(["scancel", "--full", f"--user={apptainer_root.TEST_USER}"]), env=self.env,
                        capture_output=True, timeout=30)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -309,7 +317,7 @@ def start_cluster() -> Cluster:
     # runs pytest (its venv's ddp-launch is srun directly by some tests).
     binds = [str(REPO), sys.base_prefix, sys.prefix]
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if not k.startswith("DDP_E2E_TWIN")},
         "SLURM_CONF": str(STATE / "etc" / "slurm.conf"),
         "DDP_E2E_STATE": str(STATE),
         "DDP_E2E_ROOT": str(root),
@@ -318,17 +326,44 @@ def start_cluster() -> Cluster:
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "PYTHONUNBUFFERED": "1",
     }
+    return cluster_up(env, NODES, STATE, UP_LOG)
+
+
+def start_twin(twin: twins.Twin, session: Cluster) -> Cluster:
+    """twin's cluster beside the session's (its own names, subnets, ports and state), with its node
+    tree built first. The caller stops it (stop_twin)."""
+    settings = twins.cluster_settings(twin, PREFIX, SUBNET, PORT, STATE)
+    state = Path(settings["DDP_E2E_STATE"])
+    try:
+        twins.build_tree(twin, Path(settings["DDP_E2E_TWIN_TREE"]))
+    except subprocess.CalledProcessError as error:
+        raise SetupError(f"the {twin.name} twin's node tree: {shlex.join(map(str, error.cmd))} exit "
+                         f"{error.returncode}: {image.first_error_line(error.stderr or '')}") from None
+    env = {**session.env, **settings, "SLURM_CONF": str(state / "etc" / "slurm.conf")}
+    return cluster_up(env, twin.nodes, state, state.parent / f"{state.name}-up.log")
+
+
+def stop_twin(cluster: Cluster) -> None:
+    stop_cluster(cluster.env)
+    shutil.rmtree(cluster.env["DDP_E2E_TWIN_TREE"], ignore_errors=True)
+
+
+def cluster_up(env: dict, nodes: int, state: Path, log: Path) -> Cluster:
+    """cluster.sh up NODES with env (a stale cluster of the same state torn down first)."""
     stop_cluster(env)
     try:
-        up = subprocess.run([CLUSTER_SH, "up", str(NODES)], env=env, capture_output=True, text=True, timeout=180)
-        image.checked(up, f"cluster.sh up {NODES}", UP_LOG)
+        up = subprocess.run([CLUSTER_SH, "up", str(nodes)], env=env, capture_output=True, text=True, timeout=180)
+        image.checked(up, f"cluster.sh up {nodes}" + (f" ({env['DDP_E2E_TWIN']} twin)" if env.get("DDP_E2E_TWIN") else ""),
+                      log)
     except subprocess.TimeoutExpired:
         stop_cluster(env)
-        raise SetupError(f"cluster.sh up {NODES}: no answer in 180 s (logs: {STATE}/log)") from None
+        raise SetupError(f"cluster.sh up {nodes}: no answer in 180 s (logs: {state}/log)") from None
     except image.ImageError as error:
         stop_cluster(env)
         raise SetupError(str(error)) from None
-    return Cluster(STATE, NODES, env)
+    names = tuple((state / "node-names").read_text().split())
+    return Cluster(state, names, env, env.get("DDP_E2E_PREFIX", PREFIX), env.get("DDP_E2E_SUBNET", SUBNET),
+                   (state / "interface").read_text().strip())
 
 
 def stop_cluster(env: dict) -> None:
@@ -355,10 +390,47 @@ def slurm_cluster():
 def cluster(slurm_cluster: Cluster, request):
     """The session cluster, emptied of jobs after each test; logs shown on failure."""
     yield slurm_cluster
+    _after_test(slurm_cluster, request)
+
+
+def _after_test(running: Cluster, request) -> None:
     failed = getattr(request.node, "rep_call", None)
     if failed is not None and failed.failed:
-        _log(slurm_cluster.logs())
-    slurm_cluster.cancel_all()
+        _log(running.logs())
+    running.cancel_all()
+
+
+@pytest.fixture(scope="module")
+def twin(slurm_cluster: Cluster, request):
+    """The twin of the module's TWIN (tests/e2e/twins.py), up for the module's tests and down before
+    the next module's: one twin runs at a time, beside the session's cluster (whose test user builds
+    the images)."""
+    spec = request.module.TWIN
+    try:
+        started = start_twin(spec, slurm_cluster)
+    except SetupError as error:
+        setup_failed(error)
+    try:
+        yield started
+    finally:
+        stop_twin(started)
+
+
+@pytest.fixture
+def twin_cluster(twin: Cluster, request):
+    """The module's twin, emptied of jobs after each test; logs shown on failure."""
+    yield twin
+    _after_test(twin, request)
+
+
+@pytest.fixture(scope="session")
+def lumi_sif(slurm_cluster: Cluster, images: image.Sifs) -> Path:
+    """gpu.def built by `make build-lumi` on a LUMI-like base (e2e_image.build_lumi_sif)."""
+    try:
+        return image.build_lumi_sif(images, lambda argv: slurm_cluster.as_user(argv, timeout=1200),
+                                    lambda argv: slurm_cluster.run(argv, timeout=1200), apptainer_root.TEST_UID)
+    except image.ImageError as error:
+        setup_failed(SetupError(f"the LUMI image: {error}"))
 
 
 _RAN: dict = {}
@@ -493,6 +565,73 @@ def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> di
     user_dir(tmp_path)
     return {**submit_env(sif, cifar_data), "DDP_RUN_DIR": str(tmp_path / "run"), "DDP_TRAIN_ARGS": TRAIN_ARGS,
             "DDP_MONITOR_INTERVAL": "1"}
+
+
+# The trainer flags a twin's job gets after its script's own (which they follow and win over): one
+# short epoch at a batch the test data holds (the scripts' layouts are what the twins test). The
+# global batch divides by every twin job's world size (1, 2, 4, 6, 8 and 16 ranks).
+TWIN_TRAIN_ARGS = ("--epochs", "1", "--limit-train", "256", "--batch-size", "96", "--width-scale", "0.25",
+                   "--allow-unverified-data")
+
+
+def twin_job_env(twin: twins.Twin, sif: Path, data: Path, run_dir: Path) -> dict:
+    """What a user of twin's cluster has set before sbatch of a slurm/ script: the test user's login
+    PATH, the site's modules (twins.job_env, with the CPU workers that stand in for the GPUs), the
+    image, the data and a run dir of the test's; DDP_SITE, DDP_TRAIN_ARGS and the rest are the script's."""
+    user_dir(run_dir.parent)
+    return {"PATH": USER_PATH, "DDP_REPO": str(REPO), "DDP_IMAGE": str(sif), "DDP_DATA_DIR": str(data),
+            "DDP_RUN_DIR": str(run_dir), "DDP_MONITOR_INTERVAL": "1", **twins.job_env(twin)}
+
+
+@dataclass(frozen=True)
+class TwinJob:
+    """A slurm/ script as a twin's test submits it: the user's environment, and sbatch options beyond
+    --output only where the test says why."""
+
+    script: str
+    env: dict
+    sbatch_extra: tuple = ()
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.env["DDP_RUN_DIR"])
+
+
+def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) -> dict:
+    """Each TwinJob of jobs submitted at once, as it is, with the twin's facts answering its #SBATCH
+    lines (only --output is given: the scripts write theirs into the checkout), then waited for:
+    SLURM runs side by side those the nodes hold. {key: Job}."""
+    started = time.monotonic()
+    submitted = {}
+    for key, job in jobs.items():
+        out = job.run_dir.parent
+        submitted[key] = twin_cluster.sbatch([f"--output={out}/%j.out", *job.sbatch_extra, job.script,
+                                              *TWIN_TRAIN_ARGS], env=job.env)
+    ended = {}
+    for key, job_id in submitted.items():
+        ended[key] = twin_cluster.wait(job_id, timeout=max(1.0, timeout - (time.monotonic() - started)))
+        _log(f"+ {jobs[key].script} (job {job_id}): {ended[key].state} within {time.monotonic() - started:.0f} s "
+             "of the submission")
+    return ended
+
+
+def submit_twin_job(twin_cluster: Cluster, script: str, env: dict, *sbatch_extra: str, timeout: float = 600) -> Job:
+    return submit_twin_jobs(twin_cluster, {script: TwinJob(script, env, sbatch_extra)}, timeout)[script]
+
+
+def rank_logs(run_dir: Path) -> list[str]:
+    """The per-rank logs of a task-mode job (slurm/lib/ddp.sh: <job>-<node>-rank<N>.out), sorted by rank."""
+    names = [p.name for p in (run_dir / "logs").glob("*.out")]
+    return sorted(names, key=lambda name: int(name.rsplit("rank", 1)[1].removesuffix(".out")))
+
+
+def doctor_reports(run_dir: Path, job: Job) -> dict:
+    """node -> {check name -> check} of the job's preflight (preflight/<job>/doctor-<node>.json)."""
+    reports = {}
+    for path in sorted((run_dir / "preflight" / job.job_id).glob("doctor-*.json")):
+        checks = json.loads(path.read_text())["checks"]
+        reports[path.stem.removeprefix("doctor-")] = {check["name"]: check for check in checks}
+    return reports
 
 
 def submit_env(sif: Path, data: Path) -> dict:

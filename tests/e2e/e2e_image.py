@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -322,6 +323,73 @@ def build_sifs(as_user, in_root, user: int) -> Sifs:
         shutil.rmtree(partial / ".apptainer-build", ignore_errors=True)
         partial.rename(out)
     return sifs
+
+
+# LUMI's twin's image (tests/e2e/twins.py): gpu.def as `make build-lumi` builds it, on a base laid out
+# like the LUMI AI Factory's ROCm image (lumi_base). The other twins run the session's images: their
+# scripts name their site (`--site olivia`, `--site raven`), which wins over an image's SITE default,
+# and `make build-olivia`'s arm64 build runs in tests/e2e/test_make_build.py (no arm64 program runs here).
+LUMI_SIF = "train-lumi-x86_64.sif"
+LUMI_BASE_DEFINITION = "Bootstrap: localimage\nFrom: {base}\n\n%files\n{files}\n\n%post\n    ldconfig\n"
+
+
+def lumi_base(recipe: BaseRecipe, as_user, user: int) -> Path:
+    """The test base with LUMI's image layout (twins.lumi_image_tree: libfabric, libcxi and the RCCL
+    plugin where ld.so.conf finds them, ldconfig run, no LD_LIBRARY_PATH), built by the test user
+    with the real `apptainer build --fakeroot`; cached by the base's recipe. Call under build.lock."""
+    import twins  # noqa: PLC0415 - the twins' module builds the libraries with cc
+
+    # Kept by what it is built from: the base, the code that lays the libraries out, the definition.
+    made_by = [inspect.getsource(twins.lumi_image_tree), inspect.getsource(twins.build_library)]
+    key = hashlib.sha256(json.dumps([recipe.key(), *made_by, LUMI_BASE_DEFINITION, TEST_BUILD_FLAGS]).encode()
+                         ).hexdigest()[:16]
+    sif = CACHE / f"base-lumi-{key}.sif"
+    if sif.exists():
+        return sif
+    work = CACHE / f"building-lumi-base-{key}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    files = twins.lumi_image_tree(work / "tree")
+    lines = "\n".join(f"    {built} {target}" for target, built in files.items())
+    definition = work / "lumi-base.def"
+    definition.write_text(LUMI_BASE_DEFINITION.format(base=recipe.sif, files=lines))
+    subprocess.run(["chmod", "-R", "a+rX", str(work)], check=True)
+    os.chown(work, user, user)
+    partial = work / "base-lumi.sif"
+    started = time.monotonic()
+    checked(as_user(["env", f"APPTAINER_TMPDIR={work}", f"APPTAINER_CACHEDIR={work}/cache", "apptainer", "build",
+                     "--fakeroot", "--mksquashfs-args", "-comp lz4", partial, definition]),
+            "the LUMI-like base SIF (apptainer build)", CACHE / "logs" / "base-lumi-sif.log")
+    _log(f"LUMI-like base: {time.monotonic() - started:.0f} s")
+    partial.rename(sif)
+    shutil.rmtree(work, ignore_errors=True)
+    return sif
+
+
+def build_lumi_sif(sifs: Sifs, as_user, in_root, user: int) -> Path:
+    """gpu.def built by `make build-lumi` on the LUMI-like base, beside the session's images and kept
+    with them."""
+    target = sifs.x86.parent / LUMI_SIF
+    recipe = ensure_base(in_root)
+    with open(CACHE / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():
+            _log(f"reusing {target}")
+            return target
+        scratch = CACHE / f"building-{target.stem}-{user}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        os.chown(scratch, user, user)
+        partial = scratch / target.name
+        argv = ["make", "--no-print-directory", "build-lumi", f"LUMI_BASE_SIF={lumi_base(recipe, as_user, user)}",
+                f"LUMI_SIF={partial}"]
+        started = time.monotonic()
+        checked(as_user([*argv, f"BUILD_FLAGS={TEST_BUILD_FLAGS}", *build_scratch(scratch / ".apptainer-build")]),
+                "the LUMI image (make build-lumi)", CACHE / "logs" / f"{target.stem}.log")
+        _log(f"{target.name}: {time.monotonic() - started:.0f} s")
+        partial.rename(target)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
 
 
 def arm64_base(in_root) -> Path:

@@ -1,26 +1,21 @@
 """The images built by the real `apptainer build` from containers/gpu.def, run by the real
-Apptainer as the cluster's test user; the RunAI path runs the Dockerfile's ENTRYPOINT rule
-the way Kubernetes does, one Charliecloud container per "pod" in each node's namespaces.
+Apptainer as the cluster's test user (the RunAI pods, on RCP's twin: test_twin_rcp.py).
 """
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER_SH, REPO, container_versions, user_dir
+from conftest import REPO, user_dir
 
 sys.path.insert(0, str(REPO / "tests" / "unit" / "fabric"))
 from elf_tree import build_fake_olivia_host, build_library  # noqa: E402  (helper-1's fake Cray EX host tree)
 
 pytestmark = pytest.mark.e2e
 
-DOCKERFILE = REPO / "containers" / "Dockerfile"
-SUBMIT = REPO / "runai" / "submit.sh"
 
 
 def apptainer(cluster, args: list, cwd: Path, env: dict | None = None, timeout: float = 300):
@@ -139,89 +134,6 @@ def test_granted_gpus_on_a_node_without_nvidia_devices_stop_in_one_line_saying_s
 
     done = apptainer(cluster, ["run", *nv, sif, "--dry-run", "--cpu-workers", "2"], tmp_path, GPU_JOB)
     assert done.returncode == 0 and "--nproc-per-node=2" in done.stdout
-
-
-# --- RunAI: the Docker recipe's ENTRYPOINT + what submit.sh passes, one container per pod ---
-
-def dockerfile_entrypoint() -> list:
-    lines = [line for line in DOCKERFILE.read_text().splitlines() if line.startswith("ENTRYPOINT ")]
-    assert len(lines) == 1, lines
-    return json.loads(lines[0][len("ENTRYPOINT "):])
-
-
-def pod_argv(entrypoint: list, runai_argv: list) -> list:
-    """Run:ai CLI reference (runai submit-dist pytorch): the words after `--` are arguments to
-    the image's ENTRYPOINT, unless --command is given, when they replace it (Kubernetes'
-    command/args, "Define a Command and Arguments for a Container")."""
-    cut = runai_argv.index("--")
-    return runai_argv[cut + 1:] if "--command" in runai_argv[:cut] else entrypoint + runai_argv[cut + 1:]
-
-
-def submitted_runai_argv(tmp_path: Path, *trainer_args: str) -> list:
-    record = tmp_path / "runai.argv"
-    stub = tmp_path / "stub" / "runai"
-    stub.parent.mkdir()
-    stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "{record}"\n')
-    stub.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDP_", "RUNAI_", "PET_"))}
-    # The two volumes submit.sh requires: the pods below mount them at /mnt/data and /mnt/runs.
-    env.update(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}", RUNAI_IMAGE="registry.example/ddp:1",
-               RUNAI_WORKERS="1", RUNAI_GPUS="0", RUNAI_DATA_PVC="cifar-data", RUNAI_RUN_PVC="ddp-runs")
-    done = subprocess.run(["bash", str(SUBMIT), *trainer_args], env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    return record.read_text().split("\0")[:-1]
-
-
-def image_env(root: Path) -> dict:
-    lines = (root / "ch" / "environment").read_text().splitlines()
-    return dict(line.split("=", 1) for line in lines if "=" in line)
-
-
-def test_two_runai_pods_rendezvous_across_two_nodes_and_train(cluster, runai_root, sif, cifar_data, tmp_path):
-    argv = pod_argv(dockerfile_entrypoint(),
-                    submitted_runai_argv(tmp_path, "--epochs", "1", "--batch-size", "64", "--width-scale", "0.25",
-                                         "--allow-unverified-data"))
-    root = runai_root
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    for mount_point in ("mnt/data", "mnt/runs"):  # Kubernetes creates a volume's mount point
-        (root / mount_point).mkdir(parents=True, exist_ok=True)
-    master = cluster.address("node1")  # RunAI gives MASTER_ADDR as the master pod's IP
-
-    pods = []
-    for rank, node in enumerate(cluster.node_names[:2]):  # two pods (PET_NNODES=2), whatever the cluster's size
-        # A pod's environment is the image's ENV plus what the operator sets: nothing from the host.
-        pod_env = {**image_env(root), "HOSTNAME": f"ddp-train-{'master' if rank == 0 else 'worker'}-0",
-                   "HOME": "/root", "USER": "root", "PET_NNODES": "2", "PET_NODE_RANK": str(rank),
-                   "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29533", "MASTER_ADDR": master,
-                   "MASTER_PORT": "29533", "RANK": str(rank), "WORLD_SIZE": "2", "RUNAI_NUM_OF_GPUS": "0",
-                   "DDP_LAUNCH_CPU_WORKERS": "2", "DDP_SITE": "generic", "DDP_DATA_DIR": "/mnt/data",
-                   "DDP_RUN_DIR": "/mnt/runs/ddp-train"}
-        command = [str(CLUSTER_SH), "exec", node, "env", "-i", *[f"{k}={v}" for k, v in pod_env.items()],
-                   "ch-run", "-b", f"{cifar_data}:/mnt/data", "-b", f"{runs}:/mnt/runs", str(root), "--", *argv]
-        print("+ " + shlex.join(command), flush=True)
-        pods.append(subprocess.Popen(command, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True))
-    outputs = []
-    deadline = time.monotonic() + 300
-    for pod in pods:
-        try:
-            outputs.append(pod.communicate(timeout=max(1, deadline - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            for other in pods:
-                other.kill()
-            pytest.fail("the RunAI pods did not finish in 300 s")
-    for text in outputs:
-        print(text)
-
-    assert argv[0] == "/opt/ddp/runai/pod.sh", argv
-    assert [pod.returncode for pod in pods] == [0, 0], outputs
-    records = [json.loads(line) for line in (runs / "ddp-train" / "metrics.jsonl").read_text().splitlines()]
-    summary = [r for r in records if r["type"] == "summary"][-1]
-    assert summary["world_size"] == 4 and summary["nodes"] == 2
-    run = [r for r in records if r["type"] == "run"][-1]
-    # Built from the same base as the SIF: the same torch.
-    assert run["versions"]["torch"] == container_versions(sif)["torch"]
 
 
 # --- the host closure does not shadow the image's own libraries ----------------------

@@ -36,8 +36,8 @@ def _kill_trainers(cluster, node: str) -> list[str]:
     return killed
 
 
-def _node_processes(node: str) -> list[tuple[str, list[bytes]]]:
-    pids = subprocess.run(["ip", "netns", "pids", Cluster.netns(node)], capture_output=True, text=True).stdout.split()
+def _node_processes(cluster: Cluster, node: str) -> list[tuple[str, list[bytes]]]:
+    pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True, text=True).stdout.split()
     found = []
     for pid in pids:
         try:
@@ -47,8 +47,8 @@ def _node_processes(node: str) -> list[tuple[str, list[bytes]]]:
     return found
 
 
-def _workers_on(node: str) -> list[str]:
-    return [pid for pid, cmdline in _node_processes(node)
+def _workers_on(cluster: Cluster, node: str) -> list[str]:
+    return [pid for pid, cmdline in _node_processes(cluster, node)
             if b"ddp_launch.worker" in cmdline and b"ddp_launch.agent" not in cmdline]
 
 
@@ -61,14 +61,14 @@ def test_workers_die_with_their_launcher_when_it_is_killed(cluster, job_env, tmp
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
     _wait_for_epochs(cluster, run_dir, 1)
-    assert len(_workers_on("node2")) == 2
+    assert len(_workers_on(cluster, "node2")) == 2
 
-    agents = [pid for pid, cmdline in _node_processes("node2") if b"ddp_launch.agent" in cmdline]
+    agents = [pid for pid, cmdline in _node_processes(cluster, "node2") if b"ddp_launch.agent" in cmdline]
     assert len(agents) == 1, agents
     subprocess.run(["kill", "-KILL", agents[0]], check=True)
 
     killed_at = time.monotonic()
-    cluster.wait_for_file(run_dir, 30, predicate=lambda _: not _workers_on("node2"))
+    cluster.wait_for_file(run_dir, 30, predicate=lambda _: not _workers_on(cluster, "node2"))
     print(f"node2's workers were gone {time.monotonic() - killed_at:.1f} s after their launcher was killed")
     cluster.run(["scancel", job_id], timeout=30)
 

@@ -19,9 +19,9 @@ LONG_RUN = ("--epochs 30 --batch-size 64 --width-scale 0.25 --allow-unverified-d
 
 
 
-def _workers(node: str) -> dict[int, int]:
+def _workers(cluster: Cluster, node: str) -> dict[int, int]:
     """{global rank: pid} of the trainer workers in one node's namespace, read from /proc."""
-    pids = subprocess.run(["ip", "netns", "pids", Cluster.netns(node)], capture_output=True,
+    pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True,
                           text=True).stdout.split()
     found = {}
     for pid in pids:
@@ -45,7 +45,7 @@ def test_a_rank_stopped_mid_epoch_is_named_with_its_node_step_and_place_and_the_
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
     cluster.wait_for_file(run_dir, 180, predicate=lambda d: epochs_done(d) >= 1)
 
-    workers = _workers("node2")
+    workers = _workers(cluster, "node2")
     assert len(workers) == 2, workers
     rank = max(workers)
     # SIGSTOP: the process neither crashes nor answers; its peers wait in the next collective.

@@ -2,8 +2,9 @@
 # A real SLURM cluster on one machine: one network namespace per compute node, every
 # daemon inside a root of its own (DDP_E2E_ROOT: Debian sid with SLURM, munge and the
 # real Apptainer, built by tests/e2e/apptainer_root.py).
-# Usage: cluster.sh up [N] | down | status | env | exec NODE CMD... | run CMD... | crash NODE | revive NODE
-# (run as root). crash: SIGKILL a node's slurmd and processes; revive: its link up, slurmd again.
+# Usage: cluster.sh up [N] | down | status | env | nodes | exec NODE CMD... | run CMD... | crash NODE | revive NODE
+# (run as root). crash: SIGKILL a node's slurmd and processes; revive: its link up, slurmd again;
+# nodes: the node names, one a line.
 #
 # The root is entered with pivot_root in a private mount namespace (Apptainer refuses a
 # chroot: "Running inside a weak chrooted environment, prefer pivot_root"). One "holder"
@@ -22,6 +23,15 @@
 # resolve inside the cluster and the machine's /etc/hosts is never edited.
 # Clients: export SLURM_CONF="$DDP_E2E_STATE/etc/slurm.conf" (cluster.sh env prints it).
 # Ports: slurmctld 46817, slurmd 46818 by default (unlikely to collide with a real SLURM).
+#
+# A twin (DDP_E2E_TWIN=NAME, the facts in tests/e2e/cluster/twins/NAME.sh) is this cluster with a
+# real one's facts: its node names and /etc/hosts lines, its network interfaces, its partitions,
+# features and GPUs in slurm.conf and gres.conf, the container command it has. DDP_E2E_TWIN_TREE is
+# a directory of the files its nodes have and this machine lacks, at their paths: the host
+# libraries (root/), device files (dev/) and /sys/class entries (sys/class/). Each lies over the
+# root's own in an overlay mount, the libraries for the whole cluster (an overlay root whose
+# changes go to the state directory: the shared root is never written), dev/ and sys/class/ in
+# each node's mount namespace, over the node's /dev and its own sysfs.
 set -euo pipefail
 
 # DDP_E2E_PREFIX / DDP_E2E_SUBNET / DDP_E2E_PORT let several clusters coexist on one
@@ -29,6 +39,7 @@ set -euo pipefail
 readonly PREFIX="${DDP_E2E_PREFIX:-ddpe2e}"
 readonly CLUSTER_NAME="${PREFIX}"
 readonly BRIDGE="${PREFIX}-br"
+readonly UPLINK_BRIDGE="${PREFIX}-up"
 readonly SUBNET_PREFIX="${DDP_E2E_SUBNET:-10.77.0}"
 readonly CONTROLLER_ADDR="${SUBNET_PREFIX}.1"
 readonly SLURMCTLD_PORT="${DDP_E2E_PORT:-46817}"
@@ -39,6 +50,29 @@ readonly ROOT_DIR="${DDP_E2E_ROOT:-}"
 readonly HOLDER_PID="${STATE}/run/holder.pid"
 SELF="$(readlink -f "${BASH_SOURCE[0]}")"
 readonly SELF
+# The twin's name and tree, kept in the state directory so that later commands need neither.
+TWIN_NAME="${DDP_E2E_TWIN:-$(cat "${STATE}/twin" 2>/dev/null || true)}"
+TWIN_TREE="${DDP_E2E_TWIN_TREE:-$(cat "${STATE}/twin-tree" 2>/dev/null || true)}"
+readonly TWIN_NAME TWIN_TREE
+# The twin's uplink (a second network with the default route) is the next /24 unless given.
+readonly UPLINK_SUBNET="${DDP_E2E_UPLINK_SUBNET:-${SUBNET_PREFIX%.*}.$((${SUBNET_PREFIX##*.} + 1))}"
+
+# A plain cluster: nodeK on eth0, one partition e2e, GPU-node sizes; a twin file overrides these.
+TWIN_NODE_NAMES=()
+TWIN_INTERFACE=eth0
+TWIN_EXTRA_INTERFACES=()
+TWIN_UPLINK=""
+TWIN_SELF_LOOPBACK=0
+TWIN_NODE_SPEC="CPUs=144 RealMemory=512000 Features=gpu"
+TWIN_PARTITIONS=("e2e Default=YES")
+TWIN_GRES=()
+TWIN_CONTAINER_COMMAND=""
+if [ -n "${TWIN_NAME}" ]; then
+    TWIN_FILE="$(dirname "${SELF}")/twins/${TWIN_NAME}.sh"
+    [ -f "${TWIN_FILE}" ] || { printf 'cluster: error: DDP_E2E_TWIN=%s: no %s\n' "${TWIN_NAME}" "${TWIN_FILE}" >&2; exit 2; }
+    # shellcheck source=/dev/null
+    source "${TWIN_FILE}"
+fi
 
 cluster::log() {
     printf 'cluster: %s\n' "$*" >&2
@@ -49,9 +83,36 @@ cluster::err() {
     exit 1
 }
 
-cluster::node_name() { printf 'node%d' "$1"; }
-cluster::netns() { printf '%s-node%d' "${PREFIX}" "$1"; }
+# Node i (from 1): its name as the cluster's up wrote it, its namespace and addresses.
+cluster::node_name() { sed -n "${1}p" "${STATE}/node-names"; }
+cluster::netns() { printf '%s-%s' "${PREFIX}" "$(cluster::node_name "$1")"; }
 cluster::node_addr() { printf '%s.%d' "${SUBNET_PREFIX}" "$((10 + $1))"; }
+cluster::uplink_addr() { printf '%s.%d' "${UPLINK_SUBNET}" "$((10 + $1))"; }
+
+# The index of a node by its name, or an error naming the cluster's nodes.
+cluster::node_index() {
+    local -r name="$1"
+    local index
+    index="$(grep -nxF -- "${name}" "${STATE}/node-names" 2>/dev/null | cut -d: -f1)"
+    [ -n "${index}" ] || cluster::err "'${name}' is not a node of this cluster ($(paste -sd' ' "${STATE}/node-names" 2>/dev/null || echo none))"
+    printf '%s\n' "${index}"
+}
+
+# The first N node names: the twin's, else node1..nodeN.
+cluster::write_node_names() {
+    local -r nodes="$1"
+    local i
+    if [ "${#TWIN_NODE_NAMES[@]}" -gt 0 ] && [ "${nodes}" -gt "${#TWIN_NODE_NAMES[@]}" ]; then
+        cluster::err "twin ${TWIN_NAME} has ${#TWIN_NODE_NAMES[@]} nodes, not ${nodes}"
+    fi
+    for ((i = 1; i <= nodes; i++)); do
+        if [ "${#TWIN_NODE_NAMES[@]}" -gt 0 ]; then
+            printf '%s\n' "${TWIN_NODE_NAMES[i - 1]}"
+        else
+            printf 'node%d\n' "${i}"
+        fi
+    done > "${STATE}/node-names"
+}
 
 cluster::node_count() {
     if [ -f "${STATE}/nodes" ]; then
@@ -79,8 +140,20 @@ cluster::check_host() {
 
 # Entered after `unshare -m --propagation private`: pivot_root into the root, then CMD.
 cluster::enter_root() {
-    local -r root="$1"
+    local root="$1"
     shift
+    if [ -n "${TWIN_NAME}" ]; then
+        # The twin's own view of the shared root: its files over the root's, its changes (a
+        # command it lacks, a bind's mount point) in the state directory.
+        local -r layers="${STATE}/root"
+        mkdir -p "${layers}/upper" "${layers}/work" "${layers}/merged"
+        local lower="${root}"
+        if [ -n "${TWIN_TREE}" ] && [ -d "${TWIN_TREE}/root" ]; then
+            lower="${TWIN_TREE}/root:${root}"
+        fi
+        mount -t overlay overlay -o "lowerdir=${lower},upperdir=${layers}/upper,workdir=${layers}/work" "${layers}/merged"
+        root="${layers}/merged"
+    fi
     mount --bind "${root}" "${root}"
     mount -t proc proc "${root}/proc"
     mount --rbind /sys "${root}/sys"
@@ -114,7 +187,22 @@ cluster::enter_root() {
     pivot_root . .oldroot
     cd /
     umount -l /.oldroot
+    [ -z "${TWIN_CONTAINER_COMMAND}" ] || cluster::only_container_command "${TWIN_CONTAINER_COMMAND}"
     exec "$@"
+}
+
+# The twin's site has one container command: singularity (SingularityCE) on LUMI, and no apptainer.
+# Apptainer's own singularity command (Debian's apptainer package links it to apptainer) becomes
+# a program of its own, and apptainer goes (an overlay whiteout: the shared root keeps it).
+cluster::only_container_command() {
+    local -r command="$1"
+    case "${command}" in
+        singularity) ;;
+        *) cluster::err "twin ${TWIN_NAME}: TWIN_CONTAINER_COMMAND=${command} is not singularity, the one stand-in there is" ;;
+    esac
+    local -r program="$(readlink -f /usr/bin/apptainer)"
+    cp --remove-destination "${program}" /usr/bin/singularity
+    rm -f /usr/bin/apptainer
 }
 
 cluster::start_holder() {
@@ -144,14 +232,33 @@ cluster::write_config() {
     # directory needs execute permission for all); the key stays 0600.
     chmod 0755 "${STATE}" "${STATE}/munge"
     echo "${nodes}" > "${STATE}/nodes"
+    printf '%s\n' "${TWIN_NAME}" > "${STATE}/twin"
+    printf '%s\n' "${TWIN_TREE}" > "${STATE}/twin-tree"
+    printf '%s\n' "${TWIN_INTERFACE}" > "${STATE}/interface"
+    cluster::write_node_names "${nodes}"
 
-    {
-        printf '127.0.0.1 localhost\n%s %s\n' "${CONTROLLER_ADDR}" "${hostname_s}"
+    # The cluster's names, as the login node (and slurmctld) resolve them.
+    local -r cluster_hosts="$(
         local i
         for ((i = 1; i <= nodes; i++)); do
             printf '%s %s\n' "$(cluster::node_addr "${i}")" "$(cluster::node_name "${i}")"
         done
-    } > "${STATE}/etc/hosts"
+    )"
+    printf '127.0.0.1 localhost\n%s %s\n%s\n' "${CONTROLLER_ADDR}" "${hostname_s}" "${cluster_hosts}" \
+        > "${STATE}/etc/hosts"
+    # Debian's installer puts the host's own name on 127.0.1.1 (Debian Reference, "The hostname
+    # resolution", https://www.debian.org/doc/manuals/debian-reference/ch05.en.html#_the_hostname_resolution),
+    # before the cluster's lines an administrator adds: each node then resolves itself to loopback.
+    local i node
+    for ((i = 1; i <= nodes; i++)); do
+        node="$(cluster::node_name "${i}")"
+        if [ "${TWIN_SELF_LOOPBACK}" = 1 ]; then
+            printf '127.0.0.1 localhost\n127.0.1.1 %s\n%s %s\n%s\n' "${node}" "${CONTROLLER_ADDR}" "${hostname_s}" \
+                "${cluster_hosts}" > "${STATE}/etc/hosts-${node}"
+        else
+            cp "${STATE}/etc/hosts" "${STATE}/etc/hosts-${node}"
+        fi
+    done
 
     cat > "${STATE}/etc/cgroup.conf" <<EOF
 CgroupPlugin=cgroup/v1
@@ -198,15 +305,26 @@ JobRequeue=0
 SlurmctldDebug=info
 SlurmdDebug=info
 EOF
-    local i
-    # Features=gpu: MPCDF Raven selects its GPU nodes by that node feature (the Raven scripts'
-    # --constraint="gpu"), which SLURM refuses where no node has it (slurm.conf(5), Features).
-    for ((i = 1; i <= nodes; i++)); do
-        printf 'NodeName=%s NodeAddr=%s NodeHostname=%s CPUs=144 RealMemory=512000 Features=gpu State=UNKNOWN\n' \
-            "$(cluster::node_name "${i}")" "$(cluster::node_addr "${i}")" "$(cluster::node_name "${i}")"
-    done >> "${STATE}/etc/slurm.conf"
-    printf 'PartitionName=e2e Nodes=node[1-%d] Default=YES MaxTime=INFINITE State=UP\n' "${nodes}" \
-        >> "${STATE}/etc/slurm.conf"
+    # The nodes: sized and featured as the twin's (a plain cluster's: Features=gpu, as MPCDF Raven
+    # selects its GPU nodes by that feature, which SLURM refuses where no node has it; slurm.conf(5),
+    # Features), their GPUs counted in Gres= and found through gres.conf.
+    {
+        if [ "${#TWIN_GRES[@]}" -gt 0 ]; then
+            echo "GresTypes=gpu"
+        fi
+        for ((i = 1; i <= nodes; i++)); do
+            node="$(cluster::node_name "${i}")"
+            printf 'NodeName=%s NodeAddr=%s NodeHostname=%s %s State=UNKNOWN\n' \
+                "${node}" "$(cluster::node_addr "${i}")" "${node}" "${TWIN_NODE_SPEC}"
+        done
+        local partition name options
+        for partition in "${TWIN_PARTITIONS[@]}"; do
+            read -r name options <<< "${partition}"
+            printf 'PartitionName=%s Nodes=ALL MaxTime=INFINITE State=UP%s\n' "${name}" "${options:+ ${options}}"
+        done
+    } >> "${STATE}/etc/slurm.conf"
+    # gres.conf(5): lines without NodeName= hold for every node that reads the file.
+    printf '%s\n' "${TWIN_GRES[@]}" > "${STATE}/etc/gres.conf"
 }
 
 cluster::start_munge() {
@@ -229,18 +347,41 @@ cluster::start_network() {
         ip addr add "${CONTROLLER_ADDR}/24" dev "${BRIDGE}"
     fi
     ip link set "${BRIDGE}" up
-    local i ns veth
+    if [ -n "${TWIN_UPLINK}" ] && ! ip link show "${UPLINK_BRIDGE}" >/dev/null 2>&1; then
+        ip link add "${UPLINK_BRIDGE}" type bridge
+        ip addr add "${UPLINK_SUBNET}.1/24" dev "${UPLINK_BRIDGE}"
+    fi
+    [ -z "${TWIN_UPLINK}" ] || ip link set "${UPLINK_BRIDGE}" up
+    local i ns veth extra
     for ((i = 1; i <= nodes; i++)); do
         ns="$(cluster::netns "${i}")"
         veth="${PREFIX}-v${i}"
         ip netns list | grep -qw "^${ns}" || ip netns add "${ns}"
         if ! ip link show "${veth}" >/dev/null 2>&1; then
-            ip link add "${veth}" type veth peer name eth0 netns "${ns}"
+            ip link add "${veth}" type veth peer name "${TWIN_INTERFACE}" netns "${ns}"
             ip link set "${veth}" master "${BRIDGE}" up
-            ip -n "${ns}" addr add "$(cluster::node_addr "${i}")/24" dev eth0
+            ip -n "${ns}" addr add "$(cluster::node_addr "${i}")/24" dev "${TWIN_INTERFACE}"
         fi
         ip -n "${ns}" link set lo up
-        ip -n "${ns}" link set eth0 up
+        ip -n "${ns}" link set "${TWIN_INTERFACE}" up
+        # The node's other NICs: present and up, carrying nothing here (veths whose other end stays
+        # down outside; this kernel may lack the dummy link type).
+        local k=0
+        for extra in "${TWIN_EXTRA_INTERFACES[@]}"; do
+            k=$((k + 1))
+            if ! ip -n "${ns}" link show "${extra}" >/dev/null 2>&1; then
+                ip link add "${PREFIX}-x${i}-${k}" type veth peer name "${extra}" netns "${ns}"
+            fi
+            ip -n "${ns}" link set "${extra}" up
+        done
+        # A second network, on its own subnet, with the node's default route.
+        if [ -n "${TWIN_UPLINK}" ] && ! ip link show "${PREFIX}-u${i}" >/dev/null 2>&1; then
+            ip link add "${PREFIX}-u${i}" type veth peer name "${TWIN_UPLINK}" netns "${ns}"
+            ip link set "${PREFIX}-u${i}" master "${UPLINK_BRIDGE}" up
+            ip -n "${ns}" addr add "$(cluster::uplink_addr "${i}")/24" dev "${TWIN_UPLINK}"
+            ip -n "${ns}" link set "${TWIN_UPLINK}" up
+            ip -n "${ns}" route add default via "${UPLINK_SUBNET}.1" dev "${TWIN_UPLINK}"
+        fi
     done
 }
 
@@ -253,7 +394,7 @@ cluster::start_slurmctld() {
 cluster::node_main() {
     local -r node="$1"
     shift
-    mount --bind "${STATE}/etc/hosts" /etc/hosts
+    mount --bind "${STATE}/etc/hosts-${node}" /etc/hosts
     # The root's /sys is the host's (rbind): its /sys/class/net lists the host's interfaces. A
     # sysfs mounted from the node's network namespace lists the node's, as on a real node (sysfs
     # shows the net devices of the namespace that mounted it; `ip netns exec` remounts /sys the
@@ -263,8 +404,31 @@ cluster::node_main() {
     mount --rbind /sys/fs/cgroup "${cgroup}"
     mount -t sysfs sysfs /sys
     mount --move "${cgroup}" /sys/fs/cgroup
+    if [ -n "${TWIN_TREE}" ] && [ -d "${TWIN_TREE}/sys/class" ]; then
+        mount -t overlay overlay -o "lowerdir=${TWIN_TREE}/sys/class:/sys/class" /sys/class
+    fi
+    if [ -n "${TWIN_TREE}" ] && [ -d "${TWIN_TREE}/dev" ]; then
+        cluster::twin_dev "${node}"
+    fi
     hostname "${node}"
     exec "$@"
+}
+
+# The twin's device files over the node's /dev (the host's, shared with every node), then the
+# mounts that were below /dev (pts, shm, mqueue, the private fuse) again on top: an overlay shows
+# the directory's own files, not what is mounted below it.
+cluster::twin_dev() {
+    local -r node="$1"
+    local -r below="${STATE}/run/dev-${node}"
+    mkdir -p "${below}"
+    mount --rbind /dev "${below}"
+    mount -t overlay overlay -o "lowerdir=${TWIN_TREE}/dev:${below}" /dev
+    local target
+    while read -r target; do
+        [ "${target%/*}" = "${below}" ] || continue
+        mount --rbind "${target}" "/dev/${target##*/}"
+    done < <(findmnt -rn -o TARGET -R "${below}" | sort -u)
+    umount -l "${below}"
 }
 
 cluster::start_slurmd() {
@@ -345,12 +509,22 @@ cluster::down() {
     cluster::stop_pidfile "${STATE}/run/slurmctld.pid"
     cluster::stop_pidfile "${STATE}/munge/munged.pid"
     cluster::stop_pidfile "${HOLDER_PID}"
-    local ns
-    for ns in $(ip netns list | awk '{print $1}' | grep "^${PREFIX}-node" || true); do
+    local ns i
+    local -a namespaces=()
+    if [ -s "${STATE}/node-names" ]; then
+        for ((i = 1; i <= $(wc -l < "${STATE}/node-names"); i++)); do
+            namespaces+=("$(cluster::netns "${i}")")
+        done
+    else
+        mapfile -t namespaces < <(ip netns list | awk '{print $1}' | grep "^${PREFIX}-node" || true)
+    fi
+    for ns in "${namespaces[@]}"; do
+        ip netns list | grep -qw "^${ns}" || continue
         cluster::kill_netns_procs "${ns}"
         ip netns del "${ns}"
     done
     ip link del "${BRIDGE}" 2>/dev/null || true
+    ip link del "${UPLINK_BRIDGE}" 2>/dev/null || true
     rm -rf "${STATE}"
     cluster::log "down"
 }
@@ -388,8 +562,8 @@ cluster::exec() {
 # A node that dies: its slurmd and every process in its namespace get SIGKILL, no cleanup.
 cluster::crash_node() {
     local -r node="${1:?usage: cluster.sh crash NODE}"
-    local -r i="${node#node}"
-    [[ "${i}" =~ ^[0-9]+$ ]] || cluster::err "crash: '${node}' is not nodeK"
+    local i
+    i="$(cluster::node_index "${node}")"
     local -r pidfile="${STATE}/run/slurmd-${node}.pid"
     if [ -s "${pidfile}" ]; then
         kill -KILL "$(cat "${pidfile}")" 2>/dev/null || true
@@ -403,9 +577,9 @@ cluster::crash_node() {
 # returned to service (ReturnToService=2 does it once slurmd registers; resume covers DOWN*).
 cluster::revive_node() {
     local -r node="${1:?usage: cluster.sh revive NODE}"
-    local -r i="${node#node}"
-    [[ "${i}" =~ ^[0-9]+$ ]] || cluster::err "revive: '${node}' is not nodeK"
-    ip -n "$(cluster::netns "${i}")" link set eth0 up
+    local i
+    i="$(cluster::node_index "${node}")"
+    ip -n "$(cluster::netns "${i}")" link set "${TWIN_INTERFACE}" up
     cluster::start_slurmd "${i}"
     local -r deadline=$((SECONDS + UP_TIMEOUT_S))
     local state
@@ -430,6 +604,7 @@ main() {
         down) cluster::down ;;
         status) cluster::status ;;
         env) printf 'export SLURM_CONF=%s\n' "${STATE}/etc/slurm.conf" ;;
+        nodes) cat "${STATE}/node-names" ;;
         exec) cluster::exec "$@" ;;
         run)
             cluster::pid_alive "${HOLDER_PID}" || cluster::err "the cluster is not up"
@@ -439,7 +614,7 @@ main() {
         revive) cluster::revive_node "$@" ;;
         _node) cluster::node_main "$@" ;;
         _enter) cluster::enter_root "$@" ;;
-        *) cluster::err "usage: cluster.sh up [N] | down | status | env | exec NODE CMD... | run CMD... | crash NODE | revive NODE" ;;
+        *) cluster::err "usage: cluster.sh up [N] | down | status | env | nodes | exec NODE CMD... | run CMD... | crash NODE | revive NODE" ;;
     esac
 }
 

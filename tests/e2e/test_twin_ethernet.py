@@ -1,0 +1,67 @@
+"""slurm/ethernet-*.sh on the plain-Ethernet cluster's twin, unchanged and with their own site (generic).
+
+The twin (tests/e2e/cluster/twins/ethernet.sh): master-node and node01-node05, each dual-homed (a
+default-route eno1 on the site network, the cluster network on ens1f1, each its own subnet), with
+Debian's /etc/hosts line that maps each host's own name to 127.0.1.1, and a GPU a node in gres. The
+head node, master-node, resolves its own name to loopback: the workers must still meet on ens1f1.
+ethernet-gloo.sh runs as it is, on the 6 nodes it asks for, with the CPU image; ethernet-nccl.sh on 2
+(its documented `sbatch --nodes=N`), with the x86_64 image and CPU workers in place of its GPUs.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import twins
+from conftest import container_versions, doctor_reports, metrics_records, submit_twin_job, twin_job_env, user_dir
+
+pytestmark = pytest.mark.e2e
+
+TWIN = twins.ETHERNET
+
+
+def _rank0_environment(output: str) -> str:
+    return re.search(r"^master-node:rank0: Environment: (.*)$", output, re.M).group(1)
+
+
+def test_ethernet_gloo_trains_on_all_six_nodes_over_the_cluster_network(twin_cluster, images, cifar_data, tmp_path):
+    run_dir = user_dir(tmp_path) / "run"
+
+    job = submit_twin_job(twin_cluster, "slurm/ethernet-gloo.sh", twin_job_env(TWIN, images.cpu, cifar_data, run_dir))
+
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    assert "Number of nodes: 6" in output and "World size: 6" in output and "Training completed successfully." in output
+    assert twin_cluster.job_nodes(job) == ["master-node", "node01", "node02", "node03", "node04", "node05"]
+    # On master-node its own name is 127.0.1.1: the interface is the one that routes to the other nodes.
+    assert "GLOO_SOCKET_IFNAME=ens1f1 NCCL_SOCKET_IFNAME=ens1f1" in _rank0_environment(output)
+    run = [r for r in metrics_records(run_dir) if r["type"] == "run"][-1]
+    assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(images.cpu)
+
+
+def test_ethernet_nccl_trains_on_two_dual_homed_nodes_with_infiniband_off(twin_cluster, images, cifar_data, tmp_path):
+    run_dir = user_dir(tmp_path) / "run"
+
+    job = submit_twin_job(twin_cluster, "slurm/ethernet-nccl.sh", twin_job_env(TWIN, images.x86, cifar_data, run_dir),
+                          "--nodes=2")
+
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    assert "Number of nodes: 2" in output and "World size: 4" in output and "Training completed successfully." in output
+    assert "GLOO_SOCKET_IFNAME=ens1f1 NCCL_SOCKET_IFNAME=ens1f1" in _rank0_environment(output)
+    reports = doctor_reports(run_dir, job)
+    assert sorted(reports) == ["master-node", "node01"]
+    for node, checks in reports.items():
+        assert checks["head node"]["status"] == "OK", (node, checks["head node"])
+        assert checks["gpus"]["status"] == "WARN" and "1 granted" in checks["gpus"]["detail"], checks["gpus"]
+
+
+def test_ethernet_twin_head_resolves_itself_to_127_0_1_1_and_routes_by_default_through_eno1(twin):
+    done = twin.node_exec("master-node", ["sh", "-c", "getent hosts master-node node01 | sort; "
+                                                      "ip -4 -o route show default; ls /sys/class/net"])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split() == [twin.address("node01"), "node01"]
+    assert lines[1].split() == ["127.0.1.1", "master-node"]
+    assert lines[2].split()[:5] == ["default", "via", f"{twin.env['DDP_E2E_UPLINK_SUBNET']}.1", "dev", "eno1"]
+    assert lines[3:] == ["eno1", "ens1f1", "lo"]

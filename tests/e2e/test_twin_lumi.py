@@ -1,0 +1,87 @@
+"""slurm/lumi-multinode.sh on LUMI's twin, unchanged and with its own site (lumi) and runtime.
+
+The twin (tests/e2e/cluster/twins/lumi.sh, tests/e2e/twins.py): LUMI-G nodes nid005NNN with four
+Slingshot NICs hsn0-hsn3 and /dev/cxi0-3, /dev/kfd and a render node per GCD, eight GCDs a node in
+gres; /opt/cray with HPE's libfabric, libcxi and libjansson in /usr/lib64 and LUMI's file systems,
+the paths LUMI's singularity bindings name; SingularityCE's `singularity` and no `apptainer`. The
+image is gpu.def built with SITE=lumi on a base laid out as LUMI AI Factory's (libfabric, libcxi
+and RCCL's plugin found through ld.so.conf, no LD_LIBRARY_PATH). The script gets only --output and
+short-training flags; each of its 8 tasks a node trains on CPU in place of its GCD.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import twins
+from conftest import doctor_reports, metrics_records, rank_logs, submit_twin_job, twin_job_env, user_dir
+
+pytestmark = pytest.mark.e2e
+
+TWIN = twins.LUMI
+
+
+@pytest.fixture(scope="module")
+def multinode(twin, lumi_sif, cifar_data, tmp_path_factory):
+    """lumi-multinode.sh as on LUMI (standard-g, 2 nodes, 8 GPUs and 8 tasks each), run to its end."""
+    run_dir = user_dir(tmp_path_factory.mktemp("lumi-multinode")) / "run"
+    job = submit_twin_job(twin, "slurm/lumi-multinode.sh", twin_job_env(TWIN, lumi_sif, cifar_data, run_dir),
+                          timeout=600)
+    return job, run_dir, job.output()
+
+
+def test_lumi_multinode_trains_one_rank_per_gcd_on_two_nodes(twin, multinode):
+    job, run_dir, output = multinode
+    assert job.state == "COMPLETED", output
+    assert "site lumi" in output and "Number of nodes: 2" in output and "World size: 16" in output
+    assert "Training completed successfully." in output
+    assert twin.job_nodes(job) == ["nid005000", "nid005001"]
+    assert rank_logs(run_dir) == [f"{job.job_id}-nid00500{rank // 8}-rank{rank}.out" for rank in range(16)]
+    summary = [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]
+    assert summary["world_size"] == 16 and summary["nodes"] == 2
+
+
+def test_lumi_binds_reach_singularity_through_singularity_bind(multinode):
+    _, _, output = multinode
+    assert "APPTAINER_BIND=" not in output
+    bound = re.search(r"^ddp: SINGULARITY_BIND=(\S+)$", output, re.M).group(1).split(",")
+    assert bound[:10] == ["/var/spool/slurmd:/var/spool/slurmd", "/opt/cray:/opt/cray",
+                          "/usr/lib64/libcxi.so.1:/usr/lib64/libcxi.so.1",
+                          "/usr/lib64/libjansson.so.4:/usr/lib64/libjansson.so.4", "/pfs:/pfs", "/scratch:/scratch",
+                          "/projappl:/projappl", "/project:/project", "/flash:/flash", "/appl:/appl"]
+
+
+def test_lumi_preflight_finds_the_images_fabric_libraries_through_ld_so_conf(multinode):
+    job, run_dir, _ = multinode
+    reports = doctor_reports(run_dir, job)
+    assert sorted(reports) == ["nid005000", "nid005001"]
+    for node, checks in reports.items():
+        assert checks["fabric devices"]["detail"].endswith("devices: cxi0, cxi1, cxi2, cxi3"), node
+        # The image's own, first where ld.so looks (ld.so.conf's multiarch directory), not the host's
+        # libcxi that LUMI's bindings put in /usr/lib64.
+        # (/lib is /usr/lib and /lib64 /usr/lib64 in the image: one file under two names is one library.)
+        assert checks["libcxi"]["detail"] == ("/lib/x86_64-linux-gnu/libcxi.so.1 loads; also /lib64/libcxi.so.1 "
+                                              "(later in ld.so's search, not used)"), checks["libcxi"]
+        assert checks["libfabric"]["detail"] == "/lib/x86_64-linux-gnu/libfabric.so.1 loads (libfabric 2.1)"
+        assert checks["RCCL"]["detail"] == "/opt/rocm/lib/librccl.so.1 loads (NCCL 2.22.3)", checks["RCCL"]
+        assert checks["OFI plugin"]["detail"] == "/opt/rocm/lib/librccl-net.so loads", checks["OFI plugin"]
+        # gloo's CPU workers take the interface that routes to the head node, a Slingshot NIC.
+        assert checks["interface"]["detail"] == "NCCL_SOCKET_IFNAME=hsn0"
+        assert checks["gpus"]["status"] == "WARN" and "8 granted" in checks["gpus"]["detail"], checks["gpus"]
+
+
+def test_lumi_node_has_singularity_and_no_apptainer(twin):
+    done = twin.node_exec("nid005001", ["sh", "-c", "command -v singularity; command -v apptainer"])
+    assert done.stdout.split() == ["/usr/bin/singularity"] and done.returncode != 0, done
+
+
+def test_lumi_twin_nodes_carry_four_nics_cxi_devices_gcds_and_standard_g(twin):
+    done = twin.run(["srun", "--partition=standard-g", "--nodelist=nid005001", "--gpus-per-node=8", "sh", "-c",
+                     "hostname; ls /sys/class/net; ls /dev/cxi* /dev/kfd /dev/dri; echo $ROCR_VISIBLE_DEVICES"],
+                    timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["nid005001", "hsn0", "hsn1", "hsn2", "hsn3", "lo", "/dev/cxi0", "/dev/cxi1",
+                                   "/dev/cxi2", "/dev/cxi3", "/dev/kfd", "/dev/dri:",
+                                   *[f"renderD{128 + i}" for i in range(8)], "0,1,2,3,4,5,6,7"]
+    partitions = twin.run(["sinfo", "-h", "-o", "%P"], timeout=30).stdout.split()
+    assert partitions == ["standard-g", "small-g", "dev-g"]

@@ -1,0 +1,140 @@
+"""slurm/olivia-*.sh on Olivia's twin, unchanged and with their own site (olivia).
+
+The twin (tests/e2e/cluster/twins/olivia.sh, tests/e2e/twins.py): nodes nid00NNNN on Slingshot's
+hsn0 with /dev/cxi0; the host libfabric, libcxi, NCCL and its OFI plugin as real ELF files where
+Olivia has them, with the closure they link; the NCCL module's EBROOT* and LD_LIBRARY_PATH; the
+accel partition and four GPUs a node in gres. The image is the x86_64 one (gpu.def): the scripts
+name their site, and Olivia's arm64 build runs in test_make_build.py. The scripts get only --output
+and short-training flags; CPU workers stand in for the GPUs. One 2-node run of olivia-multinode.sh
+serves the tests that read it.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import twins
+from conftest import (TwinJob, container_versions, doctor_reports, metrics_records, submit_twin_job, submit_twin_jobs,
+                      twin_job_env, user_dir)
+
+pytestmark = pytest.mark.e2e
+
+TWIN = twins.OLIVIA
+
+
+ONE_NODE_SCRIPTS = ("slurm/olivia-1gpu.sh", "slurm/olivia-1node-4gpu.sh")
+
+
+@pytest.fixture(scope="module")
+def olivia_jobs(twin, images, cifar_data, tmp_path_factory):
+    """Every Olivia script submitted at once, as on Olivia: multinode (2 nodes of 4 GPUs, 72 cores and
+    440G a task) takes two of the three nodes, the one-node scripts the third in turn. {script: Job}."""
+    jobs = {}
+    for script in ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS):
+        run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
+        jobs[script] = TwinJob(script, twin_job_env(TWIN, images.x86, cifar_data, run_dir))
+    ended = submit_twin_jobs(twin, jobs)
+    return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
+
+
+@pytest.fixture(scope="module")
+def multinode(olivia_jobs):
+    return olivia_jobs["slurm/olivia-multinode.sh"]
+
+
+def test_olivia_multinode_trains_two_nid_nodes_to_completion(twin, multinode, images):
+    job, run_dir, output = multinode
+    assert job.state == "COMPLETED", output
+    assert "site olivia" in output and "Number of nodes: 2" in output and "World size: 4" in output
+    assert "Training completed successfully." in output
+    summary = [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]
+    assert summary["world_size"] == 4 and summary["nodes"] == 2
+    nodes = twin.job_nodes(job)
+    assert nodes == ["nid001000", "nid001001"]
+    for node in nodes:  # torchrun's logs, one per worker on the node
+        assert len(list((run_dir / "logs" / job.job_id).glob(f"{node}/*/attempt_0/*/stdout.log"))) == 2, node
+    assert "nid001000:rank0: " in output
+    run = [r for r in metrics_records(run_dir) if r["type"] == "run"][-1]
+    # Built on the x86_64 image's base: the same Python and torch.
+    assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(images.x86)
+
+
+def test_olivia_binds_the_module_roots_the_cray_libfabric_and_the_closure_libcxi_needs(multinode):
+    _, _, output = multinode
+    bound = re.search(r"^ddp: APPTAINER_BIND=(\S+)$", output, re.M).group(1).split(",")
+    assert bound[:4] == [f"{twins.OLIVIA_OFI}:/opt/aws-ofi-nccl", "/opt/cray/libfabric/2.3.1:/opt/libfabric",
+                         f"{twins.OLIVIA_NCCL}:/opt/nccl", "/usr/lib64/libcxi.so.1:/opt/host-libs/libcxi.so.1"]
+    closure = {entry.split(":")[1] for entry in bound[4:] if entry.startswith("/") and "/opt/host-libs/" in entry}
+    assert closure == {f"/opt/host-libs/{name}" for name in ("libfakehwloc.so.15", "libfakejson.so.5",
+                                                              "libfakeatomic.so.1", "libfakenl-3.so.200",
+                                                              "libfakeudev.so.1")}
+
+
+def test_olivia_preflight_loads_the_bound_host_libraries_on_every_node(multinode):
+    job, run_dir, _ = multinode
+    reports = doctor_reports(run_dir, job)
+    assert sorted(reports) == ["nid001000", "nid001001"]
+    for node, checks in reports.items():
+        assert checks["fabric devices"]["status"] == "OK" and checks["fabric devices"]["detail"].endswith("devices: cxi0")
+        assert checks["libfabric"]["detail"] == "/opt/libfabric/lib64/libfabric.so.1 loads (libfabric 2.3)", node
+        assert checks["NCCL"]["detail"] == "/opt/nccl/lib/libnccl.so.2 loads (NCCL 2.27.7)", node
+        assert checks["OFI plugin"]["detail"] == "/opt/aws-ofi-nccl/lib/libnccl-net.so loads", node
+        assert checks["libcxi"]["detail"] == "/opt/host-libs/libcxi.so.1 loads", node
+        assert checks["library dependencies"]["status"] == "OK", checks["library dependencies"]
+        assert (checks["fi_info -p cxi"]["status"], checks["fi_info -p cxi"]["detail"]) == ("OK", "provider: cxi")
+        assert checks["interface"]["detail"] == "NCCL_SOCKET_IFNAME=hsn0"
+        # SLURM granted the gres GPUs; the CPU workers are the job's choice, not a sick node.
+        assert checks["gpus"]["status"] == "WARN" and "4 granted" in checks["gpus"]["detail"]
+
+
+def test_olivia_gate_reports_the_bandwidth_without_judging_it_by_the_nccl_floor(multinode):
+    _, run_dir, output = multinode
+    assert ("the site's published 122.6 GB/s was measured with nccl on cuda and this gate ran gloo on cpu"
+            in output)
+    assert re.search(r"fabric gate: PASS in [\d.]+ s on 2 node\(s\), 4 ranks", output), output
+    assert (run_dir / "gate.json").is_file()
+
+
+def test_olivia_workers_talk_over_hsn0_with_the_sites_cxi_settings(multinode):
+    _, _, output = multinode
+    environment = re.search(r"^nid001000:rank0: Environment: (.*)$", output, re.M).group(1)
+    assert "by site profile: FI_CXI_DEFAULT_TX_SIZE=2048 FI_CXI_RX_MATCH_MODE=hybrid" in environment
+    assert "GLOO_SOCKET_IFNAME=hsn0 NCCL_SOCKET_IFNAME=hsn0" in environment
+
+
+def test_olivia_gpu_sampler_runs_once_on_each_node_and_stops(multinode, twin):
+    job, run_dir, output = multinode
+    for node in twin.job_nodes(job):
+        said = (run_dir / "gpu" / f"sampler-{node}.log").read_text()
+        assert said.count(f"nvidia-smi not found on {node}") == 1, said
+    assert "GPU sampler stopped" in output
+
+
+@pytest.mark.parametrize("script", ONE_NODE_SCRIPTS)
+def test_olivia_one_node_scripts_train_to_completion(twin, olivia_jobs, script):
+    job, run_dir, output = olivia_jobs[script]
+    assert job.state == "COMPLETED", output
+    assert "site olivia" in output and "Number of nodes: 1" in output and "Training completed successfully." in output
+    assert "World size: 2" in output  # the CPU workers in place of the node's GPUs
+    assert len(twin.job_nodes(job)) == 1
+
+
+def test_olivia_script_refuses_to_start_without_staged_data(twin_cluster, images, tmp_path):
+    env = twin_job_env(TWIN, images.x86, tmp_path / "nowhere", user_dir(tmp_path) / "run")
+
+    job = submit_twin_job(twin_cluster, "slurm/olivia-multinode.sh", env, timeout=60)
+
+    assert job.state == "FAILED"
+    assert f"{tmp_path / 'nowhere'}/cifar-100-python lacks train, test, meta: run 'make data" in job.output()
+
+
+def test_olivia_twin_nodes_carry_olivias_names_nic_partition_and_gpus(twin):
+    done = twin.run(["srun", "--partition=accel", "--nodelist=nid001001", "--gpus-per-node=4", "sh", "-c",
+                     "hostname; ls /sys/class/net; ls /dev/cxi*; echo $CUDA_VISIBLE_DEVICES; "
+                     "ls /opt/cray/libfabric/*/lib64/libfabric.so.1 /usr/lib64/libcxi.so.1"], timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["nid001001", "hsn0", "lo", "/dev/cxi0", "0,1,2,3",
+                                   "/opt/cray/libfabric/2.3.1/lib64/libfabric.so.1", "/usr/lib64/libcxi.so.1"]
+    nodes = twin.run(["sinfo", "-h", "-N", "-o", "%N %P %G %c %m"], timeout=30).stdout.split("\n")
+    assert "nid001000 accel gpu:gh200:4 288 460800" in nodes
