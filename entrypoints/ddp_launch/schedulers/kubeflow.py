@@ -120,6 +120,11 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
     nproc = None
     if nproc_value is not None and nproc_value not in ("auto", "gpu"):
         nproc = Setting(integer(nproc_name, nproc_value), nproc_name)
+        if nproc.value == 0:
+            # A pod without GPUs (RunAI's RUNAI_NUM_OF_GPUS=0): no count at all, since torchrun asserts
+            # local_world_size > 0 (torch/distributed/elastic/agent/server/api.py, WorkerSpec) and
+            # dies with a bare traceback. The node's GPUs, else one CPU worker, decide instead.
+            nproc = None
     rank_value, rank_name = _first(env, "node_rank")
     port_value, port_name = _first(env, "master_port")
     run_id, _ = _first(env, "run_id")

@@ -21,6 +21,11 @@ def test_runai_master_pod_hosts_the_rendezvous():
     assert plan.nodes == 2
 
 
+def test_a_runai_pod_without_gpus_runs_one_cpu_worker_not_torchruns_zero():
+    plan = plan_for({**runai(0), "RUNAI_NUM_OF_GPUS": "0"})
+    assert "--nproc-per-node=1" in plan.argv and "--nproc-per-node=0" not in plan.argv
+
+
 def test_runai_worker_pod_joins_and_pod_level_ranks_are_removed():
     plan = plan_for(runai(1))
     assert "--rdzv-conf=is_host=false,read_timeout=300" in plan.argv
