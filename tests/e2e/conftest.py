@@ -615,6 +615,18 @@ def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) ->
     return ended
 
 
+def run_twin_scripts(twin_cluster: Cluster, twin: twins.Twin, scripts: tuple, image: Path, data: Path,
+                     tmp_path_factory) -> dict:
+    """Each of scripts submitted at once on twin's cluster with a run dir of its own, as its users would,
+    and run to its end: {script: (Job, run dir, output)}."""
+    jobs = {}
+    for script in scripts:
+        run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
+        jobs[script] = TwinJob(script, twin_job_env(twin, image, data, run_dir))
+    ended = submit_twin_jobs(twin_cluster, jobs)
+    return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
+
+
 def submit_twin_job(twin_cluster: Cluster, script: str, env: dict, *sbatch_extra: str, timeout: float = 600) -> Job:
     return submit_twin_jobs(twin_cluster, {script: TwinJob(script, env, sbatch_extra)}, timeout)[script]
 

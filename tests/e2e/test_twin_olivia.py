@@ -11,11 +11,10 @@ serves the tests that read it.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import twins
-from conftest import (TwinJob, container_versions, doctor_reports, metrics_records, submit_twin_job, submit_twin_jobs,
+from conftest import (container_versions, doctor_reports, metrics_records, run_twin_scripts, submit_twin_job,
                       twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
@@ -30,12 +29,7 @@ ONE_NODE_SCRIPTS = ("slurm/olivia-1gpu.sh", "slurm/olivia-1node-4gpu.sh")
 def olivia_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Olivia script submitted at once, as on Olivia: multinode (2 nodes of 4 GPUs, 72 cores and
     440G a task) takes two of the three nodes, the one-node scripts the third in turn. {script: Job}."""
-    jobs = {}
-    for script in ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS):
-        run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
-        jobs[script] = TwinJob(script, twin_job_env(TWIN, images.x86, cifar_data, run_dir))
-    ended = submit_twin_jobs(twin, jobs)
-    return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
+    return run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,9 @@ each SLURM task trains on CPU in place of its GPU, one rank a task.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import twins
-from conftest import (TwinJob, container_versions, doctor_reports, metrics_records, rank_logs, submit_twin_jobs,
-                      twin_job_env, user_dir)
+from conftest import container_versions, doctor_reports, metrics_records, rank_logs, run_twin_scripts
 
 pytestmark = pytest.mark.e2e
 
@@ -27,12 +24,7 @@ ONE_NODE_SCRIPTS = {"slurm/raven-1gpu.sh": 1, "slurm/raven-1node-4gpu.sh": 4}
 def raven_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Raven script submitted at once, as on Raven (--constraint=gpu, a task per A100): the
     task-per-GPU script takes two of the three nodes, the one-node scripts the third in turn."""
-    jobs = {}
-    for script in ("slurm/raven-task-per-gpu.sh", *ONE_NODE_SCRIPTS):
-        run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
-        jobs[script] = TwinJob(script, twin_job_env(TWIN, images.x86, cifar_data, run_dir))
-    ended = submit_twin_jobs(twin, jobs)
-    return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
+    return run_twin_scripts(twin, TWIN, ("slurm/raven-task-per-gpu.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
