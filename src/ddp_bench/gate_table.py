@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ddp_bench.errors import ReportError
+from ddp_bench.markdown import titled_table
 from ddp_train.fabric_gate import GATE_JSON, human_size
 
 HEADER = ("Run", "Gate", "Nodes", "Ranks", "Size", "busbw (GB/s)", "algbw (GB/s)", "#wrong", "Gate time (s)", "Named")
@@ -40,9 +41,4 @@ def gate_row(run: Path) -> tuple[str, ...] | None:
 def gate_table(runs: Sequence[Path]) -> str:
     """The Markdown table of the runs' gate results ("" when no run has one)."""
     rows = [row for row in (gate_row(run) for run in runs) if row is not None]
-    if not rows:
-        return ""
-    lines = ["", "Fabric gate (all-reduce before training; largest size, nccl-tests' busbw):", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return titled_table("Fabric gate (all-reduce before training; largest size, nccl-tests' busbw):", HEADER, rows)

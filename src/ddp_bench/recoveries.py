@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ddp_bench.errors import ReportError
+from ddp_bench.markdown import titled_table
 
 HEADER = ("Run", "Replaced", "By spare", "Named by", "Fault to training (s)", "Parts (s)")
 
@@ -33,9 +34,4 @@ def recovery_rows(name: str, records: Sequence[dict]) -> list[tuple[str, ...]]:
 def recovery_table(runs: Sequence[tuple[str, Sequence[dict]]]) -> str:
     """The Markdown table of the runs' recoveries, from (name, metrics records) per run ("" when none)."""
     rows = [row for name, records in runs for row in recovery_rows(name, records)]
-    if not rows:
-        return ""
-    lines = ["", "Recoveries (a spare node in a bad node's place, inside the allocation):", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return titled_table("Recoveries (a spare node in a bad node's place, inside the allocation):", HEADER, rows)

@@ -20,6 +20,7 @@ from typing import Sequence
 from ddp_bench import run_facts
 from ddp_bench.errors import ReportError
 from ddp_bench.gate_table import gate_table
+from ddp_bench.markdown import table_lines
 from ddp_bench.recoveries import recovery_table
 from ddp_train.metrics import METRICS_NAME
 
@@ -150,9 +151,7 @@ def _cells(row: Row) -> tuple[str, ...]:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "|".join("---" for _ in HEADER) + "|"]
-    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join(table_lines(HEADER, [_cells(row) for row in rows])) + "\n"
 
 
 def csv_table(rows: Sequence[Row]) -> str:
