@@ -232,6 +232,24 @@ def wait_terminal(cluster, job_id: str, timeout: float):
     return cluster.job(job_id)
 
 
+def submit_job(cluster, env: dict, out: Path, *sbatch_extra: str) -> str:
+    """olivia-multinode.sh submitted with env, its output in out: the job id."""
+    return cluster.sbatch(["--partition=e2e", "--gpus-per-node=0", *sbatch_extra, f"--output={out}/%j.out",
+                           "slurm/olivia-multinode.sh"], env=env)
+
+
+def start_training(cluster, env: dict, out: Path, *sbatch_extra: str, ready=lambda: True) -> tuple[str, int]:
+    """submit_job, then waited for until two epochs are done and ready() holds (or the job ended, or
+    300 s passed): its job id and the epochs done then."""
+    job_id = submit_job(cluster, env, out, *sbatch_extra)
+    run_dir = Path(env["DDP_RUN_DIR"])
+    deadline = time.monotonic() + 300
+    while not (epochs_done(run_dir) >= 2 and ready()) and time.monotonic() < deadline and \
+            cluster.job(job_id).state not in conftest.TERMINAL_STATES:
+        time.sleep(0.5)
+    return job_id, epochs_done(run_dir)
+
+
 def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, base_env: dict, out: Path) -> None:
     run_dir = out / f"run-{index:03d}"
     if kind == "disk-full":
@@ -242,13 +260,7 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
     env = {**base_env, **STOPS.get(kind, ({}, []))[0], **SKIP_CHECKS, "DDP_RUN_DIR": str(run_dir),
            "DDP_TRAIN_ARGS": RUN,
            "DDP_MONITOR_INTERVAL": "0"}
-    job_id = cluster.sbatch(["--partition=e2e", "--gpus-per-node=0", f"--output={out}/%j.out",
-                             "slurm/olivia-multinode.sh"], env=env)
-    deadline = time.monotonic() + 300
-    while epochs_done(run_dir) < 2 and time.monotonic() < deadline and \
-            cluster.job(job_id).state not in conftest.TERMINAL_STATES:
-        time.sleep(0.5)
-    before = epochs_done(run_dir)
+    job_id, before = start_training(cluster, env, out)
     nodes = cluster.job_nodes(cluster.job(job_id))
     time.sleep(rng.uniform(0, 2))  # anywhere in the epoch
     slurm_requeued, saved_before = False, None
@@ -323,13 +335,7 @@ def spare_job(cluster, books: Books, index: int, rng: random.Random, base_env: d
     run_dir = out / f"run-{index:03d}"
     env = {**base_env, **SKIP_CHECKS, "DDP_RUN_DIR": str(run_dir), "DDP_TRAIN_ARGS": RUN, "DDP_MONITOR_INTERVAL": "0",
            "DDP_SPARE_NODES": "1"}
-    job_id = cluster.sbatch(["--partition=e2e", "--gpus-per-node=0", "--nodes=3", f"--output={out}/%j.out",
-                             "slurm/olivia-multinode.sh"], env=env)
-    deadline = time.monotonic() + 300
-    while epochs_done(run_dir) < 2 and time.monotonic() < deadline and \
-            cluster.job(job_id).state not in conftest.TERMINAL_STATES:
-        time.sleep(0.5)
-    before = epochs_done(run_dir)
+    job_id, before = start_training(cluster, env, out, "--nodes=3")
     node = cluster.job_nodes(cluster.job(job_id))[1]  # a training node; the first runs the batch script
     time.sleep(rng.uniform(0, 2))
     crashed = cluster.cluster_sh(["crash", node], timeout=30)
@@ -371,13 +377,7 @@ def full_disk_job(cluster, books: Books, index: int, disk: SmallDisk, base_env: 
     requeued), the checkpoint intact; once space is freed a new job on the run dir resumes from it."""
     run_dir = disk.run_dir
     env = {**base_env, "DDP_RUN_DIR": str(run_dir), "DDP_TRAIN_ARGS": RUN, **SKIP_CHECKS, "DDP_MONITOR_INTERVAL": "0"}
-    submit = ["--partition=e2e", "--gpus-per-node=0", f"--output={out}/%j.out", "slurm/olivia-multinode.sh"]
-    job_id = cluster.sbatch(submit, env=env)
-    deadline = time.monotonic() + 300
-    while not (epochs_done(run_dir) >= 2 and disk.between_saves()) and time.monotonic() < deadline and \
-            cluster.job(job_id).state not in conftest.TERMINAL_STATES:
-        time.sleep(0.5)
-    before = epochs_done(run_dir)
+    job_id, before = start_training(cluster, env, out, ready=disk.between_saves)
     disk.fill()
     job = wait_terminal(cluster, job_id, 600)
     books.jobs += 1
@@ -392,7 +392,7 @@ def full_disk_job(cluster, books: Books, index: int, disk: SmallDisk, base_env: 
         problems.append(f"state, exit, restarts {outcome}, error lines {errors[:2]} do not match a full disk")
     saved = checkpoint_kept(books, problems, run_dir, before)
     disk.free()
-    again = wait_terminal(cluster, cluster.sbatch(submit, env=env), 600)
+    again = wait_terminal(cluster, submit_job(cluster, env, out), 600)
     if (again.state, again.exit_code) != ("COMPLETED", "0:0"):
         books.wrong_states += 1
         problems.append(f"the job after space was freed ended {again.state} {again.exit_code}")
