@@ -30,10 +30,12 @@ import threading
 import time
 from typing import Mapping, NamedTuple, Optional
 
+from ddp_contract.scheduler_names import SLURM_JOB_ID
+
 LOCK_NAME = ".ddp-run.lock"
 HEARTBEAT_S = 20.0
 STALE_AFTER_S = 120.0  # six missed heartbeats
-JOB_VARIABLES = ("SLURM_JOB_ID", "DDP_JOB_ID")  # DDP_JOB_ID: any other scheduler's job name
+JOB_VARIABLES = (SLURM_JOB_ID, "DDP_JOB_ID")  # DDP_JOB_ID: any other scheduler's job name
 
 
 class Owner(NamedTuple):

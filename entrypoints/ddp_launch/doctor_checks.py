@@ -26,7 +26,7 @@ from ddp_launch.fabric.defaults import (FabricData, HostLibrary, for_accelerator
                                         read_all_fabric_defaults)
 from ddp_launch.fabric.slingshot import check_socket_ifname
 from ddp_launch.facts import NodeFacts, list_dir, read_text, under
-from ddp_launch.gpus import granted_gpus
+from ddp_launch.gpus import COUNT_GRANT_VARIABLES, granted_gpus
 from ddp_launch.libclosure import ld_so_conf_dirs, node_default_dirs
 from ddp_launch.libload import load_in_child, missing_library
 from ddp_launch.options import read_options
@@ -187,7 +187,7 @@ def check_gpus(ctx: DoctorContext) -> Check:
     if not isinstance(visible, int):
         visible, source = ctx.facts.gpu_device_files, vendor.device_label
     # The message names the variable the count came from: a RunAI pod has no SLURM_GPUS_ON_NODE.
-    granted_from = next((name for name in ("SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS") if ctx.env.get(name)), None)
+    granted_from = next((name for name in COUNT_GRANT_VARIABLES if ctx.env.get(name)), None)
     try:
         granted = integer(granted_from, ctx.env[granted_from]) if granted_from else None
     except LaunchError as error:

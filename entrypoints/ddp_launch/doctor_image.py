@@ -18,10 +18,11 @@ from ddp_launch import accelerators
 from ddp_launch.doctor_checks import FAIL, OK, SKIP, Check, DoctorContext, check_torch
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.defaults import load_fabric_defaults
+from ddp_launch.schedulers import ENV_PREFIXES
 from ddp_launch.sites import available_sites, load_site, sites_dirs
 
 # Variables of the build job that must not steer the launcher's self-test plan.
-_SCHEDULER_PREFIXES = ("SLURM_", "SLURMD_", "PET_", "RUNAI_", "TORCHELASTIC_", "DDP_LAUNCH_")
+_SCHEDULER_PREFIXES = ENV_PREFIXES + ("DDP_LAUNCH_",)
 ENTRY_POINTS = ("ddp-launch", "ddp-train")
 
 

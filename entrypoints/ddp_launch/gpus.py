@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddp_contract.scheduler_names import RUNAI_NUM_OF_GPUS, SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, SLURM_JOB_GPUS
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import integer, is_digits
 from ddp_launch.errors import LaunchError
@@ -26,7 +27,7 @@ class GpuCount:
     source: str  # the variable or probe the count came from, for --dry-run notes
 
 
-def parse_gpus_per_node(value: str, name: str = "SLURM_GPUS_PER_NODE") -> int:
+def parse_gpus_per_node(value: str, name: str = SLURM_GPUS_PER_NODE) -> int:
     """GPUs from --gpus-per-node forms: '4', 'gpu:4', 'gpu:a100:4', 'a100:2,v100:2'."""
     total = 0
     for entry in value.split(","):
@@ -56,10 +57,10 @@ def visible_setting(env: Mapping[str, str], accelerator: Accelerator) -> tuple[s
 
 def count_gpus(env: Mapping[str, str], device_files: int, accelerator: Accelerator) -> GpuCount | None:
     """GPUs on this node, or None when nothing says there are any."""
-    if env.get("SLURM_GPUS_ON_NODE", "").strip():
-        return GpuCount(integer("SLURM_GPUS_ON_NODE", env["SLURM_GPUS_ON_NODE"]), "SLURM_GPUS_ON_NODE")
-    if env.get("SLURM_GPUS_PER_NODE", "").strip():
-        return GpuCount(parse_gpus_per_node(env["SLURM_GPUS_PER_NODE"]), "SLURM_GPUS_PER_NODE")
+    if env.get(SLURM_GPUS_ON_NODE, "").strip():
+        return GpuCount(integer(SLURM_GPUS_ON_NODE, env[SLURM_GPUS_ON_NODE]), SLURM_GPUS_ON_NODE)
+    if env.get(SLURM_GPUS_PER_NODE, "").strip():
+        return GpuCount(parse_gpus_per_node(env[SLURM_GPUS_PER_NODE]), SLURM_GPUS_PER_NODE)
     visible = visible_setting(env, accelerator)
     if visible is not None:
         return GpuCount(visible_devices(visible[1]), visible[0])
@@ -73,11 +74,11 @@ def count_gpus(env: Mapping[str, str], device_files: int, accelerator: Accelerat
 # What says "this job was given GPUs", in the order a message names them (the vendor's visible-
 # device variables go after SLURM_JOB_GPUS). Apptainer keeps these in the container's environment
 # whether or not --nv / --rocm was given.
-COUNT_GRANT_VARIABLES = ("SLURM_GPUS_ON_NODE", "RUNAI_NUM_OF_GPUS")
+COUNT_GRANT_VARIABLES = (SLURM_GPUS_ON_NODE, RUNAI_NUM_OF_GPUS)
 
 
 def grant_variables(accelerator: Accelerator) -> tuple[str, ...]:
-    return ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS") + accelerator.visible_variables + ("RUNAI_NUM_OF_GPUS",)
+    return (SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS) + accelerator.visible_variables + (RUNAI_NUM_OF_GPUS,)
 
 
 @dataclass(frozen=True)

@@ -51,17 +51,6 @@ def workers_env(workers: Workers, env: Mapping[str, str], cpu_count: int) -> tup
     return tuple(changes)
 
 
-def task_threads(env: Mapping[str, str], cpus_per_task: int | None, cpu_count: int,
-                 tasks_here: int) -> tuple[EnvChange, ...]:
-    """OMP_NUM_THREADS for one SLURM task (no torchrun): the task's CPUs, else a share of the node's."""
-    if "OMP_NUM_THREADS" in env:
-        return ()
-    threads = cpus_per_task or max(1, cpu_count // tasks_here)
-    return (EnvChange("OMP_NUM_THREADS", str(threads),
-                      "unset; SLURM_CPUS_PER_TASK" if cpus_per_task
-                      else f"unset; {cpu_count} CPUs / {tasks_here} tasks"),)
-
-
 def worker_notes(workers: Workers) -> tuple[str, ...]:
     if workers.source == NO_GPU:
         return ("no GPU found: 1 CPU worker per node with gloo (set --cpu-workers N for more)",)

@@ -15,7 +15,7 @@ from ddp_launch.envvars import Setting, first_set, integer, port
 from ddp_launch.errors import LaunchError
 from ddp_launch.flags import FlagParser
 from ddp_launch.launch_options import DEFAULT_DNS_TIMEOUT_S, DEFAULT_MODULE, LaunchOptions, Workload
-from ddp_launch.schedulers import MODES
+from ddp_launch.schedulers import MODES, slurm
 
 # Launcher settings that may also come from the environment (a site profile or
 # a job script sets them once; a flag on one run still wins).
@@ -50,8 +50,7 @@ precedence: command line > DDP_LAUNCH_* environment > scheduler environment > de
   DDP_LAUNCH_CPU_WORKERS, DDP_LAUNCH_MAX_RESTARTS, DDP_LAUNCH_RDZV_TIMEOUT (s, default 600),
   DDP_LAUNCH_DNS_TIMEOUT (s, default 120)
 
-rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
-  as an IPv4 address when it resolves; port 20000 + (job id mod 1000) * 10 + (step id mod 10)
+""" + slurm.RENDEZVOUS_HELP + """
 
 everything after -- goes to the workload unchanged (default workload: python -m ddp_train)
 """

@@ -34,6 +34,7 @@ from typing import Mapping, Optional, Sequence
 import torch.distributed as dist
 
 from ddp_contract import ROLL_CALL_REPORT
+from ddp_contract.scheduler_names import SLURMD_NODENAME
 from ddp_train.errors import PeerLost
 
 ROLL_CALL_S = 15.0  # every live rank fails within this of the first (they share the timeout)
@@ -45,7 +46,7 @@ VERDICT_KEY = "ddp-train/roll-call/verdict"
 def node_name(env: Mapping[str, str]) -> str:
     """This node as SLURM names it (SLURMD_NODENAME, which srun sets for every task: the name the
     quarantine and ExcNodeList need), else the host name."""
-    return env.get("SLURMD_NODENAME") or socket.gethostname()
+    return env.get(SLURMD_NODENAME) or socket.gethostname()
 
 
 def hosts_by_rank(env: Mapping[str, str]) -> list[str]:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_contract import EXPECT_FABRIC_VAR, LOG_DIR_VAR, REQUIRE_FABRIC_VAR
+from ddp_contract.scheduler_names import JOB_NAME_VARIABLES
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, Resolved
 from ddp_launch.fabric.common import EnvBuilder
@@ -105,7 +106,7 @@ def nccl_debug_file(request: FabricRequest) -> str:
     # DDP_LAUNCH_LOG_DIR, when exported, has always named this place, even beside --log-dir.
     directory = env[LOG_DIR_VAR] if LOG_DIR_VAR in env else request.log_dir
     directory = directory or env.get("TMPDIR") or "/tmp"
-    job = env.get("SLURM_JOB_ID") or env.get("RUNAI_JOB_NAME") or "local"
+    job = next((env[name] for name in JOB_NAME_VARIABLES if env.get(name)), "local")
     return os.path.join(directory, f"nccl-{job}.%h.%p.log")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ddp_contract.scheduler_names import RUNAI_NUM_OF_GPUS
 from ddp_launch.facts import NodeFacts, RdmaDevice
 from ddp_launch.fabric.common import EnvBuilder
 from ddp_launch.fabric.defaults import FabricDefaults
@@ -42,7 +43,7 @@ def infiniband_defaults(builder: EnvBuilder, defaults: FabricDefaults, facts: No
     )
     for item in defaults.applicable(conditions):
         builder.default(item.name, item.value, item.source)
-    gpus = env.get("RUNAI_NUM_OF_GPUS", "")
+    gpus = env.get(RUNAI_NUM_OF_GPUS, "")
     if gpus.isdigit() and int(gpus) > 0:
         builder.default("NCCL_NSOCKS_PERTHREAD", str(min(int(gpus), MAX_NSOCKS_PERTHREAD)),
-                        f"{RCP_SOURCE}: one socket per GPU ($RUNAI_NUM_OF_GPUS)")
+                        f"{RCP_SOURCE}: one socket per GPU (${RUNAI_NUM_OF_GPUS})")

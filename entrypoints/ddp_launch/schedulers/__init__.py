@@ -2,7 +2,8 @@
 
 Every module has the same shape: MODES (the --mode names it plans, each with its line in
 --help), VARIABLES (question ->
-the variables that answer it, first set wins), detect(env), parse(env, accelerator) -> a frozen job,
+the variables that answer it, first set wins), ENV_PREFIXES (what every variable it sets starts
+with), detect(env), parse(env, accelerator) -> a frozen job,
 questions(job, options) -> ProbeQuestions (what it needs probed: the rendezvous host to look
 up, whether to ask the GPU driver about the GPUs it granted, how long to wait for DNS), and
 plan(job, options, env, facts) -> LaunchPlan (pure: the node was read into facts, the head's
@@ -30,6 +31,8 @@ from ddp_launch.schedulers import kubeflow, local, slurm, torchrun
 DETECTION_ORDER = (torchrun, slurm, kubeflow, local)
 # Every --mode name but "auto", with its help line, in detection order.
 MODES = {mode: line for scheduler in DETECTION_ORDER for mode, line in scheduler.MODES.items()}
+# What every scheduler's own variables start with, in detection order.
+ENV_PREFIXES = tuple(prefix for scheduler in DETECTION_ORDER for prefix in scheduler.ENV_PREFIXES)
 
 
 def scheduler_for(mode: str, env: Mapping[str, str]) -> ModuleType:

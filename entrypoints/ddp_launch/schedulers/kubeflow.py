@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ddp_contract.scheduler_names import RUNAI_NUM_OF_GPUS
 from ddp_launch import gpus as gpu_count
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer, is_digits, port
@@ -33,7 +34,7 @@ MODES = {"kubeflow": "PET_NNODES or PET_MASTER_ADDR set (RunAI, Kubeflow): torch
 # both with equal values, RunAI sets MASTER_ADDR (an IP) and RANK.
 VARIABLES = {
     "nnodes": ("PET_NNODES",),
-    "nproc": ("RUNAI_NUM_OF_GPUS", "PET_NPROC_PER_NODE"),
+    "nproc": (RUNAI_NUM_OF_GPUS, "PET_NPROC_PER_NODE"),
     "node_rank": ("PET_NODE_RANK", "RANK"),
     "master_addr": ("PET_MASTER_ADDR", "MASTER_ADDR"),
     "master_port": ("PET_MASTER_PORT", "MASTER_PORT"),
@@ -45,6 +46,9 @@ VARIABLES = {
 # torchrun's port where an endpoint names none (parse_rendezvous_endpoint's default_port for c10d,
 # torch/distributed/elastic/rendezvous/utils.py).
 C10D_DEFAULT_PORT = 29400
+# Every variable the operator (torchrun's own PET_* names: torch.distributed.run reads each flag
+# from PET_<FLAG>) and RunAI set in a pod starts with one of these.
+ENV_PREFIXES = ("PET_", "RUNAI_")
 # Either one marks a PyTorchJob/TrainJob pod (RunAI sets PET_NNODES).
 DETECTED_BY = ("PET_NNODES", "PET_MASTER_ADDR")
 # Pod-level values torchrun replaces with per-worker ones; removed so no

@@ -21,6 +21,7 @@ from ddp_launch.torchrun_command import max_restarts, torchrun_command, torchrun
 # --mode names and their lines in ddp-launch --help.
 MODES = {"local": "otherwise: torchrun --standalone on this machine"}
 VARIABLES: dict[str, tuple[str, ...]] = {}
+ENV_PREFIXES: tuple[str, ...] = ()
 
 
 def detect(env: Mapping[str, str]) -> bool:

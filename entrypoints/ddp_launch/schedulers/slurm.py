@@ -12,13 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_contract import TASK_DEVICE_VAR
+from ddp_contract.scheduler_names import SLURM_JOB_ID, SLURMD_NODENAME
 from ddp_launch import gpus as gpu_count
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
-from ddp_launch.node_workers import task_threads, worker_notes, workers_env, workers_per_node
+from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.nodelist import expand_nodelist
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
@@ -32,6 +33,10 @@ MODES = {
                   "per task with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* (env://)",
     "slurm-node": "SLURM_JOB_ID set, one task per node: torchrun per node, c10d rendezvous",
 }
+
+# How a SLURM job finds its rendezvous, for ddp-launch --help (head() and _port() below).
+RENDEZVOUS_HELP = """rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
+  as an IPv4 address when it resolves; port 20000 + (job id mod 1000) * 10 + (step id mod 10)"""
 
 # Step-scoped names first: right for an srun that uses part of the allocation.
 # Each list is tried in order; the first variable that is set wins.
@@ -48,10 +53,10 @@ JOB_VARIABLES = {
     "tasks_per_node": ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
 }
 TASK_VARIABLES = {
-    "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),
+    "job_id": (SLURM_JOB_ID, "SLURM_JOBID"),   # SLURM_JOBID: the same id under its older name
     "step_id": ("SLURM_STEP_ID", "SLURM_STEPID"),
     "node_index": ("SLURM_NODEID",),       # this node's index in the step
-    "node_name": ("SLURMD_NODENAME",),
+    "node_name": (SLURMD_NODENAME,),
     "proc_id": ("SLURM_PROCID",),
     "local_id": ("SLURM_LOCALID",),
     "cpus_per_task": ("SLURM_CPUS_PER_TASK",),
@@ -59,6 +64,8 @@ TASK_VARIABLES = {
 # The three tables as one, the shape every scheduler module has: the step's
 # names are read when SLURM_STEP_NODELIST is set (srun), else the job's.
 VARIABLES = {"step": STEP_VARIABLES, "job": JOB_VARIABLES, "task": TASK_VARIABLES}
+# Every variable SLURM sets for a job or a step starts with one of these.
+ENV_PREFIXES = ("SLURM_", "SLURMD_")
 
 _TASKS_ENTRY = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
@@ -359,7 +366,7 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     ]
     if device is not None:
         changes.append(device)
-    changes += task_threads(env, slurm.cpus_per_task, facts.cpu_count, local_world)
+    changes += _task_threads(env, slurm.cpus_per_task, facts.cpu_count, local_world)
     if "PYTHONUNBUFFERED" not in env:
         changes.append(EnvChange("PYTHONUNBUFFERED", "1", "srun reads output through pipes: lines appear as they happen"))
     changes += flight_recorder_env(env)
@@ -375,6 +382,17 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     return LaunchPlan("slurm-task", options.workload.direct_argv(facts.python), tuple(changes), tuple(notes),
                       slurm.num_nodes, Endpoint(host, port, address),
                       announcement=_announcement(slurm, slurm.proc_id == 0, head_note, port))
+
+
+def _task_threads(env: Mapping[str, str], cpus_per_task: int | None, cpu_count: int,
+                  tasks_here: int) -> tuple[EnvChange, ...]:
+    """OMP_NUM_THREADS for one SLURM task (no torchrun): the task's CPUs, else a share of the node's."""
+    if "OMP_NUM_THREADS" in env:
+        return ()
+    threads = cpus_per_task or max(1, cpu_count // tasks_here)
+    return (EnvChange("OMP_NUM_THREADS", str(threads),
+                      "unset; SLURM_CPUS_PER_TASK" if cpus_per_task
+                      else f"unset; {cpu_count} CPUs / {tasks_here} tasks"),)
 
 
 def _task_device(env: Mapping[str, str], local_id: int, local_world: int, accelerator: Accelerator) -> EnvChange | None:

@@ -25,6 +25,9 @@ VARIABLES = {
     "master_port": ("MASTER_PORT",),
 }
 
+# Every variable torchrun's agent sets for its workers, besides torch's own RANK, WORLD_SIZE etc.
+ENV_PREFIXES = ("TORCHELASTIC_",)
+
 
 def detect(env: Mapping[str, str]) -> bool:
     return bool(env.get(VARIABLES["run_id"][0]))
