@@ -13,18 +13,19 @@ import re
 import sys
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO, Tuple
 
+from ddp_contract.data_files import ACCELERATOR, check_header, find_or_fail, read_json_file, search_path
 from ddp_launch.errors import LaunchError, run_main
 from ddp_launch.flags import FlagParser
-from ddp_launch.sites import ACCELERATORS, SITES_DIR_VAR, load_site, read_json_file, sites_dirs
+from ddp_launch.sites import ACCELERATORS, SITES_DIR_VAR, load_site
 
-ACCELERATORS_DIRNAME = "accelerators"
+ACCELERATORS_DIRNAME = ACCELERATOR.directory
 DEFAULT_ACCELERATOR = ACCELERATORS[0]  # no site profile, or one without "accelerator"
 INTERVAL_PLACEHOLDER = "{interval}"
 PROG = "python3 -m ddp_launch.accelerators"
 # What gpumon reads from a sampler CSV; each vendor's file names its column for each.
 SAMPLER_COLUMNS = ("timestamp", "index", "name", "utilization", "memory_used")
 _SECTIONS = ("visible_devices", "device_files", "driver", "apptainer", "kubernetes", "collective", "sampler",
-             "health")
+             "health")  # each one of ACCELERATOR.keys
 # How the doctor reads a health command's output (ddp_launch.gpu_health has a reader for each).
 HEALTH_FORMATS = ("nvidia-smi-xml", "amd-smi-json")
 # When a health field means a sick GPU: a count over zero, "Yes", "Active", or a non-empty list
@@ -113,23 +114,14 @@ class Accelerator(NamedTuple):
 
 def accelerator_dirs(env: Mapping[str, str]) -> Tuple[str, ...]:
     """Beside the site profiles ($DDP_SITES_DIR, the repo, the image), then the built-in places."""
-    ordered = []  # type: List[str]
-    for directory in sites_dirs(env) + sites_dirs({}):
-        path = os.path.join(directory, ACCELERATORS_DIRNAME)
-        if path not in ordered:
-            ordered.append(path)
-    return tuple(ordered)
+    return search_path(ACCELERATOR, env)
 
 
 def load_accelerator(name: str, env: Mapping[str, str]) -> Accelerator:
     if name not in ACCELERATORS:
         raise LaunchError(f"accelerator {name!r} is not known; use one of {', '.join(ACCELERATORS)}")
-    for directory in accelerator_dirs(env):
-        path = os.path.join(directory, name + ".json")
-        if os.path.isfile(path):
-            return parse_accelerator(read_json_file(path, "accelerator data"), path)
-    raise LaunchError(f"accelerator data {ACCELERATORS_DIRNAME}/{name}.json not found (searched "
-                      f"{', '.join(accelerator_dirs(env))}); restore containers/sites/accelerators from the repository")
+    path = find_or_fail(ACCELERATOR, name, accelerator_dirs(env))
+    return parse_accelerator(read_json_file(path, ACCELERATOR.what), path)
 
 
 def site_accelerator(site: Optional[str], env: Mapping[str, str]) -> Accelerator:
@@ -144,17 +136,8 @@ def parse_accelerator(data: object, path: str) -> Accelerator:
     def fail(what: str) -> LaunchError:
         return LaunchError(f"bad accelerator data {path}: {what}")
 
-    if not isinstance(data, dict):
-        raise fail("the top level must be a JSON object")
-    allowed = {"schema", "name", "description", "runtime"} | set(_SECTIONS)
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise fail(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    if type(data.get("schema")) is not int or data.get("schema") != 1:
-        raise fail(f"'schema' must be 1, got {data.get('schema')!r}")
-    name = data.get("name")
-    if name != os.path.basename(path)[:-len(".json")]:
-        raise fail(f"'name' is {name!r} but the file is named {os.path.basename(path)}")
+    check_header(ACCELERATOR, data, path)
+    name = data["name"]
     sections = {key: _section(data, key, fail) for key in _SECTIONS}
 
     def text(section: str, key: str) -> str:

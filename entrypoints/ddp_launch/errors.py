@@ -1,7 +1,7 @@
 """The one error type for user mistakes, and the one edge that turns it into one line and exit 2.
 
-Deep code raises LaunchError with a message that names the thing, its value
-and the fix. Nothing else is caught, so real bugs still show a traceback.
+Deep code raises LaunchError (ddp_contract.errors, which the trainer shares) with a message that
+names the thing, its value and the fix. Nothing else is caught, so real bugs still show a traceback.
 Python 3.6 compatible: `ddp-launch binds` imports it on the host (host-modules.txt).
 """
 
@@ -9,12 +9,9 @@ import sys
 from typing import Callable, List, Optional
 
 from ddp_contract import EXIT_USAGE
+from ddp_contract.errors import LaunchError
 
 __all__ = ["EXIT_USAGE", "LaunchError", "run_main"]
-
-
-class LaunchError(Exception):
-    """A problem the user can fix: bad environment, bad flags, missing path."""
 
 
 def run_main(main: Callable[[List[str]], Optional[int]], argv: List[str]) -> int:

@@ -1,8 +1,7 @@
 """Fabric defaults as data: containers/sites/fabrics/<name>.json, every value with its source.
 
-Found beside the site profiles (sites.sites_dirs: $DDP_SITES_DIR, the repo's
-containers/sites, the image's /opt/ddp/sites), then in the built-in places, so a
-DDP_SITES_DIR of one's own profiles still gets the shipped fabric defaults.
+Found and header-checked by ddp_contract.data_files (beside the site profiles, then in the
+built-in places, so a DDP_SITES_DIR of one's own profiles still gets the shipped fabric defaults).
 """
 
 from __future__ import annotations
@@ -12,11 +11,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from ddp_contract.data_files import FABRIC, check_header, find_or_fail, read_json_file, search_path
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.errors import LaunchError
-from ddp_launch.sites import SiteProfile, load_site, read_json_file, sites_dirs
+from ddp_launch.sites import SiteProfile, load_site
 
-FABRICS_DIRNAME = "fabrics"
+FABRICS_DIRNAME = FABRIC.directory
 # The files plan_fabric may need: the fabric's own (Ethernet has none), then common.json for every fabric.
 FABRIC_FILES = ("slingshot", "infiniband", "common")
 # What a value's "when" may name; plan_fabric works out each one for the job and node.
@@ -109,21 +109,11 @@ def for_accelerator(library: HostLibrary, accelerator: Accelerator) -> HostLibra
 
 
 def fabric_dirs(env: Mapping[str, str]) -> tuple[str, ...]:
-    ordered: list[str] = []
-    for directory in sites_dirs(env) + sites_dirs({}):
-        path = os.path.join(directory, FABRICS_DIRNAME)
-        if path not in ordered:
-            ordered.append(path)
-    return tuple(ordered)
+    return search_path(FABRIC, env)
 
 
 def load_fabric_defaults(name: str, env: Mapping[str, str]) -> FabricDefaults:
-    for directory in fabric_dirs(env):
-        path = os.path.join(directory, f"{name}.json")
-        if os.path.isfile(path):
-            return read_fabric_defaults(path)
-    raise LaunchError(f"fabric defaults {FABRICS_DIRNAME}/{name}.json not found (searched {', '.join(fabric_dirs(env))}); "
-                      "restore containers/sites/fabrics from the repository (the image copies it to /opt/ddp/sites)")
+    return read_fabric_defaults(find_or_fail(FABRIC, name, fabric_dirs(env)))
 
 
 @dataclass(frozen=True)
@@ -178,7 +168,7 @@ def read_all_fabric_defaults(env: Mapping[str, str]) -> dict[str, FabricDefaults
 
 
 def read_fabric_defaults(path: str) -> FabricDefaults:
-    return parse_fabric_defaults(read_json_file(path, "fabric defaults"), path)
+    return parse_fabric_defaults(read_json_file(path, FABRIC.what), path)
 
 
 def parse_fabric_defaults(data: object, path: str) -> FabricDefaults:
@@ -187,16 +177,8 @@ def parse_fabric_defaults(data: object, path: str) -> FabricDefaults:
     def fail(what: str) -> LaunchError:
         return LaunchError(f"bad fabric defaults {path}: {what}")
 
-    if not isinstance(data, dict):
-        raise fail("the top level must be a JSON object")
-    unknown = sorted(set(data) - {"schema", "name", "description", "env", "host_libraries"})
-    if unknown:
-        raise fail(f"unknown key(s) {', '.join(unknown)}")
-    if type(data.get("schema")) is not int or data["schema"] != 1:
-        raise fail(f"'schema' must be 1, got {data.get('schema')!r}")
-    name = data.get("name")
-    if name != os.path.basename(path)[:-len(".json")]:
-        raise fail(f"'name' is {name!r} but the file is named {os.path.basename(path)}")
+    check_header(FABRIC, data, path)
+    name = data["name"]
     description = data.get("description", "")
     if not isinstance(description, str):
         raise fail("'description' must be a string")
