@@ -50,8 +50,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def site_expectation(site: Optional[str], env: Mapping[str, str]) -> Optional[Expectation]:
     if not site:
         return None
-    from ddp_launch.errors import LaunchError
-    from ddp_launch.sites import load_site
+    from ddp_contract.errors import LaunchError
+    from ddp_contract.sites import load_site
     try:
         return expectation_from_profile(load_site(site, env).fabric_gate)
     except LaunchError as error:

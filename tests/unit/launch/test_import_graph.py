@@ -70,3 +70,32 @@ def test_no_launcher_module_is_part_of_an_import_cycle():
 def test_a_cycle_is_found_where_there_is_one():
     assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert cycle_in({"a": {"b"}, "b": set()}) is None
+
+
+# The trainer runs inside torchrun without the launcher's help, and the contract on the host's
+# Python 3.6: what they share with the launcher lives in ddp_contract, never the other way round.
+REPO = PACKAGE.parents[1]
+APART_FROM_THE_LAUNCHER = (REPO / "src" / "ddp_train", REPO / "entrypoints" / "ddp_contract")
+
+
+def imported_packages(source: str) -> set[str]:
+    """The top-level packages source imports, under any condition or inside any function."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_neither_the_trainer_nor_the_contract_imports_the_launcher():
+    found = [str(path.relative_to(REPO)) for root in APART_FROM_THE_LAUNCHER for path in sorted(root.rglob("*.py"))
+             if "ddp_launch" in imported_packages(path.read_text())]
+    assert not found, f"these import ddp_launch (move what they need to ddp_contract): {', '.join(found)}"
+
+
+def test_an_import_of_the_launcher_is_found_inside_a_function_too():
+    assert "ddp_launch" in imported_packages("def f():\n    from ddp_launch.sites import load_site\n")
+    assert "ddp_launch" in imported_packages("import ddp_launch.errors\n")
+    assert imported_packages("from ddp_contract import sites\n") == {"ddp_contract"}
