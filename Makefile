@@ -55,7 +55,7 @@ sysdeps:
 	fi
 
 lint: venv sysdeps
-	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh tests/e2e/cluster/twins/*.sh containers/*.sh tests/unit/doctor/data/gpu-health/bin/*
+	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh tests/e2e/cluster/twins/*.sh containers/*.sh tests/unit/doctor/data/gpu-health/bin/* tests/bats/stubs/*
 	cd entrypoints && $(abspath $(VENV))/bin/vermin --target=3.6- --violations --no-tips $$(grep -v '^#' host-modules.txt)
 	$(VENV)/bin/vermin --target=3.6- --violations --no-tips containers/base_image.py
 

@@ -42,8 +42,6 @@ ENV_SOURCES_VAR = "DDP_ENV_SOURCES"         # JSON {name: "who: why"} of what th
 TASK_DEVICE_VAR = "DDP_TASK_DEVICE"
 
 # -- the fabric gate (src/ddp_train/gate.py) and the quarantine (ddp_contract/quarantine.py) --
-FABRIC_GATE_VAR = "DDP_FABRIC_GATE"         # "0": the job scripts skip the gate (default 1)
-PREFLIGHT_VAR = "DDP_PREFLIGHT"             # "0": the job scripts skip the per-node doctor (default 1)
 # In the run dir: a stop asked for by the job script, which alone gets the time-limit signal
 # (sbatch --signal=B:USR2@T). It holds the signal's name; the trainer stops as on that signal.
 STOP_REQUEST_FILE = ".ddp-stop-request"

@@ -94,10 +94,6 @@ def launcher_exit_code(codes: Sequence[int]) -> int:
     return EXIT_REQUEUE
 
 
-def all_stopped_for_requeue(exit_codes: Sequence[int]) -> bool:
-    return bool(exit_codes) and launcher_exit_code(exit_codes) == EXIT_REQUEUE
-
-
 def is_retried(codes: Sequence[int], stop_requested: bool) -> bool:
     """Restart the worker group (--max-restarts) only for a crash, and never after a stop request."""
     return not stop_requested and launcher_exit_code(codes) == EXIT_CRASH

@@ -185,10 +185,6 @@ class DelayedMax:
         return int(vote[0])
 
 
-def any_rank(flag: bool, device: torch.device) -> bool:
-    return max_over_ranks(int(flag), device) > 0
-
-
 def barrier() -> None:
     if active():
         dist.barrier()

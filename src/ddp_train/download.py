@@ -12,6 +12,7 @@ from typing import Mapping
 from ddp_contract import download as contract_download
 
 from ddp_train.errors import TrainError
+from ddp_train.exit_edge import world_size
 
 ARCHIVE_URL = contract_download.ARCHIVE_URL
 ARCHIVE_MD5 = contract_download.ARCHIVE_MD5
@@ -20,12 +21,10 @@ ARCHIVE_MD5 = contract_download.ARCHIVE_MD5
 def refuse_inside_job(env: Mapping[str, str]) -> None:
     """Several ranks downloading into one directory corrupts it (the Olivia guide's train_ddp.py
     does this: every rank builds CIFAR100(download=True))."""
-    raw = env.get("WORLD_SIZE", "1") or "1"
-    try:
-        world_size = int(raw)
-    except ValueError:
-        raise TrainError(f"WORLD_SIZE={raw!r} is not an integer: unset it for --download") from None
-    if world_size > 1:
+    size = world_size(env)
+    if size is None:
+        raise TrainError(f"WORLD_SIZE={env.get('WORLD_SIZE')!r} is not an integer: unset it for --download")
+    if size > 1:
         raise TrainError(
             "--download runs once, on a login node, not inside a distributed job: "
             "run `make data` (or `ddp-train --download --data-dir DIR`) before submitting")

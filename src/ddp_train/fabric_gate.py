@@ -15,7 +15,6 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 GATE_JSON = "gate.json"
 GATE_TEXT = "gate.txt"
-FLOAT32_BYTES = 4
 MiB = 2**20
 
 # Every element a rank contributes is an integer in 1..PATTERN_PERIOD. Any partial sum of n ranks is

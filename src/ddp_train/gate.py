@@ -25,9 +25,10 @@ from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR
 
 from ddp_train import distributed, write_failure
 from ddp_train.config import BACKENDS, resolve_backend
-from ddp_train.console import Console, warn
+from ddp_train.console import Console
 from ddp_train.distributed import DistEnv
-from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, TrainError
+from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE, Seen, TrainError
+from ddp_train.exit_edge import in_a_job_of_several, leave_now, prints_here, say_once
 from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
                                    SizeResult, decide, expectation_from_profile, expected_period, judged_expectation,
                                    needs_narrowing, pair_rounds, write_report)
@@ -219,17 +220,16 @@ def stop_requests_exit_75() -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from ddp_train.cli import _leave_now, one_line
-    from ddp_train.errors import EXIT_USAGE
     stop_requests_exit_75()
     try:
         code = gate(parse_args(argv), os.environ)
     except TrainError as error:
-        if os.environ.get("RANK", "0") == "0":
-            warn(f"fabric gate: error: {one_line(str(error))}")
+        # Every rank checks the same flags, site and devices, and only rank 0 writes the report:
+        # rank 0 says it.
+        say_once("fabric gate", prints_here(Seen.BY_EVERY_RANK, os.environ), str(error), os.environ)
         code = EXIT_USAGE
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        _leave_now(code)  # see cli._leave_now: gloo's threads and interpreter finalization
+    if in_a_job_of_several(os.environ):
+        leave_now(code)  # gloo's threads and interpreter finalization: exit_edge.leave_now
     return code
 
 

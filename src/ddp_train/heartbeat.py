@@ -48,7 +48,6 @@ class Heartbeat:
 
     def __init__(self, record: Optional[mmap.mmap] = None):
         self._record = record
-        self._step = 0
         self._buckets = 0
 
     @property
@@ -58,7 +57,7 @@ class Heartbeat:
     def step(self, step: int) -> None:
         """A training step begins (forward and backward next)."""
         if self._record is not None:
-            self._step, self._buckets = step, 0
+            self._buckets = 0
             _STEP.pack_into(self._record, hb.STEP_OFFSET, step, 0, time.monotonic())
             self._record[hb.PHASE_OFFSET] = hb.STEP
 

@@ -276,6 +276,6 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     console.say(*metrics.summary_lines(progress, world_facts, log.path), *step_times.lines(), *graphs.lines())
     distributed.agree_or_raise(log.failed or console.failed, device)  # a finished run's record is whole, or exit 2
     # Leave together: no rank exits while a peer still waits in a collective. The process then
-    # leaves through cli._leave_now, which explains the abort at exit that this barrier alone left.
+    # leaves through exit_edge.leave_now, which explains the abort at exit that this barrier alone left.
     distributed.barrier()
     return EXIT_OK

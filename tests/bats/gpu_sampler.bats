@@ -10,14 +10,6 @@ setup() {
     mkdir -p "${OUT}"
 }
 
-_nvidia_smi_stub() {
-    _stub nvidia-smi '
-[ "$#" -eq 4 ] && [ "$1" = "--query-gpu=timestamp,index,name,utilization.gpu,utilization.memory,memory.total,memory.used" ] \
-    && [ "$2" = "--format=csv,nounits" ] && [ "$3" = "-l" ] || { echo "nvidia-smi stub: unknown arguments $*" >&2; exit 2; }
-echo "timestamp, index, name, utilization.gpu [%], utilization.memory [%], memory.total [MiB], memory.used [MiB]"
-while true; do echo "2026/01/01 00:00:00.000, 0, NVIDIA GH200, 97, 40, 97871, 1000"; sleep 0.1; done'
-}
-
 @test "without nvidia-smi the sampler says so and exits at once" {
     PATH="${STUBS}:/usr/bin:/bin" run "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 1
 
@@ -28,7 +20,7 @@ while true; do echo "2026/01/01 00:00:00.000, 0, NVIDIA GH200, 97, 40, 97871, 10
 }
 
 @test "with nvidia-smi the sampler writes gpu-<node>.csv until its PID is sent TERM" {
-    _nvidia_smi_stub
+    _stub nvidia-smi
     "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 2 2>/dev/null &
     local -r pid=$!
     # The sampler first asks python3 which tool the site samples with: wait, with a bound, for a row.
@@ -51,19 +43,6 @@ while true; do echo "2026/01/01 00:00:00.000, 0, NVIDIA GH200, 97, 40, 97871, 10
     assert_failure
 }
 
-# rocm-smi as the ROCm SMI CLI documents it (https://rocm.docs.amd.com/projects/rocm_smi_lib/en/latest/python_usage.html):
-# --showuse, --showmemuse, --showmeminfo vram, --showpower, --csv; one sample per run, no repeat flag.
-# Rows as ROCm 6 prints them for two MI250X GCDs (a blank line after the table).
-_rocm_smi_stub() {
-    _stub rocm-smi '
-[ "$*" = "--showuse --showmemuse --showmeminfo vram --showpower --csv" ] \
-    || { echo "rocm-smi stub: unknown arguments $*" >&2; exit 2; }
-echo "device,GPU use (%),GPU Memory Allocated (VRAM%),VRAM Total Memory (B),VRAM Total Used Memory (B),Average Graphics Package Power (W)"
-echo "card0,97,40,68702699520,27481079808,488.0"
-echo "card1,95,40,68702699520,27481079808,N/A"
-echo'
-}
-
 @test "an AMD site without rocm-smi: the sampler names rocm-smi and exits at once" {
     DDP_SITE=lumi PATH="${STUBS}:/usr/bin:/bin" run "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 1
 
@@ -74,7 +53,7 @@ echo'
 }
 
 @test "an AMD site samples rocm-smi every interval into one CSV with a timestamp column, until TERM" {
-    _rocm_smi_stub
+    _stub rocm-smi
     DDP_SITE=lumi "${REPO}/slurm/gpu-sampler.sh" "${OUT}" 1 2>/dev/null &
     local -r pid=$!
     # Two samples (a second apart), waited for with a bound rather than a fixed sleep: the

@@ -182,25 +182,8 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
     # rank 0's file, then waits for its first line to reach the job's output before it
     # ends: without streaming it gives up after 20 s and fails the step.
     local -r job_out="${BATS_TEST_TMPDIR}/job.out"
-    _stub srun '
-output=""
-for arg in "$@"; do
-    case "${arg}" in
-        --output=*) output="${arg#--output=}" ;;
-        --overlap|--nodes=*|--ntasks-per-node=*|--kill-on-bad-exit=*|--wait=*) ;;
-        -*) echo "srun stub: unknown option ${arg}" >&2; exit 2 ;;
-        *) break ;;
-    esac
-done
-case " $* " in *" apptainer "*) ;; *) exit 0 ;; esac
-rank0="$(printf "%s" "${output}" | sed "s/%j/${SLURM_JOB_ID}/; s/%N/node1/; s/%t/0/")"
-echo "Epoch 1/50: step 30/196 (15%)" > "${rank0}"
-for _ in $(seq 200); do
-    grep -q "Epoch 1/50: step 30/196" "'"${job_out}"'" && break
-    sleep 0.1
-done
-grep -q "Epoch 1/50: step 30/196" "'"${job_out}"'" || { echo "srun stub: rank 0 did not stream" >&2; exit 1; }
-seq 1 40 | sed "s/^/line /" >> "${rank0}"'
+    export JOB_OUT="${job_out}"
+    _stub_as srun srun-streams-rank0
 
     bash "${REPO}/slurm/raven-task-per-gpu.sh" > "${job_out}" 2>&1 || { cat "${job_out}"; false; }
 
@@ -612,8 +595,7 @@ scontrol release 42_1"
     # Lmod's `module` is a shell function that job scripts inherit from the environment.
     module() {
         printf 'module %s\n' "$*" >> "${CALLS}"
-        printf '#!/bin/sh\nexit 0\n' > "${STUBS}/apptainer"
-        chmod +x "${STUBS}/apptainer"
+        cp "${REPO}/tests/bats/stubs/apptainer-of-module" "${STUBS}/apptainer"
     }
     export -f module
 

@@ -5,7 +5,7 @@ setup() {
     load 'test_helper/common-setup'
     _common_setup
     SCRIPTS=("${REPO}"/slurm/*.sh "${REPO}"/slurm/lib/*.sh "${REPO}"/runai/*.sh "${REPO}"/tests/e2e/cluster/*.sh "${REPO}"/containers/*.sh
-             "${REPO}"/tests/unit/doctor/data/gpu-health/bin/*)
+             "${REPO}"/tests/unit/doctor/data/gpu-health/bin/* "${REPO}"/tests/bats/stubs/*)
 }
 
 @test "every shell script parses with bash -n" {

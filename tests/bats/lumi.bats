@@ -9,9 +9,7 @@ setup() {
     # srun as stubbed, also recording the CPU binding each step inherits (SLURM_CPU_BIND is
     # srun's --cpu-bind, srun(1) INPUT ENVIRONMENT VARIABLES).
     mv "${STUBS}/srun" "${STUBS}/srun-recorded"
-    printf '#!/usr/bin/env bash\nprintf "srun-cpu-bind %%s\\n" "${SLURM_CPU_BIND-unset}" >> "%s"\nexec "%s" "$@"\n' \
-        "${CALLS}" "${STUBS}/srun-recorded" > "${STUBS}/srun"
-    chmod +x "${STUBS}/srun"
+    _stub_as srun srun-records-cpu-bind
     unset SLURM_CPU_BIND
 }
 

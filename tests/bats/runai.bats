@@ -5,12 +5,10 @@
 setup() {
     load 'test_helper/common-setup'
     _common_setup
-    _stub runai 'exit 0'
-    _stub ddp-launch 'exit 0'
-    # The submit's UTC time names a new run: `date -u +FORMAT` (date(1)), $NOW here.
-    _stub date '[ "$*" = "-u +%Y%m%d-%H%M%S" ] || { echo "date stub: unknown arguments $*" >&2; exit 2; }; echo "${NOW:-20260101-120000}"'
+    # runai and ddp-launch accept anything; date gives the UTC time that names a new run ($NOW).
+    _stub runai ddp-launch date
     unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
-        RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME KUBERNETES_SERVICE_HOST NOW
+        RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME KUBERNETES_SERVICE_HOST NOW SHM_KB
     export RUNAI_IMAGE=registry.example/ddp-train:0.1 RUNAI_DATA_PVC=scratch RUNAI_RUN_PVC=scratch
     export PYTHONPATH="${REPO}/entrypoints"  # as the image's: pod.sh checks the data with ddp_contract
 }
@@ -37,7 +35,6 @@ setup() {
 # RUNAI_EXTRA_ARGS is split as the SLURM job scripts split DDP_TRAIN_ARGS: the shell's quoting,
 # no expansion (POSIX sh, "Quoting"; Python's shlex in POSIX mode).
 @test "runai submit: RUNAI_EXTRA_ARGS is split with the shell's quoting: a quoted argument with spaces stays one word" {
-    _stub runai 'printf "%s\n" "$@" > "'"${BATS_TEST_TMPDIR}/runai.argv"'"'
     RUNAI_EXTRA_ARGS="--node-pools a100 -e 'NOTE=two words' --label \"\$HOME\" -e GLOB='*'" \
         run bash "${REPO}/runai/submit.sh" --epochs 5
 
@@ -84,7 +81,6 @@ setup() {
 # A new submission is a new run: RunAI frees a job's name once the job is deleted, and a run dir
 # named after the job alone held the old run, which the trainer then continued (or found done).
 @test "runai submit: each submission under one job name trains a new run; RUNAI_RESUME continues a named one" {
-    _stub runai 'printf "%s\n" "$@" > "'"${BATS_TEST_TMPDIR}/runai.argv"'"'
     NOW=20260101-120000 run bash "${REPO}/runai/submit.sh" --epochs 5
     assert_success
     run grep '^DDP_RUN_DIR=' "${BATS_TEST_TMPDIR}/runai.argv"
@@ -205,7 +201,7 @@ _stage_data() {
 
 @test "pod: a 64 MiB /dev/shm with 4 GPUs stops the pod in one line naming --large-shm, exit 2" {
     _stage_data
-    _stub df 'printf "Filesystem 1024-blocks Used Available Capacity Mounted on\nshm 65536 0 65536 0%% /dev/shm\n"'
+    _stub df
     DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RUNAI_NUM_OF_GPUS=4 \
         run bash "${REPO}/runai/pod.sh"
 
@@ -217,12 +213,12 @@ _stage_data() {
 
 @test "pod: a large /dev/shm, or one GPU per pod, goes on to ddp-launch" {
     _stage_data
-    _stub df 'printf "Filesystem 1024-blocks Used Available Capacity Mounted on\nshm 65536 0 65536 0%% /dev/shm\n"'
+    _stub df
     DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RUNAI_NUM_OF_GPUS=1 \
         run bash "${REPO}/runai/pod.sh"
     assert_success
 
-    _stub df 'printf "Filesystem 1024-blocks Used Available Capacity Mounted on\nshm 263174212 0 263174212 0%% /dev/shm\n"'
+    export SHM_KB=263174212
     DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RUNAI_NUM_OF_GPUS=8 \
         run bash "${REPO}/runai/pod.sh"
     assert_success

@@ -176,20 +176,7 @@ scontrol release 42"
     local -r job_out="${BATS_TEST_TMPDIR}/job.out"
     # The training step writes rank 0's file on the first node of its --nodelist (SLURM runs task 0
     # there), then waits for its line to reach the job output.
-    cat > "${BATS_TEST_TMPDIR}/train-step" <<EOF
-output=""; nodes=""
-for arg in "\$@"; do
-    case "\${arg}" in
-        --output=*) output="\${arg#--output=}" ;;
-        --nodelist=*) nodes="\${arg#--nodelist=}" ;;
-    esac
-done
-rank0="\$(printf "%s" "\${output}" | sed "s/%j/\${SLURM_JOB_ID}/; s/%N/\${nodes%%,*}/; s/%t/0/")"
-echo "Epoch 1/50 on the first node" > "\${rank0}"
-for _ in \$(seq 200); do grep -q "Epoch 1/50 on the first node" "${job_out}" && exit 0; sleep 0.1; done
-echo "srun stub: rank 0's log was not followed" >&2; exit 1
-EOF
-    sed -i 's|^case " \$\* " in \*" -- --data-dir "\*)$|case " $* " in *" -- --data-dir "*) bash "'"${BATS_TEST_TMPDIR}"'/train-step" "$@"; exit ;; esac\n&|' "${STUBS}/srun"
+    export JOB_OUT="${job_out}" SRUN_TRAINING_STEP="${REPO}/tests/bats/stubs/training-step-on-first-node"
 
     bash "${REPO}/slurm/raven-task-per-gpu.sh" > "${job_out}" 2>&1 || { cat "${job_out}"; false; }
 

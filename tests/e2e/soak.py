@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# A script, outside pytest: the shared fakes' directory, which pyproject.toml's pytest pythonpath
+# gives the tests (the e2e twins build their nodes with them); this script's own is sys.path[0].
+sys.path.insert(0, str(HERE.parent))
 import apptainer_root  # noqa: E402
 import conftest  # noqa: E402  (the e2e harness: cluster, images, data, job environment)
 

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, user_dir
-
-sys.path.insert(0, str(REPO / "tests" / "unit" / "fabric"))
-from elf_tree import build_fake_olivia_host, build_library  # noqa: E402  (helper-1's fake Cray EX host tree)
+from fakes.elf_tree import build_fake_olivia_host, build_library  # a fake HPE Cray EX host tree
 
 pytestmark = pytest.mark.e2e
 

@@ -122,7 +122,7 @@ def test_two_runai_pods_rendezvous_at_the_masters_name_and_train(pods, images):
 
 
 def test_runai_pods_take_the_roce_device_and_its_ipv4_roce_v2_gid_from_sysfs(pods):
-    # mlx5_bond_0's GID table (tests/unit/fabric/fake_node.py RCP_GIDS): index 3 is the IPv4-mapped
+    # mlx5_bond_0's GID table (tests/fakes/node.py RCP_GIDS): index 3 is the IPv4-mapped
     # RoCE v2 entry, which EPFL RCP's multi-node guide has NCCL use.
     _, outputs, _ = pods
     environment = re.search(r"^.*rank0: Environment: (.*)$", outputs[0], re.M).group(1)

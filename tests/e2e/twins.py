@@ -11,16 +11,15 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fakes.elf_tree import build_fake_olivia_host, build_library  # the unit tests' real ELF trees
+from fakes.node import RCP_GIDS, FakeNode
+
 REPO = Path(__file__).resolve().parents[2]
 TWIN_FILES = REPO / "tests" / "e2e" / "cluster" / "twins"
-sys.path.insert(0, str(REPO / "tests" / "unit" / "fabric"))
-from elf_tree import build_fake_olivia_host, build_library  # noqa: E402  (the unit tests' real ELF trees)
-from fake_node import RCP_GIDS, FakeNode  # noqa: E402
 
 # What stands in for the GPUs the twins' SLURM grants: CPU workers with gloo (ddp-launch
 # --cpu-workers, read from the environment), which the launcher and the doctor take as
@@ -187,7 +186,7 @@ ETHERNET = Twin("ethernet", slot=4, nodes=6, tree=ethernet_tree)
 
 def rcp_tree(tree: Path) -> None:
     """A RunAI pod on RCP: the RDMA device of its rdma/rdma=1 resource, RoCE, with the GID table
-    of a real port (tests/unit/fabric/fake_node.py's RCP_GIDS: mlx5_bond_0)."""
+    of a real port (tests/fakes/node.py's RCP_GIDS: mlx5_bond_0)."""
     FakeNode(tree).rdma("mlx5_bond_0", RCP_GIDS)
 
 

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from definitions_paths import REPO  # noqa: E402
+from definitions_paths import REPO
 
 
 @pytest.fixture

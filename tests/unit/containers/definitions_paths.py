@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -16,6 +15,3 @@ BUILDS = {
     "x86": ("gpu.def", {"ARCH": "amd64"}),
     "cpu": ("cpu.def", {}),
 }
-
-if str(CONTAINERS) not in sys.path:
-    sys.path.insert(0, str(CONTAINERS))  # containers/deffile.py and dockerfile.py are scripts, not a package

@@ -5,10 +5,8 @@ import sys
 
 import pytest
 
+import e2e_image
 from definitions_paths import REPO
-
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-import e2e_image  # noqa: E402
 
 
 def test_the_debian_mirror_is_read_from_deb822_or_one_line_sources(tmp_path):

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from pathlib import Path
 
+import e2e_image
+import pip_setup
 import pytest
 from definitions_paths import REPO
-
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-import e2e_image  # noqa: E402
-import pip_setup  # noqa: E402
 
 
 def _sha(path: Path) -> str:

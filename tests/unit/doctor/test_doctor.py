@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from elf_tree import bind_into, build_fake_olivia_host
+from fakes.elf_tree import bind_into, build_fake_olivia_host
 
 from ddp_launch import binds as binds_cli
 from ddp_launch.doctor import run

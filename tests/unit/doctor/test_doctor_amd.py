@@ -3,7 +3,7 @@ Apptainer flag, driver, collective (RCCL) and net plugin (aws-ofi-rccl's librccl
 
 from __future__ import annotations
 
-from elf_tree import build_library
+from fakes.elf_tree import build_library
 from test_doctor import FakeProbes, doctor
 
 # torch's ROCm build answers through torch.cuda (HIP is exposed as the CUDA device type); its

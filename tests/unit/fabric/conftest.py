@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fake_node import FakeNode  # noqa: E402
+from fakes.node import FakeNode
 
 
 @pytest.fixture

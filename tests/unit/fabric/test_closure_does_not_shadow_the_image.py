@@ -17,7 +17,7 @@ import sys
 from dataclasses import replace
 
 import pytest
-from elf_tree import bind_into, build_fake_olivia_host, build_library
+from fakes.elf_tree import bind_into, build_fake_olivia_host, build_library
 
 from ddp_launch import binds as binds_cli
 from ddp_launch import planner

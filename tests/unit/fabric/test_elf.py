@@ -8,7 +8,7 @@ import shutil
 import subprocess
 
 import pytest
-from elf_tree import build_library, write_minimal_elf
+from fakes.elf_tree import build_library, write_minimal_elf
 
 from ddp_launch.elf import ElfError, read_elf
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fake_node import PROC_NET_ROUTE, fabric_plan
+from fakes.node import PROC_NET_ROUTE, fabric_plan
 
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.ethernet import route_interface

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fake_node import RCP_GIDS, fabric_plan, node_facts
+from fakes.node import RCP_GIDS, fabric_plan, node_facts
 
 from ddp_launch.facts import roce_v2_ipv4_gid_index
 

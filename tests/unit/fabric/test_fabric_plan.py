@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fake_node import fabric_plan, node_facts
+from fakes.node import fabric_plan, node_facts
 
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import detect_fabric

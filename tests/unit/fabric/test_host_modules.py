@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from elf_tree import build_fake_olivia_host
+from fakes.elf_tree import build_fake_olivia_host
 
 REPO = Path(__file__).resolve().parents[3]
 HOST_MODULES_FILE = REPO / "entrypoints" / "host-modules.txt"

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from elf_tree import build_fake_olivia_host, build_library, write_minimal_elf
+from fakes.elf_tree import build_fake_olivia_host, build_library, write_minimal_elf
 
 from ddp_launch import binds as binds_cli
 from ddp_launch.elf import read_elf

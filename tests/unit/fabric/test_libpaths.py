@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fake_node import node_facts
+from fakes.node import node_facts
 
 from ddp_launch.fabric.libpaths import library_path_changes
 from ddp_launch.sites import load_site

@@ -120,7 +120,7 @@ def test_a_wrong_type_through_ddp_launch_binds_is_one_line_and_exit_2(tmp_path, 
 
 @pytest.mark.parametrize("head", ["n" * 64 + ".cluster", "node\udcff1", "a..b"])
 def test_a_head_name_no_resolver_takes_leaves_the_interface_to_nccl_instead_of_raising(head):
-    from fake_node import PROC_NET_ROUTE
+    from fakes.node import PROC_NET_ROUTE
 
     facts = NodeFacts(routes=parse_routes(PROC_NET_ROUTE), head=Resolved(Head.named(head, "the test's head"), None))
     plan = plan_fabric(FabricRequest(env={}, multi_node=True, head_address=head), facts, read_fabric_data(None, {}))

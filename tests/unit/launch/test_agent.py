@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddp_launch.agent import (EXIT_REQUEUE, StopRequest, all_stopped_for_requeue, child_pids, crash_summary,
+from ddp_launch.agent import (EXIT_REQUEUE, StopRequest, child_pids, crash_summary,
                               first_crash, first_line, full_log_dir_note, is_retried, launcher_exit_code, rendezvous_failure,
                               retry_crashes_only)
 
@@ -30,14 +30,6 @@ def test_child_pids_reads_parent_field_even_when_command_name_has_spaces_and_par
     write_stat(tmp_path, 13, "python", 11)
     (tmp_path / "self").mkdir()
     assert sorted(child_pids(10, proc=str(tmp_path))) == [11, 12]
-
-
-@pytest.mark.parametrize(
-    ("codes", "stopped"),
-    [([75, 75], True), ([75], True), ([75, 1], False), ([1], False), ([], False), ([-9, 75], False)],
-)
-def test_only_an_all_workers_signal_stop_counts_as_stopped_for_requeue(codes, stopped):
-    assert all_stopped_for_requeue(codes) is stopped
 
 
 WORKER = textwrap.dedent(

@@ -13,17 +13,14 @@ from __future__ import annotations
 import difflib
 import io
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
+from fakes.elf_tree import build_fake_olivia_host
+from fakes.node import RCP_GIDS, FakeNode
+
 from launch_envs import kubeflow_elastic, lumi_task, olivia, plan_for, plan_on_tree, raven, runai
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
-
-from elf_tree import build_fake_olivia_host  # noqa: E402
-from fake_node import RCP_GIDS, FakeNode  # noqa: E402
 
 from ddp_launch import binds  # noqa: E402
 

@@ -205,11 +205,7 @@ def test_cpu_workers_skip_the_driver_check(monkeypatch, capsys):
 
 def _lumi_node(tmp_path, gcds: int = 8):
     """A LUMI-G node's /dev: /dev/kfd and one render node per MI250X GCD, four CXI NICs."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fabric"))
-    from fake_node import FakeNode
+    from fakes.node import FakeNode
 
     node = FakeNode(tmp_path / "node")
     node.cxi(4)

@@ -26,7 +26,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 # What a launcher sets. cli.main leaves a world of several with os._exit (see
-# ddp_train.cli), which would end pytest itself, so in-process runs are a world of one.
+# ddp_train.exit_edge), which would end pytest itself, so in-process runs are a world of one.
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -3,7 +3,7 @@
 DDP keeps the gloo process group, and so its worker threads, alive after
 destroy_process_group(); a worker thread that frees a Python-owned tensor while the
 interpreter finalizes aborts the process (SIGABRT, "terminate called without an active
-exception"; see cli._leave_now). That race is rare (about 1 run in 20 under load), so
+exception"; see exit_edge.leave_now). That race is rare (about 1 run in 20 under load), so
 benchmarks/exit_repeat.py counts it over many runs; this test checks the mechanism that
 removes it on every run: a worker of a world of two leaves before any atexit handler runs.
 """

@@ -1,12 +1,8 @@
 """The full model's DDP buckets, read from a recording comm hook on two gloo ranks: the
 all-reduce starts with the head's gradients and walks back to the stem, so it overlaps backward."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from ddp_buckets import buckets  # noqa: E402
-from ddp_train.model import WideResNet  # noqa: E402
+from ddp_buckets import buckets
+from ddp_train.model import WideResNet
 
 
 def test_full_model_buckets_fire_head_first_stem_last_within_the_cap():

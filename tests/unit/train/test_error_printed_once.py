@@ -1,4 +1,4 @@
-"""A trainer error is printed once for the whole job, by a rank that found it."""
+"""An error of the trainer or the fabric gate is printed once for the whole job, by a rank that found it."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from ddp_train import cli
-from ddp_train.cli import QUIET_RANK_GRACE_S, one_line, prints_error, say_once
+from ddp_train import exit_edge
 from ddp_train.errors import Seen
+from ddp_train.exit_edge import QUIET_RANK_GRACE_S, one_line, prints_error, say_once
 from train_helpers import trainer_env
 
 
@@ -36,14 +37,24 @@ def test_who_prints_an_error(seen, rank, local_rank, prints):
 def test_the_printing_rank_says_it_and_quiet_ranks_of_a_job_wait(prints, world_size, said, waited, capsys,
                                                                   monkeypatch):
     slept: list[float] = []
-    monkeypatch.setattr(cli.time, "sleep", slept.append)
-    say_once(prints, "node2 went away", {"WORLD_SIZE": world_size})
+    monkeypatch.setattr(exit_edge.time, "sleep", slept.append)
+    say_once("ddp-train", prints, "node2 went away", {"WORLD_SIZE": world_size})
     assert capsys.readouterr().err.count("ddp-train: error: node2 went away\n") == said
     assert slept == waited
 
 
 def test_an_error_message_stays_one_line():
     assert one_line("--run-dir /tmp/a\nb is a file") == "--run-dir /tmp/a\\nb is a file"
+
+
+@pytest.mark.parametrize("env,size,several", [
+    ({}, 1, False), ({"WORLD_SIZE": ""}, 1, False), ({"WORLD_SIZE": "1"}, 1, False),
+    ({"WORLD_SIZE": "4"}, 4, True),
+    ({"WORLD_SIZE": "abc"}, None, False),  # DistEnv names it; the process must live to say so
+])
+def test_world_size_is_read_once_for_every_exit(env, size, several):
+    assert exit_edge.world_size(env) == size
+    assert exit_edge.in_a_job_of_several(env) is several
 
 
 def node2_first_rank(rank: str, local_rank: str) -> dict[str, str]:
@@ -60,6 +71,20 @@ def test_a_flag_error_is_printed_by_global_rank_0_alone(rank, local_rank, printe
     assert result.returncode == 2
     assert result.stderr.count("ddp-train: error: --epochs 0 must be at least 1") == printed
     assert result.stderr.count("\n") == printed
+
+
+def test_a_fabric_gate_error_is_printed_by_rank_0_while_the_quiet_rank_waits(tmp_path):
+    # Both ranks find the same mistake (the launcher's port is no number) before any collective.
+    ranks = [subprocess.Popen([sys.executable, "-m", "ddp_train.gate", "--run-dir", str(tmp_path), "--device", "cpu"],
+                              env=trainer_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                                              LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="http"),
+                              stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    started = time.monotonic()
+    said = [rank.communicate(timeout=120)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [2, 2]
+    assert said == ["fabric gate: error: MASTER_PORT='http' is not an integer\n", ""]
+    assert time.monotonic() - started >= QUIET_RANK_GRACE_S  # rank 1 left only after the grace
 
 
 def free_port() -> int:

@@ -11,12 +11,12 @@ import torch
 
 from train_helpers import trainer_env
 
+from ddp_train.cudagraph_report import CUDA_GRAPH_MODES
+from ddp_train.model import WideResNet
+from gpu_throughput import (VARIANTS, Variant, forward_macs_per_image, inductor_option, inductor_options,
+                            missing_options, not_run_because)
+
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_throughput.py"
-sys.path.insert(0, str(BENCH.parent))
-from gpu_throughput import (VARIANTS, Variant, forward_macs_per_image, inductor_option,  # noqa: E402
-                            inductor_options, missing_options, not_run_because)
-from ddp_train.cudagraph_report import CUDA_GRAPH_MODES  # noqa: E402
-from ddp_train.model import WideResNet  # noqa: E402
 
 
 def test_full_model_counts_the_guides_2_41_gmac_per_image():

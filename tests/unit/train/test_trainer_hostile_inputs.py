@@ -279,7 +279,7 @@ BAD_WORLDS = {
 
 @pytest.mark.parametrize("env", BAD_WORLDS.values(), ids=BAD_WORLDS.keys())
 def test_a_broken_world_of_several_is_one_line_in_a_real_process(env, data_dir, tmp_path):
-    # A process of a world of several leaves through os._exit (cli._leave_now): run it for real.
+    # A process of a world of several leaves through os._exit (exit_edge.leave_now): run it for real.
     result = subprocess.run([sys.executable, "-m", "ddp_train", "--data-dir", str(data_dir),
                              "--run-dir", str(tmp_path / "run"), *TINY],
                             env=trainer_env(**env), capture_output=True, text=True, timeout=120)
