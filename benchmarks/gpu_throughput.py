@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
+import json
 import os
 import sys
 import tempfile
@@ -36,7 +38,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.nn as nn
 
-from ddp_train import cudagraph_report, speed
+from ddp_train import cudagraph_report, levers, speed
 from ddp_train.augment import random_crop_flip
 from ddp_train.config import GPU_BATCH_PER_RANK
 from ddp_train.data import memory_format_for, normalize
@@ -59,26 +61,17 @@ class Variant:
 
 
 # The levers for the memory-bound part of the step (BatchNorm statistics and normalisation, ReLU,
-# the residual add), each measured alone on top of the trainer's default (reduce-overhead).
-# Names and meanings: torch/_inductor/config.py.
-LEVERS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
-    "coop-reductions": ("BatchNorm reductions across thread blocks (implies no split)",
-                        (("triton.cooperative_reductions", True),)),
-    "no-split-reductions": ("BatchNorm reductions in one kernel, not split in two", (("split_reductions", False),)),
-    "conv1x1-mm": ("the 1x1 shortcut convolutions as matmuls", (("conv_1x1_as_mm", True),)),
-    "pdl": ("programmatic dependent launch (Hopper and later)", (("triton.enable_pdl", True),)),
-    "combo-kernels": ("independent kernels combined into one launch", (("combo_kernels", True),)),
-}
+# the residual add), each measured alone on top of the trainer's default (reduce-overhead); the
+# trainer takes the same names (--inductor-levers, ddp_train/levers.py).
 # All together: cooperative reductions stand for both reduction levers (inductor turns split
 # reductions off when both are on), under max-autotune.
-ALL_LEVERS = tuple(option for name in ("coop-reductions", "conv1x1-mm", "pdl", "combo-kernels")
-                   for option in LEVERS[name][1])
+ALL_LEVERS = levers.options(("coop-reductions", "conv1x1-mm", "pdl", "combo-kernels"))
 
 VARIANTS = (
     Variant("eager", None, "no torch.compile"),
     Variant("compiled", "default", "torch.compile, no CUDA graphs"),
     Variant("graphs", "reduce-overhead", "torch.compile with CUDA graphs: the trainer's CUDA default"),
-    *(Variant(name, "reduce-overhead", f"graphs + {what}", options) for name, (what, options) in LEVERS.items()),
+    *(Variant(name, "reduce-overhead", f"graphs + {what}", options) for name, (what, options) in levers.LEVERS.items()),
     Variant("max-autotune", "max-autotune", "graphs + autotuned kernels, tuning kept in the compile cache"),
     Variant("all-levers", "max-autotune", "max-autotune + every lever above", ALL_LEVERS),
     Variant("fused-blocks", "reduce-overhead", "graphs + the fused blocks' custom ops (reference kernels "
@@ -106,9 +99,7 @@ def inductor_option(name: str) -> Any:
 
 def missing_options(variant: Variant) -> list[str]:
     """The variant's options this torch does not have (the GPU image's torch may be older)."""
-    import torch._inductor.config as inductor_config
-    known = inductor_config.get_config_copy()
-    return [name for name, _ in variant.inductor if name not in known]
+    return levers.missing(variant.inductor)
 
 
 @contextlib.contextmanager
@@ -141,6 +132,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    "(default: 10240 cuda, 256 cpu); 0 skips the baseline")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="guide DataLoader workers")
     p.add_argument("--matmul-size", type=int, help="square matmul for the ceiling (default: 8192 cuda, 1024 cpu)")
+    p.add_argument("--json", type=Path, help="also write the rows to this file (a list of objects), as each "
+                   "finishes: what a script reads to pick the levers that win")
     p.add_argument("--compile-cache-dir", default="", help="inductor's persistent cache, as the trainer's flag: "
                    "> $TORCHINDUCTOR_CACHE_DIR > a new temporary directory (a cold start). Run twice with the "
                    "same directory: the second run's setup is what a requeued job pays")
@@ -352,9 +345,16 @@ def run(args: argparse.Namespace, cache: Path) -> int:
     if baseline is not None:
         print(f"{'guide':<19} {baseline_batch:>6} {baseline:>11,.1f} {baseline * flops_per_image / 1e12:>9.3f} "
               f"{baseline * flops_per_image / ceiling:>10.1%} {1:>8.2f}x {'-':>8}  -", flush=True)
+    rows: list[dict[str, Any]] = []
     for batch in args.batches:
         for variant in args.variants:
-            print(row(measure(args, device, variant, batch), baseline, flops_per_image, ceiling), flush=True)
+            result = measure(args, device, variant, batch)
+            print(row(result, baseline, flops_per_image, ceiling), flush=True)
+            if args.json:
+                rows.append({**dataclasses.asdict(result), "gpu": what, "torch": torch.__version__,
+                             "of_ceiling": (result.images_per_s or 0) * flops_per_image / ceiling,
+                             "guide": baseline})
+                args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 
