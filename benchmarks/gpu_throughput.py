@@ -11,8 +11,9 @@ graphs (mode="reduce-overhead", the trainer's CUDA default); one variant per ind
 top of graphs (VARIANTS below: each sets torch._inductor.config options while it compiles and
 runs); max-autotune, whose tuning results go to the persistent compile cache (--compile-cache-dir,
 resolved as the trainer resolves it); all-levers; and the fused residual blocks
-(ddp_train.fused_blocks). Each row says whether its step ran as a CUDA graph, and inductor's reason
-where it did not. An option this torch does not have is reported in the table, not run.
+(ddp_train.fused_blocks), with the reference kernels and with the cuDNN-frontend ones
+(ddp_train.cudnn_blocks; "not run" with the reason where they cannot run). Each row says
+whether its step ran as a CUDA graph, and inductor's reason where it did not. An option this torch does not have is reported in the table, not run.
 The baseline is benchmarks/trainer_throughput.py's reproduction of the guide's pipeline
 (torchvision + DataLoader workers, fp16 on GPU). FLOP/s counts 6 x the forward
 multiply-accumulates per image (forward 2, backward 4), the usual rule for convolutions and
@@ -38,7 +39,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.nn as nn
 
-from ddp_train import cudagraph_report, levers, speed
+from ddp_train import cudagraph_report, fused_blocks, levers, speed
 from ddp_train.augment import random_crop_flip
 from ddp_train.config import GPU_BATCH_PER_RANK
 from ddp_train.data import memory_format_for, normalize
@@ -55,6 +56,7 @@ class Variant:
     what: str
     inductor: tuple[tuple[str, Any], ...] = ()  # torch._inductor.config names, dotted as config.patch takes them
     fused_blocks: bool = False
+    cudnn_kernels: bool = False  # the fused blocks with the cuDNN-frontend kernels plugged in
 
     def needs_cuda(self) -> bool:
         return self.mode in cudagraph_report.CUDA_GRAPH_MODES
@@ -74,8 +76,10 @@ VARIANTS = (
     *(Variant(name, "reduce-overhead", f"graphs + {what}", options) for name, (what, options) in levers.LEVERS.items()),
     Variant("max-autotune", "max-autotune", "graphs + autotuned kernels, tuning kept in the compile cache"),
     Variant("all-levers", "max-autotune", "max-autotune + every lever above", ALL_LEVERS),
-    Variant("fused-blocks", "reduce-overhead", "graphs + the fused blocks' custom ops (reference kernels "
-            "until cuDNN ones are plugged in)", fused_blocks=True),
+    Variant("fused-blocks", "reduce-overhead", "graphs + the fused blocks' custom ops (the reference "
+            "kernels)", fused_blocks=True),
+    Variant("fused-cudnn", "reduce-overhead", "graphs + the fused blocks with the cuDNN-frontend kernels "
+            "(ddp_train.cudnn_blocks)", fused_blocks=True, cudnn_kernels=True),
     Variant("eager-fused", None, "eager + the fused blocks' custom ops", fused_blocks=True),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
@@ -233,7 +237,29 @@ def not_run_because(variant: Variant, device: torch.device) -> str:
     missing = missing_options(variant)
     if missing:
         return f"torch {torch.__version__} has no inductor option {', '.join(missing)}"
+    if variant.cudnn_kernels:
+        if device.type != "cuda":
+            return "the cuDNN kernels need a GPU"
+        from ddp_train import cudnn_blocks
+        return cudnn_blocks.unavailable_reason()
     return ""
+
+
+@contextlib.contextmanager
+def block_kernels(variant: Variant) -> Iterator[None]:
+    """The cuDNN kernels plugged in for this variant alone: the variants after it run the reference."""
+    if not variant.cudnn_kernels:
+        yield
+        return
+    before = fused_blocks.KERNELS.get("cuda")
+    print(f"  {variant.name}: {fused_blocks.use_cudnn_kernels()}", flush=True)
+    try:
+        yield
+    finally:
+        if before is None:
+            fused_blocks.unplug("cuda")
+        else:
+            fused_blocks.plug_in("cuda", before)
 
 
 def measure(args: argparse.Namespace, device: torch.device, variant: Variant, batch: int) -> Result:
@@ -243,7 +269,7 @@ def measure(args: argparse.Namespace, device: torch.device, variant: Variant, ba
     watch = cudagraph_report.SkipWatch.start() if variant.mode else None
     step: Optional[Callable[[int], torch.Tensor]] = None
     try:
-        with inductor_options(variant):
+        with inductor_options(variant), block_kernels(variant):
             step = make_step(args, device, variant, batch)
             started = time.perf_counter()
             for i in range(args.warmup_steps):
