@@ -4,13 +4,12 @@
 # and max-autotune's persistent cache on a second (requeued) start. Each step has a time cap, so a
 # step that overruns costs its own figures only; logs and JSON land in $OUT (default ./gpu-check).
 #
-#   benchmarks/gpu_node_check.sh fast       # tests, variants, trainer: about 7 minutes on an H100
-#   benchmarks/gpu_node_check.sh autotune   # max-autotune twice on one cache, then the unit suite
+#   GPU_CHECK_BUDGET_S=570 benchmarks/gpu_node_check.sh   # all it has time for, what matters most first
 #
 # It runs on the node's own python3 (no venv, no network): the checkout on PYTHONPATH, and wheels in
 # .whl/ (a package the node lacks, such as nvidia-cudnn-frontend) installed into a scratch directory.
 set -u
-phase="${1:-fast}"
+phase="${1:-all}"
 budget_s="${GPU_CHECK_BUDGET_S:-420}"
 out="${OUT:-$PWD/gpu-check}"
 mkdir -p "${out}"
@@ -40,26 +39,23 @@ step() {  # step NAME CAP_S COMMAND...: run it capped, its output to $out/NAME.l
 
 data="/tmp/gpu-check-cifar"
 trainer() {  # trainer NAME LEVERS: the default GPU path through ddp-launch, 3 epochs of 50,000 images
-    step "trainer-$1" 120 python3 -m ddp_launch --mode local -- --data-dir "${data}" --run-dir "/tmp/gpu-check-run-$1" \
+    step "trainer-$1" 80 python3 -m ddp_launch --mode local -- --data-dir "${data}" --run-dir "/tmp/gpu-check-run-$1" \
         --epochs 3 --allow-unverified-data --no-resume --inductor-levers "$2"
     grep -E "Warm-up|Throughput|CUDA graph|Setup" "${out}/trainer-$1.log" | tail -n 6
 }
 
-case "${phase}" in
-fast)
-    python3 -m ddp_train.synthetic "${data}" --train 50000 --test 10000 --seed 0 >"${out}/data.log" 2>&1 &
-    data_pid=$!
-    gpu_tests=(tests/unit/train/test_fused_blocks.py tests/unit/train/test_cuda_graph_report.py)
-    [ -f tests/unit/train/test_cudnn_blocks.py ] && gpu_tests+=(tests/unit/train/test_cudnn_blocks.py)
-    step gpu-tests 150 python3 -m pytest -q -p no:cacheprovider -rs "${gpu_tests[@]}"
-    if [ -f benchmarks/cudnn_fusion_probe.py ]; then
-        step cudnn-probe 90 python3 benchmarks/cudnn_fusion_probe.py --json "${out}/cudnn-probe.json"
-    fi
-    variants="eager,compiled,graphs,coop-reductions,no-split-reductions,conv1x1-mm,pdl,combo-kernels,fused-blocks"
-    python3 benchmarks/gpu_throughput.py --list 2>/dev/null | grep -q "fused-cudnn" && variants="${variants},fused-cudnn"
-    step variants 330 python3 benchmarks/gpu_throughput.py --variants "${variants}" --steps 30 --json "${out}/variants.json"
-    # The levers that beat plain graphs by 1% or more, together, against the default.
-    winners="$(python3 - "${out}/variants.json" <<'EOF'
+[ "${phase}" = all ] || { echo "usage: $0 [all]" >&2; exit 2; }
+# In the order of what matters most: a step cut by the budget loses its own figures only.
+python3 -m ddp_train.synthetic "${data}" --train 50000 --test 10000 --seed 0 >"${out}/data.log" 2>&1 &
+data_pid=$!
+gpu_tests=(tests/unit/train/test_fused_blocks.py tests/unit/train/test_cuda_graph_report.py)
+[ -f tests/unit/train/test_cudnn_blocks.py ] && gpu_tests+=(tests/unit/train/test_cudnn_blocks.py)
+step gpu-tests 100 python3 -m pytest -q -p no:cacheprovider -rs -n 4 "${gpu_tests[@]}"
+variants="eager,graphs,coop-reductions,no-split-reductions,conv1x1-mm,pdl,combo-kernels,fused-blocks"
+python3 benchmarks/gpu_throughput.py --list 2>/dev/null | grep -q "fused-cudnn" && variants="${variants},fused-cudnn"
+step variants 270 python3 benchmarks/gpu_throughput.py --variants "${variants}" --steps 30 --json "${out}/variants.json"
+# The levers that beat plain graphs by 1% or more, together, against the default.
+winners="$(python3 - "${out}/variants.json" <<'EOF'
 import json, sys
 from ddp_train import levers
 try:
@@ -71,19 +67,16 @@ won = [name for name in levers.LEVERS if graphs and (rows.get(name) or 0) >= 1.0
 print(",".join(won) or "none")
 EOF
 )"
-    echo "levers that won: ${winners}" | tee "${out}/winners.txt"
-    wait "${data_pid}"
-    trainer default auto
-    [ "${winners}" != none ] && trainer levers "${winners}"
-    ;;
-autotune)
-    cache=/tmp/gpu-check-cache
-    step autotune-cold 240 python3 benchmarks/gpu_throughput.py --variants max-autotune,all-levers --steps 30 \
-        --baseline-images 0 --compile-cache-dir "${cache}" --json "${out}/autotune-cold.json"
-    step autotune-requeue 120 python3 benchmarks/gpu_throughput.py --variants max-autotune,all-levers --steps 30 \
-        --baseline-images 0 --compile-cache-dir "${cache}" --json "${out}/autotune-requeue.json"
-    step unit-suite 240 python3 -m pytest -q -p no:cacheprovider -n 14 tests/unit
-    ;;
-*) echo "usage: $0 fast|autotune" >&2; exit 2 ;;
-esac
+echo "levers that won: ${winners}" | tee "${out}/winners.txt"
+wait "${data_pid}"
+trainer default auto
+[ "${winners}" != none ] && trainer levers "${winners}"
+cache=/tmp/gpu-check-cache
+step autotune-cold 120 python3 benchmarks/gpu_throughput.py --variants max-autotune --steps 30 \
+    --baseline-images 0 --compile-cache-dir "${cache}" --json "${out}/autotune-cold.json"
+step autotune-requeue 50 python3 benchmarks/gpu_throughput.py --variants max-autotune --steps 30 \
+    --baseline-images 0 --compile-cache-dir "${cache}" --json "${out}/autotune-requeue.json"
+[ -f benchmarks/cudnn_fusion_probe.py ] && step cudnn-probe 45 python3 benchmarks/cudnn_fusion_probe.py \
+    --budget-s 35 --json "${out}/cudnn-probe.json"
+step unit-train 120 python3 -m pytest -q -p no:cacheprovider -n 14 tests/unit/train
 echo "=== done in $((SECONDS - started)) s; logs in ${out}"

@@ -10,9 +10,10 @@ test/python/test_wgrads.py and samples/cpp/convolution/{dgrads,wgrads}.cpp. What
               Genstats" fusion of test_conv_genstats.py); without scale and bias, conv_fprop -> genstats.
     backward  the incoming gradient plus the statistics' gradients (grad_y + grad_sum + 2 y grad_sq_sum,
               per channel) in torch: cuDNN has no dgrad/wgrad prologue that takes it. Then one graph
-              conv_dgrad -> relu_backward, with the ReLU's input remade in the graph as scale * x + bias
-              (the "Dgrad Drelu" graph of dgrads.cpp with the pointwise chain of its "DBNweight" graph),
-              and one graph scale -> bias -> relu -> conv_wgrad (wgrads.cpp, "scale-bias-relu-wgrad").
+              conv_dgrad, and one graph scale -> bias -> relu -> conv_wgrad (wgrads.cpp,
+              "scale-bias-relu-wgrad"). A conv_dgrad -> relu_backward graph with the ReLU's input remade
+              as scale * x + bias (the "Dgrad Drelu" graph of dgrads.cpp) is written (_dgrad) but not
+              among the recipes: its gradients were wrong on an H100 (RECIPES says how).
               The BatchNorm-weight reduction of "Dgrad Drelu DBNweight" (dbn_weight) is not in the
               Python API (1.32 has no pygraph.dbn_weight), so grad_scale, grad_bias and
               grad_x = grad_pre * scale are torch on the dgrad graph's output.
@@ -313,9 +314,11 @@ RECIPES: dict[tuple[str, bool], tuple[tuple[Recipe, str], ...]] = {
                       (_recipe("conv", "", _fprop(False, False)), "FLOAT")),
     ("fprop", False): ((_recipe("conv-genstats", "stats", _fprop(False, True)), "io"),
                        (_recipe("conv", "", _fprop(False, False)), "FLOAT")),
-    ("dgrad", True): ((_recipe("dgrad-scale-bias-drelu", "prologue drelu", _dgrad(True, True)), "FLOAT"),
-                      (_recipe("dgrad-drelu", "drelu", _dgrad(False, True)), "FLOAT"),
-                      (_recipe("dgrad", "", _dgrad(False, False)), "FLOAT")),
+    # The dgrad -> relu_backward graphs are left out: on an H100 with cuDNN 9.19 (frontend 1.32) cuDNN
+    # built "dgrad-scale-bias-drelu" for every prologue shape of the model, and its grad_x was 60-67%
+    # off the reference (benchmarks/cudnn_fusion_probe.py, docs/benchmarks.md). Whether the graph or
+    # the engine is at fault is not known, so the ReLU's backward stays in torch after a plain dgrad.
+    ("dgrad", True): ((_recipe("dgrad", "", _dgrad(False, False)), "FLOAT"),),
     ("dgrad", False): ((_recipe("dgrad", "", _dgrad(False, False)), "FLOAT"),),
     ("wgrad", True): ((_recipe("scale-bias-relu-wgrad", "prologue", _wgrad(True)), "FLOAT"),
                       (_recipe("wgrad", "", _wgrad(False)), "FLOAT")),
