@@ -66,7 +66,7 @@ test-unit: venv
 	$(VPY) -m pytest tests/unit
 
 test-e2e: venv sysdeps
-	$(VPY) -m pytest tests/e2e
+	$(VPY) -m pytest $(E2E_ARGS) tests/e2e
 
 # Not part of `make test`: N short 2-node jobs with faults drawn from SEED (random when unset,
 # printed), on the namespace cluster under load; totals go to docs/reliability.md.
@@ -80,17 +80,24 @@ soak: venv sysdeps
 e2e-image: venv sysdeps
 	$(VPY) tests/e2e/e2e_image.py build
 
-# bats first, then pytest. The e2e suite spends most of its time waiting (collective timeouts,
-# roll calls, srun --wait, requeues: about a fifth of one CPU), so the unit suite runs beside it
-# rather than after it. Its report is printed after the e2e one; the last line is the verdict.
-test: venv sysdeps lint test-bats
-	@unit_log=$$(mktemp); \
+# E2E_WORKERS clusters side by side (pytest-xdist, one test module at a time per worker, each worker
+# with a cluster of its own: tests/e2e/conftest.py worker_settings). The e2e suite spends most of
+# its time waiting (collective timeouts, roll calls, srun --wait, requeues), so two clusters nearly
+# halve it, and the unit and bats suites run beside it rather than after it. Their reports are
+# printed after the e2e one; the last line is the verdict.
+E2E_WORKERS ?= 2
+E2E_ARGS = $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadfile)
+test: venv sysdeps lint
+	@unit_log=$$(mktemp); bats_log=$$(mktemp); \
 	$(VPY) -m pytest -q tests/unit > "$$unit_log" 2>&1 & unit_pid=$$!; \
-	$(VPY) -m pytest --durations=15 tests/e2e; e2e=$$?; \
-	wait $$unit_pid; unit=$$?; \
-	echo "--- tests/unit, run beside tests/e2e ---"; cat "$$unit_log"; rm -f "$$unit_log"; \
-	echo "make test: tests/e2e $$([ $$e2e = 0 ] && echo passed || echo FAILED), tests/unit $$([ $$unit = 0 ] && echo passed || echo FAILED)"; \
-	[ $$e2e = 0 ] && [ $$unit = 0 ]
+	bats --recursive tests/bats > "$$bats_log" 2>&1 & bats_pid=$$!; \
+	$(VPY) -m pytest $(E2E_ARGS) --durations=15 tests/e2e; e2e=$$?; \
+	wait $$unit_pid; unit=$$?; wait $$bats_pid; bats=$$?; \
+	echo "--- tests/bats, run beside tests/e2e ---"; cat "$$bats_log"; \
+	echo "--- tests/unit, run beside tests/e2e ---"; cat "$$unit_log"; rm -f "$$unit_log" "$$bats_log"; \
+	verdict() { [ "$$1" = 0 ] && echo passed || echo FAILED; }; \
+	echo "make test: tests/e2e $$(verdict $$e2e), tests/unit $$(verdict $$unit), tests/bats $$(verdict $$bats)"; \
+	[ $$e2e = 0 ] && [ $$unit = 0 ] && [ $$bats = 0 ]
 
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py

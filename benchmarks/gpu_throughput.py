@@ -11,8 +11,9 @@ graphs (mode="reduce-overhead", the trainer's CUDA default); one variant per ind
 top of graphs (VARIANTS below: each sets torch._inductor.config options while it compiles and
 runs); max-autotune, whose tuning results go to the persistent compile cache (--compile-cache-dir,
 resolved as the trainer resolves it); all-levers; and the fused residual blocks
-(ddp_train.fused_blocks). Each row says whether its step ran as a CUDA graph, and inductor's reason
-where it did not. An option this torch does not have is reported in the table, not run.
+(ddp_train.fused_blocks), with the reference kernels and with the cuDNN-frontend ones
+(ddp_train.cudnn_blocks; "not run" with the reason where they cannot run). Each row says
+whether its step ran as a CUDA graph, and inductor's reason where it did not. An option this torch does not have is reported in the table, not run.
 The baseline is benchmarks/trainer_throughput.py's reproduction of the guide's pipeline
 (torchvision + DataLoader workers, fp16 on GPU). FLOP/s counts 6 x the forward
 multiply-accumulates per image (forward 2, backward 4), the usual rule for convolutions and
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
+import json
 import os
 import sys
 import tempfile
@@ -36,7 +39,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.nn as nn
 
-from ddp_train import cudagraph_report, speed
+from ddp_train import cudagraph_report, fused_blocks, levers, speed
 from ddp_train.augment import random_crop_flip
 from ddp_train.config import GPU_BATCH_PER_RANK
 from ddp_train.data import memory_format_for, normalize
@@ -53,36 +56,30 @@ class Variant:
     what: str
     inductor: tuple[tuple[str, Any], ...] = ()  # torch._inductor.config names, dotted as config.patch takes them
     fused_blocks: bool = False
+    cudnn_kernels: bool = False  # the fused blocks with the cuDNN-frontend kernels plugged in
 
     def needs_cuda(self) -> bool:
         return self.mode in cudagraph_report.CUDA_GRAPH_MODES
 
 
 # The levers for the memory-bound part of the step (BatchNorm statistics and normalisation, ReLU,
-# the residual add), each measured alone on top of the trainer's default (reduce-overhead).
-# Names and meanings: torch/_inductor/config.py.
-LEVERS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
-    "coop-reductions": ("BatchNorm reductions across thread blocks (implies no split)",
-                        (("triton.cooperative_reductions", True),)),
-    "no-split-reductions": ("BatchNorm reductions in one kernel, not split in two", (("split_reductions", False),)),
-    "conv1x1-mm": ("the 1x1 shortcut convolutions as matmuls", (("conv_1x1_as_mm", True),)),
-    "pdl": ("programmatic dependent launch (Hopper and later)", (("triton.enable_pdl", True),)),
-    "combo-kernels": ("independent kernels combined into one launch", (("combo_kernels", True),)),
-}
+# the residual add), each measured alone on top of the trainer's default (reduce-overhead); the
+# trainer takes the same names (--inductor-levers, ddp_train/levers.py).
 # All together: cooperative reductions stand for both reduction levers (inductor turns split
 # reductions off when both are on), under max-autotune.
-ALL_LEVERS = tuple(option for name in ("coop-reductions", "conv1x1-mm", "pdl", "combo-kernels")
-                   for option in LEVERS[name][1])
+ALL_LEVERS = levers.options(("coop-reductions", "conv1x1-mm", "pdl", "combo-kernels"))
 
 VARIANTS = (
     Variant("eager", None, "no torch.compile"),
     Variant("compiled", "default", "torch.compile, no CUDA graphs"),
     Variant("graphs", "reduce-overhead", "torch.compile with CUDA graphs: the trainer's CUDA default"),
-    *(Variant(name, "reduce-overhead", f"graphs + {what}", options) for name, (what, options) in LEVERS.items()),
+    *(Variant(name, "reduce-overhead", f"graphs + {what}", options) for name, (what, options) in levers.LEVERS.items()),
     Variant("max-autotune", "max-autotune", "graphs + autotuned kernels, tuning kept in the compile cache"),
     Variant("all-levers", "max-autotune", "max-autotune + every lever above", ALL_LEVERS),
-    Variant("fused-blocks", "reduce-overhead", "graphs + the fused blocks' custom ops (reference kernels "
-            "until cuDNN ones are plugged in)", fused_blocks=True),
+    Variant("fused-blocks", "reduce-overhead", "graphs + the fused blocks' custom ops (the reference "
+            "kernels)", fused_blocks=True),
+    Variant("fused-cudnn", "reduce-overhead", "graphs + the fused blocks with the cuDNN-frontend kernels "
+            "(ddp_train.cudnn_blocks)", fused_blocks=True, cudnn_kernels=True),
     Variant("eager-fused", None, "eager + the fused blocks' custom ops", fused_blocks=True),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
@@ -106,9 +103,7 @@ def inductor_option(name: str) -> Any:
 
 def missing_options(variant: Variant) -> list[str]:
     """The variant's options this torch does not have (the GPU image's torch may be older)."""
-    import torch._inductor.config as inductor_config
-    known = inductor_config.get_config_copy()
-    return [name for name, _ in variant.inductor if name not in known]
+    return levers.missing(variant.inductor)
 
 
 @contextlib.contextmanager
@@ -141,6 +136,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    "(default: 10240 cuda, 256 cpu); 0 skips the baseline")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="guide DataLoader workers")
     p.add_argument("--matmul-size", type=int, help="square matmul for the ceiling (default: 8192 cuda, 1024 cpu)")
+    p.add_argument("--json", type=Path, help="also write the rows to this file (a list of objects), as each "
+                   "finishes: what a script reads to pick the levers that win")
     p.add_argument("--compile-cache-dir", default="", help="inductor's persistent cache, as the trainer's flag: "
                    "> $TORCHINDUCTOR_CACHE_DIR > a new temporary directory (a cold start). Run twice with the "
                    "same directory: the second run's setup is what a requeued job pays")
@@ -240,7 +237,29 @@ def not_run_because(variant: Variant, device: torch.device) -> str:
     missing = missing_options(variant)
     if missing:
         return f"torch {torch.__version__} has no inductor option {', '.join(missing)}"
+    if variant.cudnn_kernels:
+        if device.type != "cuda":
+            return "the cuDNN kernels need a GPU"
+        from ddp_train import cudnn_blocks
+        return cudnn_blocks.unavailable_reason()
     return ""
+
+
+@contextlib.contextmanager
+def block_kernels(variant: Variant) -> Iterator[None]:
+    """The cuDNN kernels plugged in for this variant alone: the variants after it run the reference."""
+    if not variant.cudnn_kernels:
+        yield
+        return
+    before = fused_blocks.KERNELS.get("cuda")
+    print(f"  {variant.name}: {fused_blocks.use_cudnn_kernels()}", flush=True)
+    try:
+        yield
+    finally:
+        if before is None:
+            fused_blocks.unplug("cuda")
+        else:
+            fused_blocks.plug_in("cuda", before)
 
 
 def measure(args: argparse.Namespace, device: torch.device, variant: Variant, batch: int) -> Result:
@@ -250,7 +269,7 @@ def measure(args: argparse.Namespace, device: torch.device, variant: Variant, ba
     watch = cudagraph_report.SkipWatch.start() if variant.mode else None
     step: Optional[Callable[[int], torch.Tensor]] = None
     try:
-        with inductor_options(variant):
+        with inductor_options(variant), block_kernels(variant):
             step = make_step(args, device, variant, batch)
             started = time.perf_counter()
             for i in range(args.warmup_steps):
@@ -352,9 +371,16 @@ def run(args: argparse.Namespace, cache: Path) -> int:
     if baseline is not None:
         print(f"{'guide':<19} {baseline_batch:>6} {baseline:>11,.1f} {baseline * flops_per_image / 1e12:>9.3f} "
               f"{baseline * flops_per_image / ceiling:>10.1%} {1:>8.2f}x {'-':>8}  -", flush=True)
+    rows: list[dict[str, Any]] = []
     for batch in args.batches:
         for variant in args.variants:
-            print(row(measure(args, device, variant, batch), baseline, flops_per_image, ceiling), flush=True)
+            result = measure(args, device, variant, batch)
+            print(row(result, baseline, flops_per_image, ceiling), flush=True)
+            if args.json:
+                rows.append({**dataclasses.asdict(result), "gpu": what, "torch": torch.__version__,
+                             "of_ceiling": (result.images_per_s or 0) * flops_per_image / ceiling,
+                             "guide": baseline})
+                args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ddp_contract.flag_errors import OneLineErrorParser
 
+from ddp_train import levers
 from ddp_train.errors import TrainError
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
@@ -66,6 +67,7 @@ class TrainConfig:
     compile: Optional[bool] = None  # None: compile on CUDA, not on CPU (compile_by_default)
     compile_mode: str = "auto"
     compile_cache_dir: str = ""  # "" : <run-dir>/compile-cache (see speed.compile_cache_dir)
+    inductor_levers: str = "auto"  # levers.py: auto (the device's measured defaults), none, or names
     grad_compression: str = "none"  # "bf16": DDP's bf16_compress_hook for slow fabrics
     backend: str = "auto"  # the process group's backend; see resolve_backend
     grad_accum_steps: int = 1  # micro-batches per optimizer step (accumulation.py)
@@ -192,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--compile-mode", choices=COMPILE_MODES,
         help="torch.compile mode; auto: reduce-overhead (CUDA graphs) on CUDA")
     add("--compile-cache-dir", help="persistent compile cache (default: <run-dir>/compile-cache)")
+    add("--inductor-levers",
+        help="inductor options for a compiled step, comma-separated: coop-reductions, no-split-reductions, "
+             "conv1x1-mm, pdl, combo-kernels; auto (default): those measured to win on CUDA; none")
     add("--grad-compression", choices=GRAD_COMPRESSIONS,
         help="bf16: halve the gradient all-reduce bytes (slow fabrics; NCCL or gloo)")
     add("--backend", choices=BACKENDS,
@@ -228,6 +233,7 @@ def config_from_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
 def check_config(config: TrainConfig) -> None:
     """Reject values that cannot work, naming the flag and a valid value."""
     check_limits(config)
+    levers.parse(config.inductor_levers)
     positive_ints = {
         "--epochs": config.epochs,
         "--patience": config.patience,

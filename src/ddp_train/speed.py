@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_train import cudagraph_report, distributed
+from ddp_train import cudagraph_report, distributed, levers
 from ddp_train.checkpoint import rng_state, set_rng_state
 from ddp_train.config import TrainConfig, compile_by_default, resolve_compile_mode
 from ddp_train.cudagraph_report import CUDA_GRAPH_MODES
@@ -102,6 +102,11 @@ class FastModel:
     compile_mode: str  # "eager" when not compiled
     cuda_graphs: bool  # asked for; whether inductor kept them is graph_state's answer
     skips: Optional[cudagraph_report.SkipWatch] = None  # inductor's skip messages, from before the compile
+    levers: tuple[str, ...] = ()  # inductor levers set before the compile (levers.py)
+
+    def describe(self) -> str:
+        """The compile mode and its levers, as the warm-up line says them."""
+        return " + ".join((self.compile_mode, *self.levers))
 
     def graph_state(self, device: torch.device) -> cudagraph_report.GraphState:
         """Whether the compiled step runs as a CUDA graph here: ask after the warm-up."""
@@ -117,9 +122,11 @@ def accelerate(model: nn.Module, config: TrainConfig, device: torch.device,
     compiled = compile_by_default(config, device.type)
     compile_mode = resolve_compile_mode(config, device.type) if compiled else "eager"
     cuda_graphs = compiled and device.type == "cuda" and uses_cuda_graphs(compile_mode)
+    chosen = levers.resolve(config.inductor_levers, device.type, compiled)
+    levers.apply(chosen)
     skips = cudagraph_report.SkipWatch.start() if compiled else None
     forward = torch.compile(ddp, mode=compile_mode) if compiled else ddp
-    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs, skips)
+    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs, skips, chosen)
 
 
 def bucket_layout(ddp: nn.Module) -> Optional[dict[str, Any]]:

@@ -181,7 +181,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         beat.phase(hb.WARMUP)
         setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, model, optimizer, scaler, device, ema)
         progress.setup_time_s += setup_s
-        console.say(f"Warm-up ({fast.compile_mode}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
+        console.say(f"Warm-up ({fast.describe()}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
     # Said, never assumed: whether each rank's compiled step runs as a CUDA graph, or inductor's reason.
     console.say(*cudagraph_report.gather(fast.graph_state(device)).lines())
 

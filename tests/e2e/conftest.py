@@ -29,11 +29,33 @@ import twins
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "e2e" / "cluster" / "cluster.sh"
-STATE = Path(os.environ.get("DDP_E2E_STATE", "/tmp/ddp-e2e-cluster"))
-# cluster.sh's names and addresses; the variables let one cluster per working tree coexist.
-PREFIX = os.environ.get("DDP_E2E_PREFIX", "ddpe2e")
-SUBNET = os.environ.get("DDP_E2E_SUBNET", "10.77.0")
-PORT = int(os.environ.get("DDP_E2E_PORT", "46817"))
+# pytest-xdist's worker number (its PYTEST_XDIST_WORKER is gw0, gw1, ...): `make test` runs the e2e
+# modules on two workers, each with a cluster of its own (its twins follow it: twins.cluster_settings).
+WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+# Worker K's subnets and ports start this far past worker 0's, beyond its twins' (slots up to 6, twins.py).
+WORKER_SUBNET_STRIDE = 16
+WORKER_PORT_STRIDE = 20
+
+
+def worker_settings(env: dict, worker: int) -> tuple[str, str, int, Path]:
+    """cluster.sh's prefix, subnet, port and state for an xdist worker: the variables' values (the
+    defaults let one cluster per working tree coexist) for worker 0, offset ones for the others."""
+    prefix = env.get("DDP_E2E_PREFIX", "ddpe2e")
+    subnet = env.get("DDP_E2E_SUBNET", "10.77.0")
+    port = int(env.get("DDP_E2E_PORT", "46817"))
+    state = Path(env.get("DDP_E2E_STATE", "/tmp/ddp-e2e-cluster"))
+    if worker == 0:
+        return prefix, subnet, port, state
+    a, b, c = subnet.split(".")
+    third = int(c) + WORKER_SUBNET_STRIDE * worker
+    if third + WORKER_SUBNET_STRIDE > 255:
+        raise ValueError(f"DDP_E2E_SUBNET={subnet} leaves no room for xdist worker {worker}'s subnets")
+    # Short: interface names carry the prefix and stay under 15 characters (twins add 2, cluster.sh 6).
+    return (f"{prefix[:5]}w{worker}", f"{a}.{b}.{third}", port + WORKER_PORT_STRIDE * worker,
+            state.with_name(f"{state.name}-w{worker}"))
+
+
+PREFIX, SUBNET, PORT, STATE = worker_settings(dict(os.environ), WORKER)
 # Six: the spare-node tests run a 3-node job with one spare (4 nodes) and, once its spare is used up,
 # requeue it without two bad nodes onto the other two; the fabric gate's tests run a 3-node job (a
 # slow node is told apart by comparing pairs); the other tests use two.
@@ -320,6 +342,9 @@ def start_cluster() -> Cluster:
         **{k: v for k, v in os.environ.items() if not k.startswith("DDP_E2E_TWIN")},
         "SLURM_CONF": str(STATE / "etc" / "slurm.conf"),
         "DDP_E2E_STATE": str(STATE),
+        "DDP_E2E_PREFIX": PREFIX,
+        "DDP_E2E_SUBNET": SUBNET,
+        "DDP_E2E_PORT": str(PORT),
         "DDP_E2E_ROOT": str(root),
         "DDP_E2E_ROOT_BINDS": ":".join(binds),
         # The venv that runs pytest is what the nodes run: same filesystem.
@@ -560,11 +585,19 @@ def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> di
     so every step runs `apptainer run --nv` of the SIF built by `make build-x86`; tmp_path
     is the user's. The site is "generic" (this machine has no Slingshot libraries to
     bind); GPUs are not requested (sbatch --gpus-per-node=0), so ddp-launch runs 2 CPU
-    workers.
+    workers. The preflight and the fabric gate are off (WITHOUT_CHECKS).
     """
     user_dir(tmp_path)
     return {**submit_env(sif, cifar_data), "DDP_RUN_DIR": str(tmp_path / "run"), "DDP_TRAIN_ARGS": TRAIN_ARGS,
-            "DDP_MONITOR_INTERVAL": "1"}
+            "DDP_MONITOR_INTERVAL": "1", **WITHOUT_CHECKS}
+
+
+# The preflight (ddp-launch doctor on every node) and the fabric gate are two more srun steps through
+# Apptainer at each start of a job, about 20 s together here. A job_env job runs without them:
+# test_fabric_gate.py turns them on (WITH_CHECKS) and the twins run every script as it is; the other
+# tests are about something else.
+WITHOUT_CHECKS = {"DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0"}
+WITH_CHECKS = {"DDP_PREFLIGHT": "1", "DDP_FABRIC_GATE": "1"}
 
 
 # The trainer flags a twin's job gets after its script's own (which they follow and win over): one

@@ -103,8 +103,7 @@ def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_ki
     node off the network is retried every 60 s naming only the job and step id, until the node
     answers (src/slurmctld/job_mgr.c batch_requeue_fini, src/slurmctld/agent.c RPC_RETRY_INTERVAL).
     Here those late kills come on purpose, after the requeued run has started training."""
-    env = {**long_job_env, "DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0",
-           "DDP_TRAIN_ARGS": RUN.replace("--epochs 12", "--epochs 6")}
+    env = {**long_job_env, "DDP_TRAIN_ARGS": RUN.replace("--epochs 12", "--epochs 6")}
     job_id, run_dir = started_job(cluster, env, tmp_path)
     before = running_step_ids(cluster, job_id)
     assert before, "the sampler and the training step run"
@@ -165,9 +164,9 @@ def test_three_two_node_jobs_at_once_all_finish_on_ports_of_their_own(cluster, j
 def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, job_env, tmp_path):
     env = {**job_env, "DDP_MONITOR_INTERVAL": "0"}
     job_id = cluster.sbatch(["--hold", *sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=env)
-    # The training step's port: the job's steps are the preflight doctor (0), the fabric gate (1),
-    # then training (2); no GPU sampler step with DDP_MONITOR_INTERVAL=0.
-    port = rendezvous_port(int(job_id), 2)
+    # The training step's port: with no preflight and no gate (job_env), training is the job's first
+    # step (0); no GPU sampler step with DDP_MONITOR_INTERVAL=0.
+    port = rendezvous_port(int(job_id), 0)
     # Something else on node1 (the head) listens on it already.
     squatter = subprocess.Popen(
         ["ip", "netns", "exec", cluster.netns("node1"), "python3", "-c",

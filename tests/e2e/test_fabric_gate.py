@@ -6,9 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import sbatch_args
+from conftest import WITH_CHECKS, sbatch_args
 
 pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def job_env(job_env: dict) -> dict:
+    """conftest's job_env with the preflight and the fabric gate on: what these tests are about."""
+    return {**job_env, **WITH_CHECKS}
 
 
 def _gate(run_dir: Path) -> dict:

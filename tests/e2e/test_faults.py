@@ -14,8 +14,8 @@ LONG_RUN = "--epochs 30 --batch-size 64 --width-scale 0.25 --allow-unverified-da
 
 
 def _wait_for_epochs(cluster, run_dir: Path, count: int, timeout: float = 240) -> None:
-    # Before the first epoch: the preflight (ddp-launch doctor on every node) and the fabric gate,
-    # each an srun step through Apptainer; under load each has taken over a minute.
+    # Before the first epoch: the image's start on every node and the rendezvous, which under load
+    # have taken over a minute.
     cluster.wait_for_file(run_dir, timeout, predicate=lambda d: epochs_done(d) >= count)
 
 
@@ -150,10 +150,9 @@ def test_a_node_whose_head_never_starts_gives_up_within_the_rendezvous_timeout(c
 # job's steps (scancel(1) --signal), and squashfuse_ll, which serves the image, is one of
 # them: TERM unmounts it, and the workers die of SIGBUS on their next page of the image before
 # any checkpoint. APPTAINER_UNSQUASH=1 (`apptainer run --unsquash`: the SIF unpacked to a
-# temporary sandbox) leaves nothing to kill. Every step unpacks the whole image again, so this
-# job runs its training step alone: the preflight and the fabric gate (two more steps per start)
-# have tests of their own (test_fabric_gate.py).
-UNSQUASHED = {"APPTAINER_UNSQUASH": "1", "DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0"}
+# temporary sandbox) leaves nothing to kill. Every step unpacks the whole image again; job_env
+# runs the training step alone (no preflight, no gate), so each start unpacks it once.
+UNSQUASHED = {"APPTAINER_UNSQUASH": "1"}
 STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": (UNSQUASHED, ["--signal=TERM"])}
 
 
@@ -195,9 +194,8 @@ def test_a_stop_in_a_job_array_requeues_that_task_alone_and_each_task_has_its_ow
     # sbatch --array=0-1: two one-node tasks side by side, each in its own run dir named with %A_%a as
     # sbatch --output names files. Task 0's SLURM_JOB_ID is the array's, and scontrol given that id
     # requeues every task (Lightning-AI/pytorch-lightning#15022): the stop must requeue <array>_0 alone.
-    # The training step alone runs (the preflight and the gate have tests of their own).
-    job_env = {**job_env, "DDP_RUN_DIR": str(tmp_path / "sweep-%A_%a"), "DDP_PREFLIGHT": "0",
-               "DDP_FABRIC_GATE": "0", "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 6")}
+    job_env = {**job_env, "DDP_RUN_DIR": str(tmp_path / "sweep-%A_%a"),
+               "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 6")}
     array = cluster.sbatch([*sbatch_args(tmp_path, "--array=0-1", "--nodes=1"), "slurm/olivia-multinode.sh"],
                            env=job_env)
     tasks = [f"{array}_{index}" for index in (0, 1)]

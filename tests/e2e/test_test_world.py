@@ -77,7 +77,9 @@ def test_pip_in_the_test_base_honours_a_constraints_file_under_etc_that_the_conf
 def test_a_step_of_the_test_world_that_fails_stops_the_e2e_run_in_one_line_naming_it_and_its_log(tmp_path):
     """debootstrap of the cluster's root from a mirror that refuses connections: the e2e run
     (here one test file, in a cluster of its own) ends at once with one line, no traceback."""
-    env = {name: value for name, value in os.environ.items() if name != "PYTEST_DEBUG_TEMPROOT"}
+    # Not this run's temporary root, nor its xdist worker number (which would offset the names given here).
+    env = {name: value for name, value in os.environ.items()
+           if name != "PYTEST_DEBUG_TEMPROOT" and not name.startswith("PYTEST_XDIST")}
     env.update({"DDP_E2E_DEBIAN_MIRROR": "http://127.0.0.1:9/debian", "DDP_E2E_ROOT_CACHE": str(tmp_path / "root"),
                 "DDP_E2E_IMAGE_CACHE": str(tmp_path / "images"), "DDP_E2E_STATE": str(tmp_path / "state"),
                 "DDP_E2E_PREFIX": "ddpe2efail", "DDP_E2E_SUBNET": "10.79.0"})

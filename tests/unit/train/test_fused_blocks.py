@@ -136,7 +136,25 @@ def test_under_bf16_autocast_the_ops_run_in_bf16_no_further_from_the_truth_than_
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA path of the fused blocks needs a CUDA GPU")
 def test_on_the_gpu_fused_blocks_train_within_bf16_tolerance_of_the_plain_ones_over_several_steps():
-    # Whatever KERNELS["cuda"] holds (the reference until a cuDNN implementation is plugged in),
+    # Whatever KERNELS["cuda"] holds (the reference unless a test plugs the cuDNN kernels in).
+    several_bf16_steps_on_the_gpu()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the cuDNN kernels of the fused blocks need a CUDA GPU")
+def test_on_the_gpu_the_cudnn_kernels_train_within_bf16_tolerance_of_the_plain_blocks(monkeypatch):
+    from ddp_train import cudnn_blocks
+    kernels = cudnn_blocks.kernels()
+    if kernels is None:
+        pytest.skip(f"the cuDNN kernels cannot run here: {cudnn_blocks.unavailable_reason()}")
+    monkeypatch.setitem(fused_blocks.KERNELS, "cuda", kernels)
+    monkeypatch.setattr(cudnn_blocks, "GRAPHS", {})
+    several_bf16_steps_on_the_gpu()
+    # cuDNN graphs ran, not the reference that a declined graph falls back to.
+    built = {key.kind for key, entry in cudnn_blocks.GRAPHS.items() if isinstance(entry, cudnn_blocks.Built)}
+    assert built == {"fprop", "dgrad", "wgrad"}, cudnn_blocks.decisions()
+
+
+def several_bf16_steps_on_the_gpu():
     # channels_last and bf16 autocast as the trainer runs them; each step from the same weights.
     cuda = torch.device("cuda")
     layout = dict(memory_format=torch.channels_last)
