@@ -241,8 +241,9 @@ def test_a_node_whose_head_never_comes_up_gives_up_within_the_rendezvous_timeout
         env=slurm_step(tmp_path, 1), cwd=tmp_path, capture_output=True, text=True, timeout=200)
     waited = time.monotonic() - started
     assert done.returncode == 1, done.stderr
-    # 4 s of timeout plus start-up; the old store read_timeout of 300 s kept it ~10 minutes.
-    assert waited < 40, f"gave up after {waited:.0f} s"
+    # 4 s of timeout plus start-up (57 s once, on 2 cores beside the e2e clusters' training); the old
+    # store read_timeout of 300 s kept it ~10 minutes.
+    assert waited < 150, f"gave up after {waited:.0f} s"
     assert len(lines(done.stderr)) == 1, done.stderr
     assert lines(done.stderr)[0].startswith(f"ddp-launch: error: rendezvous store at {head}:{port} failed")
 

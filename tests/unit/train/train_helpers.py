@@ -23,7 +23,12 @@ def trainer_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_trainer(args: list[str], timeout: float = 120, torchrun_nproc: int = 0) -> subprocess.CompletedProcess:
+# A few seconds alone, but `make test` runs the unit suite beside the e2e clusters' training on 2 cores,
+# where one 3-epoch run passed 120 s.
+TRAINER_TIMEOUT_S = 400
+
+
+def run_trainer(args: list[str], timeout: float = TRAINER_TIMEOUT_S, torchrun_nproc: int = 0) -> subprocess.CompletedProcess:
     if torchrun_nproc:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={torchrun_nproc}", "-m", "ddp_train", *args]
