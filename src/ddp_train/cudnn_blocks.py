@@ -11,9 +11,8 @@ test/python/test_wgrads.py and samples/cpp/convolution/{dgrads,wgrads}.cpp. What
     backward  the incoming gradient plus the statistics' gradients (grad_y + grad_sum + 2 y grad_sq_sum,
               per channel) in torch: cuDNN has no dgrad/wgrad prologue that takes it. Then one graph
               conv_dgrad, and one graph scale -> bias -> relu -> conv_wgrad (wgrads.cpp,
-              "scale-bias-relu-wgrad"). A conv_dgrad -> relu_backward graph with the ReLU's input remade
-              as scale * x + bias (the "Dgrad Drelu" graph of dgrads.cpp) is written (_dgrad) but not
-              among the recipes: its gradients were wrong on an H100 (RECIPES says how).
+              "scale-bias-relu-wgrad"). The ReLU's backward stays in torch: a conv_dgrad -> relu_backward
+              graph (the "Dgrad Drelu" graph of dgrads.cpp) gave wrong gradients on an H100 (RECIPES).
               The BatchNorm-weight reduction of "Dgrad Drelu DBNweight" (dbn_weight) is not in the
               Python API (1.32 has no pygraph.dbn_weight), so grad_scale, grad_bias and
               grad_x = grad_pre * scale are torch on the dgrad graph's output.
@@ -135,7 +134,7 @@ def graph_key(kind: str, tensors: Mapping[str, Tensor], padding: int) -> GraphKe
 @dataclass(frozen=True)
 class Recipe:
     """One way to build a step's graph: `fuses` names what the graph does beyond the convolution
-    ("prologue": scale, bias, relu on x; "stats": genstats; "drelu": the ReLU's backward), the rest
+    ("prologue": scale, bias, relu on x; "stats": genstats), the rest
     is torch. `build(graph, tensor, key)` declares the graph; `tensor(role)` declares an input with
     the layout of the buffer bound to that role, `tensor(role, node_output)` makes an output of it."""
     name: str
@@ -280,19 +279,11 @@ def _fprop(prologue: bool, stats: bool) -> Callable[..., None]:
     return build
 
 
-def _dgrad(prologue: bool, drelu: bool) -> Callable[..., None]:
+def _dgrad() -> Callable[..., None]:
     def build(graph: Any, tensor: Callable[..., Any], key: GraphKey) -> None:
         grad_a = graph.conv_dgrad(name="conv_dgrad", loss=tensor("dy"), filter=tensor("w"), **_conv_args(key))
         grad_a.set_dim(list(dict(key.layouts)["dx"][0]))  # as dgrads.cpp: dgrad's output dims are set
-        if not drelu:
-            tensor("dx", grad_a)
-            return
-        if prologue:  # the ReLU's input, remade as dgrads.cpp's DBNweight graph remakes it
-            relu_input = graph.bias(name="bias", input=graph.scale(name="scale", input=tensor("x"),
-                                                                   scale=tensor("scale")), bias=tensor("bias"))
-        else:  # relu(pre) > 0 exactly where pre > 0: the ReLU's output is as good an input
-            relu_input = tensor("image")
-        tensor("dx", graph.relu_backward(name="drelu", loss=grad_a, input=relu_input))
+        tensor("dx", grad_a)
     return build
 
 
@@ -318,8 +309,8 @@ RECIPES: dict[tuple[str, bool], tuple[tuple[Recipe, str], ...]] = {
     # built "dgrad-scale-bias-drelu" for every prologue shape of the model, and its grad_x was 60-67%
     # off the reference (benchmarks/cudnn_fusion_probe.py, docs/benchmarks.md). Whether the graph or
     # the engine is at fault is not known, so the ReLU's backward stays in torch after a plain dgrad.
-    ("dgrad", True): ((_recipe("dgrad", "", _dgrad(False, False)), "FLOAT"),),
-    ("dgrad", False): ((_recipe("dgrad", "", _dgrad(False, False)), "FLOAT"),),
+    ("dgrad", True): ((_recipe("dgrad", "", _dgrad()), "FLOAT"),),
+    ("dgrad", False): ((_recipe("dgrad", "", _dgrad()), "FLOAT"),),
     ("wgrad", True): ((_recipe("scale-bias-relu-wgrad", "prologue", _wgrad(True)), "FLOAT"),
                       (_recipe("wgrad", "", _wgrad(False)), "FLOAT")),
     ("wgrad", False): ((_recipe("wgrad", "", _wgrad(False)), "FLOAT"),),
@@ -433,10 +424,7 @@ def conv_stats_backward(grad_y: Tensor, grad_sum: Tensor, grad_sq_sum: Tensor, x
             [False, True, False])[1]
     if not prologue:
         return dx, dw, x.new_empty(0), x.new_empty(0)
-    if dgrad is not None and "drelu" in dgrad.recipe.fuses:
-        grad_pre = dx
-    else:
-        grad_pre = torch.where(_image(x, scale, bias) > 0, dx, torch.zeros_like(dx))
+    grad_pre = torch.where(_image(x, scale, bias) > 0, dx, torch.zeros_like(dx))
     grad_scale = (grad_pre.to(wide) * x.to(wide)).sum(CHANNELS).to(scale.dtype)
     grad_bias = grad_pre.to(wide).sum(CHANNELS).to(bias.dtype)
     return grad_pre * scale.view(channel), dw, grad_scale, grad_bias
