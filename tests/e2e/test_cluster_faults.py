@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import apptainer_root
-from conftest import TRAIN_ARGS, sbatch_args, epochs_done, metrics_records
+from conftest import MIDRUN_TRAIN_ARGS, sbatch_args, epochs_done, metrics_records
 
 from ddp_launch.rendezvous import rendezvous_port
 
@@ -125,7 +125,7 @@ def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_ki
 
 
 def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_finishes(cluster, job_env, tmp_path):
-    env = {**job_env, "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 6") + " --checkpoint-every 1"}
+    env = {**job_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 6") + " --checkpoint-every 1"}
     first, run_dir = started_job(cluster, env, tmp_path)
     # The lock goes at the end, and a checkpoint being written (a .tmp, renamed: checkpoint.save_atomic)
     # is not one yet.

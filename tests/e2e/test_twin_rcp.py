@@ -99,7 +99,7 @@ def pods(twin, runai_image, cifar_data, tmp_path_factory):
     from e2e_image import charliecloud_copy
     work = tmp_path_factory.mktemp("rcp-pods")
     argv = pod_argv(dockerfile_entrypoint(),
-                    submitted_runai_argv(work, "--epochs", "1", "--batch-size", "64", "--width-scale", "0.25",
+                    submitted_runai_argv(work, "--epochs", "1", "--batch-size", "64", "--width-scale", "0.125",
                                          "--allow-unverified-data"))
     root = charliecloud_copy(work / "runai.image", runai_image)
     runs = work / "runs"
