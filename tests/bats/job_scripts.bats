@@ -396,10 +396,13 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
     mkdir -p "${DDP_RUN_DIR}"
     bash "${REPO}/slurm/olivia-multinode.sh" > "${BATS_TEST_TMPDIR}/job.out" 2>&1 &
     local -r job=$!
-    for _ in $(seq 100); do
+    # The trap is set once the step runs: under a load of 18 the script took over the 10 s this
+    # waited before, and the USR2 then ended a shell without its trap. A minute, then say so.
+    for _ in $(seq 600); do
         [ -e "${DDP_RUN_DIR}/.step-waiting" ] && break
         sleep 0.1
     done
+    [ -e "${DDP_RUN_DIR}/.step-waiting" ] || fail "the training step did not start within 60 s"
     kill -USR2 "${job}"
     local status=0
     wait "${job}" || status=$?
