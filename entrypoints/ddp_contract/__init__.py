@@ -50,7 +50,7 @@ STOP_REQUEST_FILE = ".ddp-stop-request"
 # remapping, throttling, temperature). A FAIL there on the only node of a job is that node's,
 # not the setup's (ddp_contract.quarantine.setup_problem).
 HARDWARE_CHECKS = ("gpu health",)
-# In the run dir: the nodes a failed collective's roll call found gone (src/ddp_train/peers.py writes
+# In the run dir: the nodes a failed collective's roll call found gone (src/ddp_train/safety/peers.py writes
 # it, ddp_contract.quarantine reads it: `add --by roll-call`). Only a lost node makes one: a worker
 # killed on a live node does not.
 ROLL_CALL_REPORT = "roll-call.json"

@@ -93,7 +93,7 @@ def named_by_gate(report: object) -> Dict[str, str]:
 
 
 def named_by_roll_call(report: object) -> Dict[str, str]:
-    """{node: why} from roll-call.json: the nodes none of whose ranks answered (src/ddp_train/peers.py).
+    """{node: why} from roll-call.json: the nodes none of whose ranks answered (src/ddp_train/safety/peers.py).
     The collective's own error (gloo's and NCCL's run to a source path and a cut-off line) stays in the
     report and in the trainer's line."""
     if not isinstance(report, dict):
