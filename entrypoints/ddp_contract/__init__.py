@@ -41,7 +41,7 @@ ENV_SOURCES_VAR = "DDP_ENV_SOURCES"         # JSON {name: "who: why"} of what th
 # into the one GPU it sees. Unset: the process's GPU is its LOCAL_RANK.
 TASK_DEVICE_VAR = "DDP_TASK_DEVICE"
 
-# -- the fabric gate (src/ddp_train/gate.py) and the quarantine (ddp_contract/quarantine.py) --
+# -- the fabric gate (src/ddp_train/gate/run.py) and the quarantine (ddp_contract/quarantine.py) --
 # In the run dir: a stop asked for by the job script, which alone gets the time-limit signal
 # (sbatch --signal=B:USR2@T). It holds the signal's name; the trainer stops as on that signal.
 STOP_REQUEST_FILE = ".ddp-stop-request"

@@ -475,7 +475,7 @@ ddp::preflight() {
     return "${status}"
 }
 
-# The fabric gate (python -m ddp_train.gate, src/ddp_train/gate.py) through ddp-launch, like the
+# The fabric gate (python -m ddp_train.gate, src/ddp_train/gate/run.py) through ddp-launch, like the
 # training: same ranks, backend and environment. A node it names goes into the quarantine record.
 #   ddp::gate MODE TRAIN_ARGS...   (the trainer's --backend, if given, is the gate's too)
 ddp::gate() {
