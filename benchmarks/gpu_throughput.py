@@ -250,8 +250,9 @@ def block_kernels(variant: Variant) -> Iterator[None]:
     if not variant.cudnn_kernels:
         yield
         return
+    from ddp_train import cudnn_blocks
     before = fused_blocks.KERNELS.get("cuda")
-    print(f"  {variant.name}: {fused_blocks.use_cudnn_kernels()}", flush=True)
+    print(f"  {variant.name}: {cudnn_blocks.use_cudnn_kernels()}", flush=True)
     try:
         yield
     finally:
