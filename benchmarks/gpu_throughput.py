@@ -40,9 +40,8 @@ import torch
 import torch.nn as nn
 
 from ddp_train import cudagraph_report, fused_blocks, levers, speed
-from ddp_train.augment import random_crop_flip
 from ddp_train.config import GPU_BATCH_PER_RANK
-from ddp_train.data import memory_format_for, normalize
+from ddp_train.data import memory_format_for, normalize, random_crop_flip
 from ddp_train.fused_blocks import FusedBasicBlock
 from ddp_train.model import BasicBlock, WideResNet
 
@@ -251,8 +250,9 @@ def block_kernels(variant: Variant) -> Iterator[None]:
     if not variant.cudnn_kernels:
         yield
         return
+    from ddp_train import cudnn_blocks
     before = fused_blocks.KERNELS.get("cuda")
-    print(f"  {variant.name}: {fused_blocks.use_cudnn_kernels()}", flush=True)
+    print(f"  {variant.name}: {cudnn_blocks.use_cudnn_kernels()}", flush=True)
     try:
         yield
     finally:

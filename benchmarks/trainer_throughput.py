@@ -123,8 +123,8 @@ def run_seed_pipeline(args: argparse.Namespace, data_dir: Path) -> float:
 def forensics_marks_us(buckets: int = 8, steps: int = 20000) -> float:
     """Microseconds per step of the heartbeat and step-clock marks a DDP step makes."""
     from ddp_contract import heartbeat as hb
-    from ddp_train.heartbeat import Forensics
-    from ddp_train.steptime import StepClock
+    from ddp_train.safety.heartbeat import Forensics
+    from ddp_train.safety.steptime import StepClock
 
     with tempfile.TemporaryDirectory(prefix="hb-bench-") as beats:
         forensics = Forensics.start({hb.HEARTBEAT_DIR_VAR: beats}, 0, 0, beats, 600.0)

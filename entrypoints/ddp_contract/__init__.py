@@ -41,7 +41,7 @@ ENV_SOURCES_VAR = "DDP_ENV_SOURCES"         # JSON {name: "who: why"} of what th
 # into the one GPU it sees. Unset: the process's GPU is its LOCAL_RANK.
 TASK_DEVICE_VAR = "DDP_TASK_DEVICE"
 
-# -- the fabric gate (src/ddp_train/gate.py) and the quarantine (ddp_contract/quarantine.py) --
+# -- the fabric gate (src/ddp_train/gate/run.py) and the quarantine (ddp_contract/quarantine.py) --
 # In the run dir: a stop asked for by the job script, which alone gets the time-limit signal
 # (sbatch --signal=B:USR2@T). It holds the signal's name; the trainer stops as on that signal.
 STOP_REQUEST_FILE = ".ddp-stop-request"
@@ -50,7 +50,7 @@ STOP_REQUEST_FILE = ".ddp-stop-request"
 # remapping, throttling, temperature). A FAIL there on the only node of a job is that node's,
 # not the setup's (ddp_contract.quarantine.setup_problem).
 HARDWARE_CHECKS = ("gpu health",)
-# In the run dir: the nodes a failed collective's roll call found gone (src/ddp_train/peers.py writes
+# In the run dir: the nodes a failed collective's roll call found gone (src/ddp_train/safety/peers.py writes
 # it, ddp_contract.quarantine reads it: `add --by roll-call`). Only a lost node makes one: a worker
 # killed on a live node does not.
 ROLL_CALL_REPORT = "roll-call.json"

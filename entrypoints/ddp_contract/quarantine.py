@@ -93,7 +93,7 @@ def named_by_gate(report: object) -> Dict[str, str]:
 
 
 def named_by_roll_call(report: object) -> Dict[str, str]:
-    """{node: why} from roll-call.json: the nodes none of whose ranks answered (src/ddp_train/peers.py).
+    """{node: why} from roll-call.json: the nodes none of whose ranks answered (src/ddp_train/safety/peers.py).
     The collective's own error (gloo's and NCCL's run to a source path and a cut-off line) stays in the
     report and in the trainer's line."""
     if not isinstance(report, dict):
@@ -140,7 +140,7 @@ def named_by_doctor(node: str, failures: Optional[Tuple[Failed, ...]]) -> Option
 def setup_problem(failures: Mapping[str, Optional[Tuple[Failed, ...]]], nodes: int) -> Optional[str]:
     """One line when a check FAILs in the report of every node of the job: the image, the binds or a
     setting, which excluding nodes cannot fix. The fabric gate's rule for NCCL on TCP sockets is the
-    same (src/ddp_train/fabric_gate.py, decide: on every node, "a setup problem, not a node"), and,
+    same (src/ddp_train/gate/judge.py, decide: on every node, "a setup problem, not a node"), and,
     like it, it counts the only node of a 1-node job as every node: one node cannot tell a node's
     fault from the setup's, and a requeue cannot either, while it costs up to DDP_MAX_REQUEUES waits
     in the queue for a setup fault. The exception is a check of the node's own hardware

@@ -194,7 +194,7 @@ def _container_runtime(item: object, fail) -> str:
 
 
 # The fabric gate's expectation: a published all-reduce bus bandwidth at one size, the share of it
-# below which the gate fails, and where the figure comes from (src/ddp_train/fabric_gate.py).
+# below which the gate fails, and where the figure comes from (src/ddp_train/gate/judge.py).
 _GATE_NUMBERS = ("size_bytes", "busbw_gbps", "floor_fraction")
 # The figure judges only a gate run with the backend and device it was measured with (nccl-tests:
 # nccl on cuda, which is RCCL on ROCm's torch); torch.distributed's names.

@@ -8,7 +8,7 @@ rank (FlightRecorder.hpp, Utils.hpp), so the FR name is what we set; a torch old
 rename (2.8) reads only the NCCL name, which a user of such an image sets (then ours is not). gloo records into the same buffer
 but never dumps it itself: the trainer does, when ddp-launch's watchdog asks (watchdog.py).
 The dump file's prefix belongs in the run directory, which only the trainer knows: it sets
-TORCH_FR_DUMP_TEMP_FILE there where unset (ddp_train/heartbeat.py).
+TORCH_FR_DUMP_TEMP_FILE there where unset (ddp_train/safety/heartbeat.py).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from ddp_contract import heartbeat as hb
 
 POLL_S = 1.0
 DUMP_WAIT_S = 5.0       # for faulthandler and the Flight Recorder dump to land
-STACKS_SIGNAL = signal.SIGURG   # what ddp_train.heartbeat registers faulthandler on
+STACKS_SIGNAL = signal.SIGURG   # what ddp_train.safety.heartbeat registers faulthandler on
 # /proc/PID/stat states that say the process is not running on its own (proc(5)).
 STOPPED_STATES = {"T": "stopped by a signal", "t": "stopped by a tracer", "D": "in uninterruptible sleep"}
 

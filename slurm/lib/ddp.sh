@@ -475,7 +475,7 @@ ddp::preflight() {
     return "${status}"
 }
 
-# The fabric gate (python -m ddp_train.gate, src/ddp_train/gate.py) through ddp-launch, like the
+# The fabric gate (python -m ddp_train.gate, src/ddp_train/gate/run.py) through ddp-launch, like the
 # training: same ranks, backend and environment. A node it names goes into the quarantine record.
 #   ddp::gate MODE TRAIN_ARGS...   (the trainer's --backend, if given, is the gate's too)
 ddp::gate() {
@@ -612,7 +612,7 @@ ddp::wait_for() {
 # the step, it would also reach the squashfuse_ll through which unprivileged Apptainer serves
 # the image: that dies, and the workers with SIGBUS before any checkpoint (apptainer#3197 shows
 # the same for SIGINT). The trap asks the training step to stop through a file in the run dir:
-# rank 0 reads it, the trainer checkpoints and exits 75 as on the signal (src/ddp_train/signals.py).
+# rank 0 reads it, the trainer checkpoints and exits 75 as on the signal (src/ddp_train/safety/signals.py).
 #   ddp::request_stop SIGNAL      (USR2, USR1)
 ddp::request_stop() {
     local -r request="${DDP_RUN_DIR}/${DDP_STOP_REQUEST_FILE}"
@@ -786,7 +786,7 @@ ddp::step_nodes() {
 }
 
 # After a failed training step: when the roll call named the lost node(s) (<run-dir>/roll-call.json,
-# src/ddp_train/peers.py), they go into the quarantine record, and a spare takes each one's place
+# src/ddp_train/safety/peers.py), they go into the quarantine record, and a spare takes each one's place
 # (return 0: train again); with no spare left, one line and return 1 (the job's exit 1 for a lost
 # node). The seconds from the fault to training again are the trainer's to say (DDP_RECOVERY).
 #   ddp::replace_lost_node STEP_ENDED_AT

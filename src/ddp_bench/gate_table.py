@@ -13,7 +13,7 @@ from typing import Sequence
 
 from ddp_bench.errors import ReportError
 from ddp_bench.markdown import titled_table
-from ddp_train.fabric_gate import GATE_JSON, human_size
+from ddp_train.gate.judge import GATE_JSON, human_size
 
 HEADER = ("Run", "Gate", "Nodes", "Ranks", "Size", "busbw (GB/s)", "algbw (GB/s)", "#wrong", "Gate time (s)", "Named")
 

@@ -118,7 +118,7 @@ def _keep_previous(path: Path) -> None:
 
 
 def recovery_hint(path: Path) -> str:
-    """How to go on from an unusable checkpoint; --no-resume keeps the old files (rundir.py)."""
+    """How to go on from an unusable checkpoint; --no-resume keeps the old files (safety/rundir.py)."""
     previous = path.with_name(PREVIOUS_NAME)
     fresh = f"--no-resume starts fresh and moves it aside into {path.parent}/checkpoint-<UTC time>/"
     if previous.exists():

@@ -70,7 +70,7 @@ class TrainConfig:
     inductor_levers: str = "auto"  # levers.py: auto (the device's measured defaults), none, or names
     grad_compression: str = "none"  # "bf16": DDP's bf16_compress_hook for slow fabrics
     backend: str = "auto"  # the process group's backend; see resolve_backend
-    grad_accum_steps: int = 1  # micro-batches per optimizer step (accumulation.py)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (learner.py)
     bucket_cap_mb: float = 25.0  # DDP's default; checked in benchmarks/ddp_buckets.py
     seed: int = 0
     demo: bool = False

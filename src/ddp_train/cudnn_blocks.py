@@ -1,5 +1,5 @@
 """cuDNN-frontend kernels for the fused blocks' two ops (ddp_train.fused_blocks): cuDNN graphs built
-once per shape, plugged in for "cuda" by fused_blocks.use_cudnn_kernels(), a default nowhere.
+once per shape, plugged in for "cuda" by use_cudnn_kernels() here, a default nowhere.
 
 Written against nvidia-cudnn-frontend 1.32.0 (`cudnn.pygraph`, `cudnn.create_handle`,
 `cudnn.set_stream(handle, stream)`, read in the wheel's own cudnn/__init__.py and _pygraph.py); the
@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import torch
 from torch import Tensor
 
-from ddp_train.fused_blocks import (CHANNELS, Kernels, _prologue, reference_conv_stats,
+from ddp_train.fused_blocks import (CHANNELS, Kernels, _prologue, plug_in, reference_conv_stats,
                                     reference_conv_stats_backward)
 
 INSTALL_HINT = "pip install nvidia-cudnn-frontend"
@@ -82,6 +82,17 @@ def kernels() -> Optional[Kernels]:
     cudnn = _import_cudnn()
     return Kernels(conv_stats_forward, conv_stats_backward,
                    f"cuDNN frontend {cudnn.__version__} graphs, libcudnn {cudnn.backend_version()}")
+
+
+def use_cudnn_kernels() -> str:
+    """Plug the cuDNN-frontend kernels in for "cuda" where they can run; one line saying what
+    the CUDA path now runs, either way. Here, not in fused_blocks: that module is the reference and
+    the seam, and knows no implementation (this one imports it, never the other way round)."""
+    found = kernels()
+    if found is None:
+        return f"fused blocks on cuda: the reference ({unavailable_reason()})"
+    plug_in("cuda", found)
+    return f"fused blocks on cuda: {found.source}"
 
 
 def first_line(exc: BaseException) -> str:

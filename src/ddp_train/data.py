@@ -1,8 +1,16 @@
-"""Read CIFAR-100 (torchvision's on-disk format) straight into uint8 tensors, checked, and put
-them on the training device.
+"""The data path: CIFAR-100 read into uint8 tensors on the training device, and this rank's
+augmented, normalized training batches cut from them.
 
-The pickles already store images channel-planar (N x 3072 = N,3,32,32), so no per-image
-decode or transpose is needed. Training never downloads: see download.py.
+Reading: torchvision's on-disk format, checked. The pickles already store images channel-planar
+(N x 3072 = N,3,32,32), so no per-image decode or transpose is needed. Training never downloads:
+see download.py.
+
+Augmentation (training set only, never the test set): random crop with 4-pixel zero padding plus
+horizontal flip, the Olivia guide's transforms, done as one gather per batch on the batch's device
+instead of per-image PIL work in DataLoader workers (the guide's bottleneck).
+
+Batches: each epoch's shuffle (the same on every rank) and each step's slice of it, augmented with
+a seed taken from the step's position, so a resumed run replays them.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from ddp_train.config import TrainConfig
+from ddp_train.config import TrainConfig, batch_per_rank
 from ddp_train.distributed import agree_or_raise, barrier
 from ddp_train.errors import TrainError
 from ddp_train.layout import NUM_CLASSES, OFFICIAL_MD5, has_dataset, split_path
@@ -151,3 +160,57 @@ def normalize(images_uint8: torch.Tensor, dtype: torch.dtype = torch.float32) ->
     scale, shift = normalize_constants(device, dtype)
     x = images_uint8.to(dtype).contiguous(memory_format=memory_format_for(device))
     return torch.addcmul(shift, x, scale)
+
+
+# -- Augmentation, on whole batches on their device --
+
+def random_crop_flip(images: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
+    """images: B,C,H,W (any dtype). Same result as torchvision RandomCrop(pad) + RandomHorizontalFlip."""
+    b, c, h, w = images.shape
+    device = images.device
+    padded = F.pad(images, (pad, pad, pad, pad))
+    top = torch.randint(0, 2 * pad + 1, (b, 1), device=device, generator=generator)
+    left = torch.randint(0, 2 * pad + 1, (b, 1), device=device, generator=generator)
+    flip = torch.rand((b, 1), device=device, generator=generator) < 0.5
+    rows = top + torch.arange(h, device=device)
+    cols = left + torch.arange(w, device=device)
+    cols = torch.where(flip, cols.flip(1), cols)  # reading columns backwards is the flip
+    batch_index = torch.arange(b, device=device).view(b, 1, 1, 1)
+    channel_index = torch.arange(c, device=device).view(1, c, 1, 1)
+    return padded[batch_index, channel_index, rows.view(b, 1, h, 1), cols.view(b, 1, 1, w)]
+
+
+# -- This rank's training batches --
+
+CROP_PADDING = 4
+
+
+def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
+    """Augmentation randomness is a function of the position, so a resumed run replays it."""
+    prime = 1_000_003
+    return (((seed * prime + epoch) * prime + step) * prime + rank) % (2**63)
+
+
+def epoch_permutation(n: int, seed: int, epoch: int, device: torch.device) -> torch.Tensor:
+    """The same shuffle on every rank (a CPU generator: identical on any device)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g).to(device)
+
+
+class TrainBatches:
+    """Rank r takes the r-th slice of every global batch; augmentation runs on the batch's device."""
+
+    def __init__(self, train_set: Split, batch_size: int, seed: int, rank: int, world_size: int):
+        self.images, self.labels = train_set.images, train_set.labels
+        self.batch_size, self.seed, self.rank = batch_size, seed, rank
+        self.per_rank = batch_per_rank(batch_size, world_size)
+        self.generator = torch.Generator(device=train_set.images.device)
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        return epoch_permutation(len(self.labels), self.seed, epoch, self.images.device)
+
+    def batch(self, perm: torch.Tensor, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = step * self.batch_size + self.rank * self.per_rank
+        idx = perm[start:start + self.per_rank]
+        self.generator.manual_seed(step_seed(self.seed, epoch, step, self.rank))
+        return normalize(random_crop_flip(self.images[idx], CROP_PADDING, self.generator)), self.labels[idx]

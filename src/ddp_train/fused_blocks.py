@@ -13,8 +13,8 @@ that torch.compile and DDP each see as one op: the seam for cuDNN's fused Hopper
 The BatchNorm finalize (statistics to scale and bias, the running statistics) stays plain torch
 on C-sized vectors. Every device runs the reference implementation, the plain PyTorch
 composition, unless a device's kernels are plugged in (`plug_in`). The cuDNN-frontend kernels
-(ddp_train.cudnn_blocks) are plugged in only by `use_cudnn_kernels()`, which nothing calls by
-default: they are not yet checked on a GPU (benchmarks/cudnn_fusion_probe.py checks them).
+(ddp_train.cudnn_blocks) are plugged in only by its `use_cudnn_kernels()`, which nothing calls
+by default: they are not yet checked on a GPU (benchmarks/cudnn_fusion_probe.py checks them).
 """
 
 from __future__ import annotations
@@ -54,18 +54,6 @@ def plug_in(device_type: str, kernels: Kernels) -> None:
 def unplug(device_type: str) -> None:
     """Back to the reference on that device."""
     KERNELS.pop(device_type, None)
-
-
-def use_cudnn_kernels() -> str:
-    """Plug the cuDNN-frontend kernels in for "cuda" where they can run; one line saying what
-    the CUDA path now runs, either way."""
-    from ddp_train import cudnn_blocks
-
-    kernels = cudnn_blocks.kernels()
-    if kernels is None:
-        return f"fused blocks on cuda: the reference ({cudnn_blocks.unavailable_reason()})"
-    plug_in("cuda", kernels)
-    return f"fused blocks on cuda: {kernels.source}"
 
 
 def _prologue(x: Tensor, scale: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:

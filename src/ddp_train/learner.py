@@ -1,20 +1,33 @@
-"""The model and what trains it (SGD, the fp16 grad scaler, the loss, an EMA of the weights),
-built alike on every rank; a checkpoint saves and restores it (checkpoint.py).
+"""The recipe's code beside its values: the model and what trains it (SGD, the fp16 grad scaler,
+the loss, an EMA of the weights), built alike on every rank, and what the loop does with them each
+step: the learning rate, gradient accumulation, the EMA update. A checkpoint saves and restores the
+learner (checkpoint.py).
+
+- Steps and the learning rate: linear warm-up, then constant, cosine or linear decay to zero.
+- The weights' exponential moving average (--ema-decay > 0): updated after every step, evaluated
+  and checkpointed beside the model.
+- Gradient accumulation (--grad-accum-steps N): a rank's batch as N micro-batches, one all-reduce
+  per optimizer step. --batch-size stays the global batch of one optimizer step (so the LR rule,
+  the step count and the schedule do not change); each rank's share runs in N forward/backward
+  passes of batch/(world*N) images, for when that share does not fit in GPU memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import distributed
-from ddp_train.config import TrainConfig, peak_lr
+from ddp_train.config import TrainConfig, batch_per_rank, peak_lr
 from ddp_train.data import memory_format_for
 from ddp_train.distributed import DistEnv
-from ddp_train.ema import copy_buffers, make_ema
 from ddp_train.layout import NUM_CLASSES
 from ddp_train.model import WideResNet
 
@@ -57,3 +70,89 @@ def build_learner(config: TrainConfig, dist_env: DistEnv, device: torch.device, 
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
     torch.manual_seed(config.seed * 1_000_003 + dist_env.rank + 1)  # per-rank dropout masks
     return Learner(model, ema, optimizer, scaler, criterion, AUTOCAST_DTYPES[precision], lr_peak)
+
+
+# -- The run's steps and the learning rate at each --
+
+@dataclass(frozen=True)
+class Steps:
+    """How many optimizer steps an epoch and the run take, and each rank's share of a batch."""
+    per_epoch: int
+    total: int
+    warmup: int
+    batch_per_rank: int
+
+
+def plan_steps(train_images: int, batch_size: int, world_size: int, epochs: int,
+               warmup_epochs: float) -> Steps:
+    """The last partial batch is dropped, so every rank takes the same number of steps."""
+    per_epoch = train_images // batch_size
+    return Steps(per_epoch, per_epoch * epochs, round(warmup_epochs * per_epoch),
+                 batch_per_rank(batch_size, world_size))
+
+
+def lr_at(step: int, total_steps: int, warmup_steps: int, peak: float, schedule: str) -> float:
+    if warmup_steps > 0 and step < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return peak
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    if schedule == "cosine":
+        return peak * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return peak * (1.0 - progress)
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+# -- The weights' exponential moving average --
+
+def make_ema(model: nn.Module, decay: float) -> Optional[nn.Module]:
+    return copy.deepcopy(model).requires_grad_(False) if decay > 0 else None
+
+
+@torch.no_grad()
+def update_ema(ema: nn.Module, model: nn.Module, decay: float) -> None:
+    ema_params = list(ema.parameters())
+    torch._foreach_lerp_(ema_params, list(model.parameters()), 1.0 - decay)
+    copy_buffers(ema, model)
+
+
+@torch.no_grad()
+def copy_buffers(dst: nn.Module, src: nn.Module) -> None:
+    for d, s in zip(dst.buffers(), src.buffers()):
+        d.copy_(s)
+
+
+# -- Gradient accumulation: one all-reduce per optimizer step --
+
+def gradient_sync(ddp: nn.Module, last: bool) -> ContextManager[object]:
+    """DDP's no_sync() for every micro-batch but the last: gradients then add up locally and the
+    last backward all-reduces the sum once (DistributedDataParallel.no_sync, "gradients will be
+    accumulated on module variables, which will later be synchronized in the first forward-backward
+    pass exiting the context";
+    https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html).
+    A model DDP does not wrap (a world of one) has nothing to hold back."""
+    if last or not isinstance(ddp, DistributedDataParallel):
+        return contextlib.nullcontext()
+    return ddp.no_sync()
+
+
+def accumulate_gradients(x: torch.Tensor, y: torch.Tensor, steps: int, ddp: nn.Module,
+                         loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                         backward: Callable[[torch.Tensor], None]) -> torch.Tensor:
+    """Forward and backward over `steps` equal micro-batches of (x, y); returns the batch's loss.
+
+    Each micro-batch's mean loss is divided by `steps`, so the summed gradients are those of the
+    whole batch's mean loss (equal micro-batches: the caller checks the batch divides). With
+    BatchNorm in training mode each micro-batch is normalised by its own statistics, so the
+    gradients are those of a smaller batch's normalisation, as on a smaller GPU; everything
+    else is the same sum.
+    """
+    total = torch.zeros((), device=x.device)
+    for index, (xs, ys) in enumerate(zip(x.chunk(steps), y.chunk(steps))):
+        with gradient_sync(ddp, last=index == steps - 1):
+            loss = loss_of(xs, ys) / steps
+            backward(loss)
+        total += loss.detach()
+    return total

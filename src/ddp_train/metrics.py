@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from ddp_train import write_failure
 from ddp_train.config import TrainConfig
 from ddp_train.errors import TrainError
-from ddp_train.schedule import Steps
 
 if TYPE_CHECKING:  # they import torch
     from ddp_train.checkpoint import Progress
     from ddp_train.distributed import World
     from ddp_train.evaluate import EvalResult
+    from ddp_train.learner import Steps
 
 METRICS_NAME = "metrics.jsonl"
 

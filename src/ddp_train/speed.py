@@ -70,7 +70,7 @@ def wrap_ddp(model: nn.Module, device: torch.device, bucket_cap_mb: float,
     """DDP with gradients as views of its buckets (no copy into the all-reduce buffers).
 
     on_bucket is called as each gradient bucket is handed to the all-reduce (the heartbeat
-    and the step clock: heartbeat.py, steptime.py), from a comm hook around the reduction.
+    and the step clock: safety/heartbeat.py, safety/steptime.py), from a comm hook around the reduction.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     ddp = DistributedDataParallel(

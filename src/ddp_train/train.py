@@ -19,22 +19,19 @@ import torch
 
 from ddp_contract import heartbeat as hb
 
-from ddp_train import (cudagraph_report, data, distributed, heartbeat, metrics, peers, provenance, recovery, rundir,
-                       speed, steptime)
-from ddp_train.accumulation import accumulate_gradients
-from ddp_train.batches import TrainBatches
+from ddp_train import cudagraph_report, data, distributed, metrics, recovery, speed
 from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
 from ddp_train.console import Console
 from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, resolve_backend,
                               resolve_precision)
+from ddp_train.data import TrainBatches
 from ddp_train.distributed import DistEnv
-from ddp_train.ema import update_ema
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
 from ddp_train.evaluate import evaluate, target_reached
-from ddp_train.learner import build_learner
+from ddp_train.learner import accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
 from ddp_train.progress import ProgressBar
-from ddp_train.schedule import lr_at, plan_steps
-from ddp_train.signals import StopFlag, StopVote, stop_request_path
+from ddp_train.safety import heartbeat, peers, provenance, rundir, steptime
+from ddp_train.safety.signals import StopFlag, StopVote, stop_request_path
 
 
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:

@@ -86,7 +86,7 @@ scontrol release 42"
     assert_output "scontrol update JobId=42 ExcNodeList=node2"
 }
 
-# The fabric gate's rule for NCCL on sockets (src/ddp_train/fabric_gate.py, decide): on every node it is
+# The fabric gate's rule for NCCL on sockets (src/ddp_train/gate/judge.py, decide): on every node it is
 # "a setup problem, not a node". The preflight keeps the same rule for a check every doctor FAILs.
 @test "a check that every node's doctor fails stops the job in one line with the fix, exit 2, nothing excluded or requeued" {
     export DOCTOR_FAILS="node1 node2" PARTITION_NODES="node1 node2 node3"

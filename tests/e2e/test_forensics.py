@@ -70,7 +70,7 @@ def test_a_rank_stopped_mid_epoch_is_named_with_its_node_step_and_place_and_the_
 
 
 def test_a_slow_rank_is_named_as_a_straggler_in_the_summary_and_the_report(cluster, job_env, tmp_path):
-    # DDP_TEST_SLOW_RANK (a test-only switch, ddp_train/steptime.py): rank 3 sleeps 1 s in every
+    # DDP_TEST_SLOW_RANK (a test-only switch, ddp_train/safety/steptime.py): rank 3 sleeps 1 s in every
     # step's compute, several times the threshold over the others on this 2-core machine.
     job_env = {**job_env, "DDP_TEST_SLOW_RANK": "3:1.0"}
     run_dir = Path(job_env["DDP_RUN_DIR"])

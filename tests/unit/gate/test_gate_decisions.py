@@ -5,8 +5,8 @@ import math
 
 import numpy as np
 import pytest
-from ddp_train import fabric_gate as fg
-from ddp_train.fabric_gate import Expectation, GroupResult, SizeResult
+from ddp_train.gate import judge as fg
+from ddp_train.gate.judge import Expectation, GroupResult, SizeResult
 
 MiB = 2**20
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 from ddp_launch.sites import load_site
-from ddp_train.fabric_gate import NOT_JUDGED, Expectation, expectation_from_profile, judged_expectation
-from ddp_train.gate import gate, parse_args
+from ddp_train.gate.judge import NOT_JUDGED, Expectation, expectation_from_profile, judged_expectation
+from ddp_train.gate.run import gate, parse_args
 
 OLIVIA = expectation_from_profile(load_site("olivia", {}).fabric_gate)
 

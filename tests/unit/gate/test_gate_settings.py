@@ -5,8 +5,8 @@ import pytest
 from ddp_launch.errors import LaunchError
 from ddp_launch.sites import load_site, parse_profile
 from ddp_train.errors import TrainError
-from ddp_train.fabric_gate import expectation_from_profile
-from ddp_train.gate import corruption, node_names
+from ddp_train.gate.judge import expectation_from_profile
+from ddp_train.gate.run import corruption, node_names
 
 
 @pytest.mark.parametrize(("raw", "host", "local_rank", "count"), [

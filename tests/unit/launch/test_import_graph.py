@@ -1,4 +1,5 @@
-"""The launcher's modules import each other one way only: no module is part of an import cycle.
+"""The launcher's modules import each other one way only: no module is part of an import cycle;
+nor are the trainer's (its rooms, safety/ and gate/, included) or ddp-bench's.
 
 Read from the source (ast), so an import under `if TYPE_CHECKING:` counts too: a cycle there
 is still two modules that each need the other to be understood.
@@ -9,24 +10,27 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import ddp_bench
 import ddp_launch
+import ddp_train
+import pytest
 
 PACKAGE = Path(ddp_launch.__file__).parent
 
 
-def module_names() -> dict[str, Path]:
+def module_names(package: Path = PACKAGE) -> dict[str, Path]:
     names = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         names[".".join(parts)] = path
     return names
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """module -> the package modules it imports by name (`from pkg import mod` names pkg.mod)."""
-    modules = module_names()
+    modules = module_names(package)
     graph = {}
     for name, path in modules.items():
         edges = set()
@@ -65,6 +69,29 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_launcher_module_is_part_of_an_import_cycle():
     assert cycle_in(import_graph()) is None, " -> ".join(cycle_in(import_graph()))
+
+
+OTHER_PACKAGES = {module.__name__: Path(module.__file__).parent for module in (ddp_train, ddp_bench)}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_PACKAGES))
+def test_no_module_of_the_other_packages_is_part_of_an_import_cycle(name):
+    graph = import_graph(OTHER_PACKAGES[name])
+    assert cycle_in(graph) is None, " -> ".join(cycle_in(graph))
+
+
+def test_the_trainers_rooms_are_read_as_modules_of_their_own():
+    graph = import_graph(OTHER_PACKAGES["ddp_train"])
+    assert {"ddp_train.safety.heartbeat", "ddp_train.gate.judge", "ddp_train.gate.run"} <= set(graph)
+    assert "ddp_train.gate.judge" in graph["ddp_train.gate.run"]  # `from ddp_train.gate.judge import ...`
+    assert "ddp_train.safety.rundir" in graph["ddp_train.train"]  # `from ddp_train.safety import rundir`
+
+
+def test_the_trainers_rooms_import_nothing_on_entry():
+    """`ddp_train.safety` and `ddp_train.gate` only name their modules: ddp-bench loads gate.judge and
+    safety.provenance without torch, which gate.run and the other safety nets import."""
+    rooms = [OTHER_PACKAGES["ddp_train"] / room / "__init__.py" for room in ("safety", "gate")]
+    assert [imported_packages(room.read_text()) for room in rooms] == [set(), set()]
 
 
 def test_a_cycle_is_found_where_there_is_one():

@@ -71,7 +71,7 @@ def test_without_a_stack_it_says_so():
 
 WORKER = textwrap.dedent("""\
     import sys, time
-    from ddp_train.heartbeat import Forensics
+    from ddp_train.safety.heartbeat import Forensics
     from ddp_contract import heartbeat as hb
     f = Forensics.start({"DDP_HEARTBEAT_DIR": sys.argv[1]}, 3, 1, sys.argv[2], 2.0)
     f.heartbeat.step(41)

@@ -5,7 +5,7 @@ import pytest
 from ddp_bench import cli, report
 from ddp_bench.errors import ReportError
 from ddp_bench.gate_table import gate_table
-from ddp_train import fabric_gate as fg
+from ddp_train.gate import judge as fg
 from test_report import write_run
 
 MiB = 2**20

@@ -61,7 +61,7 @@ def test_a_working_frontend_without_a_gpu_is_unavailable_for_want_of_the_gpu(mon
 
 def test_use_cudnn_kernels_leaves_the_reference_in_place_and_says_why(no_cudnn, monkeypatch):
     monkeypatch.setattr(fused_blocks, "KERNELS", {})
-    line = fused_blocks.use_cudnn_kernels()
+    line = cudnn_blocks.use_cudnn_kernels()
     assert line.startswith("fused blocks on cuda: the reference (") and "nvidia-cudnn-frontend" in line
     assert fused_blocks.KERNELS == {}
 
@@ -71,7 +71,7 @@ def test_use_cudnn_kernels_plugs_them_in_for_cuda_when_they_can_run(monkeypatch)
     stand_in = fused_blocks.Kernels(fused_blocks.reference_conv_stats, fused_blocks.reference_conv_stats_backward,
                                     "cuDNN frontend (test stand-in)")
     monkeypatch.setattr(cudnn_blocks, "kernels", lambda: stand_in)
-    assert fused_blocks.use_cudnn_kernels() == "fused blocks on cuda: cuDNN frontend (test stand-in)"
+    assert cudnn_blocks.use_cudnn_kernels() == "fused blocks on cuda: cuDNN frontend (test stand-in)"
     assert fused_blocks.KERNELS == {"cuda": stand_in}
     fused_blocks.unplug("cuda")
     assert fused_blocks.KERNELS == {}

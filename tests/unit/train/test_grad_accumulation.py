@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ddp_train.accumulation import accumulate_gradients, gradient_sync
+from ddp_train.learner import accumulate_gradients, gradient_sync
 from ddp_train.config import check_world, config_from_args
 from ddp_train.errors import TrainError
 from ddp_train.model import WideResNet
@@ -91,7 +91,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from torch.nn.parallel import DistributedDataParallel
     sys.path.insert(0, sys.argv[3])
     from test_grad_accumulation import PER_RANK, batch, tiny_model
-    from ddp_train.accumulation import accumulate_gradients
+    from ddp_train.learner import accumulate_gradients
     dist.init_process_group("gloo")
     rank, steps = dist.get_rank(), int(sys.argv[1])
     model = tiny_model().eval()

@@ -9,11 +9,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-from ddp_train.heartbeat import FR_DUMP_VARS, Forensics, stall_after_s, use_run_dir_for_flight_recorder
+from ddp_train.safety.heartbeat import FR_DUMP_VARS, Forensics, stall_after_s, use_run_dir_for_flight_recorder
 
 GLOO_DUMP = textwrap.dedent("""\
     import datetime, sys, torch, torch.distributed as dist
-    from ddp_train.heartbeat import dump_flight_recorder
+    from ddp_train.safety.heartbeat import dump_flight_recorder
     store = dist.FileStore(sys.argv[2], 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
     dist.all_reduce(torch.ones(4))

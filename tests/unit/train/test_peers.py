@@ -4,8 +4,8 @@ import json
 import time
 
 from ddp_contract import ROLL_CALL_REPORT
-from ddp_train import peers
-from ddp_train.peers import lost_message, missing_nodes, roll_call
+from ddp_train.safety import peers
+from ddp_train.safety.peers import lost_message, missing_nodes, roll_call
 
 HOSTS = ["node1", "node1", "node2", "node2"]
 

@@ -15,7 +15,7 @@ from ddp_train.config import config_from_args
     (None, True, True),  # neither flag: a checkpoint there is resumed
     (None, False, False),  # neither flag, nothing there: a fresh start
     (True, False, True),  # --resume without a checkpoint: resume, which then names the missing file
-    (False, True, False),  # --no-resume: fresh, the old run is moved aside (rundir.py)
+    (False, True, False),  # --no-resume: fresh, the old run is moved aside (safety/rundir.py)
 ])
 def test_resume_follows_the_flag_and_else_the_checkpoint(requested, exists, expected):
     assert wants_resume(requested, exists) is expected

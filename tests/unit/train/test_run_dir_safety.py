@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_train import checkpoint, cli, rundir, write_failure
+from ddp_train import checkpoint, cli, write_failure
+from ddp_train.safety import rundir
 from ddp_train.errors import TrainError
 
 TINY = ["--allow-unverified-data", "--batch-size", "32", "--epochs", "1", "--width-scale", "0.0625",

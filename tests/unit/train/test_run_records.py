@@ -11,14 +11,13 @@ import pytest
 import torch
 
 from ddp_train import metrics
-from ddp_train.batches import TrainBatches
 from ddp_train.checkpoint import Progress
 from ddp_train.config import config_from_args
-from ddp_train.data import Split
+from ddp_train.data import Split, TrainBatches
 from ddp_train.distributed import World
 from ddp_train.evaluate import EvalResult, target_reached
-from ddp_train.schedule import plan_steps
-from ddp_train.signals import StopFlag, StopVote
+from ddp_train.learner import plan_steps
+from ddp_train.safety.signals import StopFlag, StopVote
 
 WORLD = World(size=8, nodes=2, processes_per_node=4, device="cuda", gpu_model="NVIDIA GH200",
               cpu_model="aarch64", threads_per_process=8, versions={"torch": "2.x"})

@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from ddp_train import batches, checkpoint, cli, data, train
+from ddp_train import checkpoint, cli, data, train
 from ddp_train.errors import EXIT_REQUEUE
 
 TINY = ["--allow-unverified-data", "--batch-size", "32", "--width-scale", "0.0625", "--device", "cpu",
@@ -36,7 +36,7 @@ def terminated_during(module, name: str, monkeypatch) -> None:
 
 @pytest.mark.parametrize("module,name", [
     (data, "load_cifar100"),  # data loading, before the first step
-    (batches, "random_crop_flip"),  # the first step
+    (data, "random_crop_flip"),  # the first step
     (train, "evaluate"),  # evaluation at the end of epoch 1
     (checkpoint, "save_atomic"),  # the checkpoint after epoch 1
 ], ids=["data loading", "first step", "evaluation", "checkpoint save"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddp_train.errors import TrainError
-from ddp_train.steptime import STRAGGLER_THRESHOLD, RankTimes, StepClock, stragglers, slowdown_s_for_tests
+from ddp_train.safety.steptime import STRAGGLER_THRESHOLD, RankTimes, StepClock, stragglers, slowdown_s_for_tests
 
 
 def rank(r: int, compute: float, node: str = "node1", wait: float = 5.0) -> RankTimes:
@@ -43,7 +43,7 @@ def test_a_world_of_one_has_no_straggler():
 
 def test_the_clock_splits_a_step_into_compute_and_the_wait_after_the_last_bucket(monkeypatch):
     now = iter([0.0, 0.010, 0.030, 0.070, 0.075])  # begin, forward, bucket, backward end, end
-    monkeypatch.setattr("ddp_train.steptime.time.perf_counter", lambda: next(now))
+    monkeypatch.setattr("ddp_train.safety.steptime.time.perf_counter", lambda: next(now))
     clock = StepClock(torch.device("cpu"))
     clock.begin()
     clock.forward_started()   # 10 ms in DDP's buffer broadcast: waiting

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from ddp_train.signals import StopFlag, read_stop_request, signal_name, stop_request_path
+from ddp_train.safety.signals import StopFlag, read_stop_request, signal_name, stop_request_path
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM])

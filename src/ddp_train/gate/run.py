@@ -5,7 +5,7 @@ All-reduce at a few sizes with a known pattern (data checked, bandwidth as nccl-
 on a failure, or where only a comparison can judge, again within each node and between pairs of
 nodes, to name the node or link at fault. Writes gate.json and gate.txt in --run-dir; exit 0 pass,
 76 (ddp_contract.EXIT_BAD_NODE) when it names a node, 1 when it fails without naming one.
-The decisions are in fabric_gate.py.
+The decisions are in judge.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import argparse
 import os
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -29,9 +28,9 @@ from ddp_train.console import Console
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE, Seen, TrainError
 from ddp_train.exit_edge import in_a_job_of_several, leave_now, prints_here, say_once
-from ddp_train.fabric_gate import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
-                                   SizeResult, decide, expectation_from_profile, expected_period, judged_expectation,
-                                   needs_narrowing, pair_rounds, write_report)
+from ddp_train.gate.judge import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
+                                  SizeResult, decide, expectation_from_profile, expected_period, judged_expectation,
+                                  needs_narrowing, pair_rounds, write_report)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -42,7 +41,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
                         help="as the trainer's --backend: auto is NCCL on GPUs, gloo on CPUs")
-    parser.add_argument("--sizes", help="comma-separated sizes in bytes (default: per device, fabric_gate.py)")
+    parser.add_argument("--sizes", help="comma-separated sizes in bytes (default: per device, gate/judge.py)")
     parser.add_argument("--iters", type=int, help="timed all-reduces per size (default 20 on GPUs, 5 on CPUs)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds any one collective may take")
     return parser.parse_args(argv)
@@ -232,6 +231,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         leave_now(code)  # gloo's threads and interpreter finalization: exit_edge.leave_now
     return code
 
-
-if __name__ == "__main__":
-    sys.exit(main())

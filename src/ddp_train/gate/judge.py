@@ -1,7 +1,7 @@
 """The fabric gate's arithmetic and judgement, without torch: what each rank contributes, what the
 sum must be, bandwidth as nccl-tests defines it, which nodes are tested together, and the verdict.
 
-gate.py runs the collectives; everything it decides is decided here, so it is unit-tested.
+run.py runs the collectives; everything it decides is decided here, so it is unit-tested.
 Bandwidth (nccl-tests doc/PERFORMANCE.md, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
 algbw = S / t, and for all-reduce busbw = algbw * 2(n-1)/n, the figure comparable to the
 hardware's bandwidth whatever the rank count.
