@@ -26,7 +26,7 @@ PROG = "python3 -m ddp_launch.accelerators"
 SAMPLER_COLUMNS = ("timestamp", "index", "name", "utilization", "memory_used")
 _SECTIONS = ("visible_devices", "device_files", "driver", "apptainer", "kubernetes", "collective", "sampler",
              "health")  # each one of ACCELERATOR.keys
-# How the doctor reads a health command's output (ddp_launch.gpu_health has a reader for each).
+# How the doctor reads a health command's output (ddp_launch.doctor.gpu_health has a reader for each).
 HEALTH_FORMATS = ("nvidia-smi-xml", "amd-smi-json")
 # When a health field means a sick GPU: a count over zero, "Yes", "Active", or a non-empty list
 # (of pages); anything else, "N/A" and a missing field included, is not a failure.
@@ -70,7 +70,7 @@ class TemperatureLimit(NamedTuple):
 
 
 class Health(NamedTuple):
-    """How the doctor reads this vendor's GPU health (ddp_launch.gpu_health decides on it)."""
+    """How the doctor reads this vendor's GPU health (ddp_launch.doctor.gpu_health decides on it)."""
 
     commands: Tuple[HealthCommand, ...]
     format: str                     # one of HEALTH_FORMATS
