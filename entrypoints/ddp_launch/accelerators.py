@@ -103,6 +103,7 @@ class Accelerator(NamedTuple):
     net_plugin: str                     # the net plugin file the collective dlopens
     ofi_plugin: str                     # the libfabric plugin's project
     plugin_dlopens: Optional[str]       # an unversioned runtime library that plugin builds dlopen (libcudart.so)
+    plugin_dlopens_dirs: Tuple[str, ...]  # where the runtime installs it, besides ld.so's search (/usr/local/cuda/lib64)
     sampler: Sampler
     health: Health                      # the GPU health command and the fields that fail a node
     sources: Dict[str, str]             # section -> source
@@ -183,6 +184,7 @@ def parse_accelerator(data: object, path: str) -> Accelerator:
         net_plugin=text("collective", "net_plugin"),
         ofi_plugin=text("collective", "ofi_plugin"),
         plugin_dlopens=_optional_text(sections["collective"], "plugin_dlopens", fail),
+        plugin_dlopens_dirs=_optional_words(sections["collective"], "plugin_dlopens_dirs", fail),
         sampler=_sampler(sections["sampler"], words("sampler", "command"), fail),
         health=_health(sections["health"], fail),
         sources={key: text(key, "source") for key in _SECTIONS},
@@ -202,6 +204,13 @@ def _optional_text(section: Mapping[str, object], key: str, fail) -> Optional[st
     if value is not None and (not isinstance(value, str) or not value):
         raise fail(f"'{key}' must be a non-empty string when given")
     return value
+
+
+def _optional_words(section: Mapping[str, object], key: str, fail) -> Tuple[str, ...]:
+    value = section.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise fail("'{}' must be a list of non-empty strings when given".format(key))
+    return tuple(value)
 
 
 def _sampler(section: Mapping[str, object], command: Tuple[str, ...], fail) -> Sampler:

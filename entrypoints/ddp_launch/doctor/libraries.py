@@ -118,9 +118,8 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
         checks.append(Check(label, OK, f"{chosen} loads{(' (' + version + ')') if version else ''}{shadowed}"))
     if vendor.plugin_dlopens is None:
         return tuple(checks)
-    cudart_dirs = dirs + ("/usr/local/cuda/lib64", "/usr/local/cuda/targets/sbsa-linux/lib", "/usr/local/cuda/targets/x86_64-linux/lib")
     runtime = vendor.plugin_dlopens
-    if find_files(ctx.root, cudart_dirs, re.escape(runtime)):
+    if find_files(ctx.root, dirs + vendor.plugin_dlopens_dirs, re.escape(runtime)):
         checks.append(Check(runtime, OK, f"unversioned {runtime} present (the dynamically linked plugin needs it)"))
     else:
         checks.append(Check(runtime, WARN, f"no unversioned {runtime} on the library path",
