@@ -26,7 +26,7 @@ PROG = "python3 -m ddp_launch.accelerators"
 SAMPLER_COLUMNS = ("timestamp", "index", "name", "utilization", "memory_used")
 _SECTIONS = ("visible_devices", "device_files", "driver", "apptainer", "kubernetes", "collective", "sampler",
              "health")  # each one of ACCELERATOR.keys
-# How the doctor reads a health command's output (ddp_launch.gpu_health has a reader for each).
+# How the doctor reads a health command's output (ddp_launch.doctor.gpu_health has a reader for each).
 HEALTH_FORMATS = ("nvidia-smi-xml", "amd-smi-json")
 # When a health field means a sick GPU: a count over zero, "Yes", "Active", or a non-empty list
 # (of pages); anything else, "N/A" and a missing field included, is not a failure.
@@ -70,7 +70,7 @@ class TemperatureLimit(NamedTuple):
 
 
 class Health(NamedTuple):
-    """How the doctor reads this vendor's GPU health (ddp_launch.gpu_health decides on it)."""
+    """How the doctor reads this vendor's GPU health (ddp_launch.doctor.gpu_health decides on it)."""
 
     commands: Tuple[HealthCommand, ...]
     format: str                     # one of HEALTH_FORMATS
@@ -103,6 +103,7 @@ class Accelerator(NamedTuple):
     net_plugin: str                     # the net plugin file the collective dlopens
     ofi_plugin: str                     # the libfabric plugin's project
     plugin_dlopens: Optional[str]       # an unversioned runtime library that plugin builds dlopen (libcudart.so)
+    plugin_dlopens_dirs: Tuple[str, ...]  # where the runtime installs it, besides ld.so's search (/usr/local/cuda/lib64)
     sampler: Sampler
     health: Health                      # the GPU health command and the fields that fail a node
     sources: Dict[str, str]             # section -> source
@@ -183,6 +184,7 @@ def parse_accelerator(data: object, path: str) -> Accelerator:
         net_plugin=text("collective", "net_plugin"),
         ofi_plugin=text("collective", "ofi_plugin"),
         plugin_dlopens=_optional_text(sections["collective"], "plugin_dlopens", fail),
+        plugin_dlopens_dirs=_optional_words(sections["collective"], "plugin_dlopens_dirs", fail),
         sampler=_sampler(sections["sampler"], words("sampler", "command"), fail),
         health=_health(sections["health"], fail),
         sources={key: text(key, "source") for key in _SECTIONS},
@@ -202,6 +204,13 @@ def _optional_text(section: Mapping[str, object], key: str, fail) -> Optional[st
     if value is not None and (not isinstance(value, str) or not value):
         raise fail(f"'{key}' must be a non-empty string when given")
     return value
+
+
+def _optional_words(section: Mapping[str, object], key: str, fail) -> Tuple[str, ...]:
+    value = section.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise fail("'{}' must be a list of non-empty strings when given".format(key))
+    return tuple(value)
 
 
 def _sampler(section: Mapping[str, object], command: Tuple[str, ...], fail) -> Sampler:

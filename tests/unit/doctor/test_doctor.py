@@ -12,8 +12,8 @@ import pytest
 from fakes.elf_tree import bind_into, build_fake_olivia_host
 
 from ddp_launch import binds as binds_cli
-from ddp_launch.doctor import run
-from ddp_launch.doctor_checks import Probes, real_run_command
+from ddp_launch.doctor import Probes, run
+from ddp_launch.doctor.probes import real_run_command
 from ddp_launch.libload import load_in_child
 
 TORCH = {"version": "2.7.0a0+nv25.06", "cuda": "12.9", "nccl": "2.27.3", "cuda_device_count": 4}
@@ -492,7 +492,7 @@ def test_a_library_without_its_version_symbol_loads_with_version_unknown(tmp_pat
     import shutil as _shutil
     import subprocess as _subprocess
 
-    from ddp_launch.doctor_checks import real_load_library
+    from ddp_launch.doctor.probes import real_load_library
 
     cc = _shutil.which("cc")
     assert cc, "cc is needed to build the test library (apt-get install gcc)"

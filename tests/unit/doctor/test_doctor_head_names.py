@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from ddp_launch.doctor import run
-from ddp_launch.doctor_checks import Probes
+from ddp_launch.doctor import Probes, run
 
 
 def never(*args):

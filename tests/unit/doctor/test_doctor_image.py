@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from ddp_launch import doctor
-from ddp_launch.doctor_image import (check_entry_points, check_launch_plan, check_site_profiles,
-                                     check_trainer_imports, self_test_env)
+from ddp_launch.doctor.self_test import (check_entry_points, check_launch_plan, check_site_profiles,
+                                          check_trainer_imports, self_test_env)
 
 VENV_BIN = str(Path(sys.executable).parent)  # where ddp-launch and ddp-train are installed
 BUILD_JOB = {"SLURM_JOB_ID": "9", "SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_NUM_NODES": "2",
@@ -48,7 +48,7 @@ def test_a_broken_site_profile_fails_naming_the_file(tmp_path):
 
 
 def test_fabric_defaults_left_out_of_the_image_fail(tmp_path, monkeypatch):
-    from ddp_launch.doctor_image import check_fabric_defaults
+    from ddp_launch.doctor.self_test import check_fabric_defaults
     from ddp_launch.fabric import defaults
 
     assert check_fabric_defaults({}).status == "OK"
@@ -60,7 +60,7 @@ def test_fabric_defaults_left_out_of_the_image_fail(tmp_path, monkeypatch):
 
 def test_accelerator_data_left_out_of_the_image_fails(tmp_path, monkeypatch):
     from ddp_launch import accelerators
-    from ddp_launch.doctor_image import check_accelerators
+    from ddp_launch.doctor.self_test import check_accelerators
 
     assert check_accelerators({}).status == "OK"
     monkeypatch.setattr(accelerators, "accelerator_dirs", lambda env: (str(tmp_path / "accelerators"),))
@@ -82,8 +82,7 @@ def test_a_launcher_that_cannot_plan_fails(tmp_path):
 
 # -- the doctor runs where the workers would: with the launch plan's LD_LIBRARY_PATH --------
 
-from ddp_launch.doctor import library_path_for_workers  # noqa: E402
-from ddp_launch.doctor_checks import REAL_PROBES, make_context  # noqa: E402
+from ddp_launch.doctor import REAL_PROBES, library_path_for_workers, make_context  # noqa: E402
 from ddp_launch.sites import load_site  # noqa: E402
 
 

@@ -19,8 +19,8 @@ from test_doctor_amd import LUMI_JOB, ROCM_TORCH, lumi_node
 from ddp_contract import EXIT_BAD_NODE, quarantine
 from ddp_launch.accelerators import load_accelerator
 from ddp_launch.doctor import run
-from ddp_launch.doctor_checks import real_read_command
-from ddp_launch.gpu_health import fails, number, value_at
+from ddp_launch.doctor.gpu_health import fails, number, value_at
+from ddp_launch.doctor.probes import real_read_command
 
 DATA = Path(__file__).parent / "data" / "gpu-health"
 FAKE_BIN = DATA / "bin"

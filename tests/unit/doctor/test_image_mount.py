@@ -7,8 +7,9 @@ in tests/e2e/test_apptainer.py asks the real one.
 """
 import os
 
-from ddp_launch import image_mount
-from ddp_launch.image_mount import ImageMountFacts
+from ddp_launch.doctor import image_mount
+from ddp_launch.doctor.image_mount import ImageMountFacts
+from ddp_launch.doctor.probes import read_image_mount
 
 SIF = "/scratch/train.sif"
 
@@ -82,6 +83,6 @@ def test_the_probe_finds_the_squashfuse_child_of_an_ancestor(tmp_path):
     loop.mkdir(parents=True)
     (loop / "backing_file").write_text("/other.img\n")
 
-    facts = image_mount.probe({"APPTAINER_CONTAINER": SIF}, proc=str(proc), sys_block=str(tmp_path / "block"))
+    facts = read_image_mount({"APPTAINER_CONTAINER": SIF}, proc=str(proc), sys_block=str(tmp_path / "block"))
 
     assert facts == ImageMountFacts(SIF, False, True, 1, ("/other.img",))

@@ -104,6 +104,8 @@ def _bad(change, tmp_path):
     (lambda d: d["sampler"]["columns"].pop("utilization"), "'sampler.columns' must name a column for each of"),
     (lambda d: d["sampler"].update(memory_unit_bytes=True), "'sampler.memory_unit_bytes' must be a positive integer"),
     (lambda d: d["collective"].update(plugin_dlopens=5), "'plugin_dlopens' must be a non-empty string when given"),
+    (lambda d: d["collective"].update(plugin_dlopens_dirs=["/usr/local/cuda/lib64", ""]),
+     "'plugin_dlopens_dirs' must be a list of non-empty strings when given"),
     (lambda d: d["health"].update(format="csv"), "'health.format' must be one of nvidia-smi-xml, amd-smi-json, got 'csv'"),
     (lambda d: d["health"]["commands"][0].update(required=False), "'health.commands[0]' must be required"),
     (lambda d: d["health"]["commands"][1].update(argv="amd-smi bad-pages"),

@@ -6,12 +6,15 @@ Prints OK/WARN/FAIL per check with the fix; exit 1 when anything FAILs; --json f
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import List, Mapping, Optional, Sequence, TextIO
 
-from ddp_launch.doctor_checks import FAIL, REAL_PROBES, Check, Probes, make_context, run_checks
+from ddp_launch.doctor.checks import run_checks
+from ddp_launch.doctor.context import make_context
+from ddp_launch.doctor.probes import REAL_PROBES, Probes
+from ddp_launch.doctor.report import any_failed, render_json, render_text
+from ddp_launch.doctor.self_test import image_checks, self_test_env
 from ddp_launch.errors import run_main
 from ddp_launch.flags import FlagParser
 from ddp_launch.sites import load_site
@@ -30,25 +33,6 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
     parser.add_argument("--data-dir", default=env.get("DDP_DATA_DIR", "data"), help="where CIFAR-100 should be")
     parser.add_argument("--root", default="/", help="probe /sys, /dev and /proc under this directory (for tests)")
     return parser.parse_args(list(argv))
-
-
-def render_text(checks: Sequence[Check]) -> str:
-    lines = []
-    for check in checks:
-        lines.append(f"{check.status:<4}  {check.name}: {check.detail}")
-        if check.fix and check.status != "OK":
-            lines.append(f"      fix: {check.fix}")
-    failed = sum(c.status == FAIL for c in checks)
-    lines.append(f"doctor: {failed} failed" if failed else "doctor: no failures")
-    return "\n".join(lines)
-
-
-def render_json(checks: Sequence[Check]) -> str:
-    return json.dumps(
-        {"ok": not any(c.status == FAIL for c in checks),
-         "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix} for c in checks]},
-        indent=2,
-    )
 
 
 RELAUNCHED = "DDP_DOCTOR_RELAUNCHED"
@@ -80,7 +64,6 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, probes: Probes
     profile = load_site(args.site, env) if args.site else None
     plan_env = env
     if args.image:
-        from ddp_launch.doctor_image import self_test_env
         # At build time (%test, often in a SLURM build job) the scheduler's variables describe
         # the build, not a launch: plan as the runscript would start a local run.
         plan_env = self_test_env(env)
@@ -88,18 +71,10 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, probes: Probes
     library_path = library_path_for_workers(context)
     if library_path is not None and probes is REAL_PROBES and env.get(RELAUNCHED) != "1":
         relaunch(argv, env, library_path)
-    if args.image:
-        from ddp_launch.doctor_image import image_checks
-        checks = image_checks(context)
-    else:
-        checks = run_checks(context)
+    checks = image_checks(context) if args.image else run_checks(context)
     print(render_json(checks) if args.json else render_text(checks), file=out)
-    return EXIT_FAILED_CHECK if any(c.status == FAIL for c in checks) else 0
+    return EXIT_FAILED_CHECK if any_failed(checks) else 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     return run_main(lambda args: run(args, os.environ, sys.stdout), sys.argv[1:] if argv is None else argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

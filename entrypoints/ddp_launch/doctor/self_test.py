@@ -15,7 +15,10 @@ import sys
 from typing import Callable, Mapping, Optional, Tuple
 
 from ddp_launch import accelerators
-from ddp_launch.doctor_checks import FAIL, OK, SKIP, Check, DoctorContext, check_torch
+from ddp_launch.doctor.context import DoctorContext
+from ddp_launch.doctor.gpu import check_torch
+from ddp_launch.doctor.probes import run_fresh_interpreter
+from ddp_launch.doctor.report import FAIL, OK, SKIP, Check
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.defaults import load_fabric_defaults
 from ddp_launch.schedulers import ENV_PREFIXES
@@ -92,7 +95,7 @@ def check_launch_plan(env: Mapping[str, str]) -> Check:
     """The launcher plans a local CPU run in a fresh interpreter, as the runscript would start it."""
     argv = [sys.executable, "-m", "ddp_launch", "--dry-run", "--mode", "local", "--cpu-workers", "1"]
     try:
-        done = subprocess.run(argv, env=self_test_env(env), capture_output=True, text=True, timeout=60)
+        done = run_fresh_interpreter(argv, self_test_env(env), timeout_s=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Check("launch plan", FAIL, f"cannot run ddp-launch --dry-run: {exc}", "rebuild the image")
     if done.returncode != 0:

@@ -13,14 +13,14 @@ Inside, "/" is an overlay over the session's rootfs either way, so the mount tab
 say which. What does, seen from inside (no PID namespace by default, and the host's /sys):
 Apptainer 1.4 starts `squashfuse_ll ... /var/lib/apptainer/mnt/session/rootfs` as a child
 of the container's "Apptainer runtime parent" process, our ancestor; a kernel mount has a
-loop device whose backing_file is the SIF.
+loop device whose backing_file is the SIF. ddp_launch.doctor.probes reads those facts.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Optional, Tuple
 
 KERNEL, SQUASHFUSE, TEMPORARY_SANDBOX, SANDBOX, NOT_APPTAINER, UNKNOWN = (
     "kernel squashfs", "squashfuse", "temporary sandbox", "sandbox directory", "not in Apptainer", "unknown")
@@ -75,50 +75,3 @@ def describe(kind: str, image: Optional[str]) -> Tuple[str, str, str]:
     if kind == UNKNOWN:
         return "SKIP", f"{image}: how it is mounted is out of sight here (a PID namespace?)", ""
     return "OK", f"{image}: {kind}", ""
-
-
-# -- the probe (the edge) ---------------------------------------------------------------
-
-def _read(path: str) -> Optional[bytes]:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def _parent(pid: str, proc: str = "/proc") -> Optional[str]:
-    status = _read(f"{proc}/{pid}/status") or b""
-    for line in status.decode(errors="replace").splitlines():
-        if line.startswith("PPid:"):
-            return line.split()[1]
-    return None
-
-
-def probe(env: Mapping[str, str], proc: str = "/proc", sys_block: str = "/sys/block") -> ImageMountFacts:
-    image = next((env[name] for name in CONTAINER_VARIABLES if env.get(name)), None)
-    ancestors, pid = set(), str(os.getpid())
-    runtime_parent = False
-    for _ in range(64):
-        pid = _parent(pid, proc)
-        if pid is None or pid == "0":
-            break
-        cmdline = (_read(f"{proc}/{pid}/cmdline") or b"").decode(errors="replace")
-        if cmdline.startswith(RUNTIME_PARENT):
-            runtime_parent = True
-            ancestors.add(pid)
-    children = 0
-    if ancestors:
-        for entry in os.listdir(proc):
-            if not entry.isdigit():
-                continue
-            argv0 = (_read(f"{proc}/{entry}/cmdline") or b"").split(b"\0")[0]
-            if os.path.basename(argv0).startswith(b"squashfuse") and _parent(entry, proc) in ancestors:
-                children += 1
-    backing = []
-    for name in sorted(os.listdir(sys_block)) if os.path.isdir(sys_block) else ():
-        text = _read(f"{sys_block}/{name}/loop/backing_file")
-        if text:
-            backing.append(text.decode(errors="replace").strip())
-    return ImageMountFacts(image, bool(image) and os.path.isdir(image or ""), runtime_parent, children,
-                           tuple(backing))

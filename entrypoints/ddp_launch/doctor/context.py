@@ -1,0 +1,112 @@
+"""The doctor's one view of this node: the site, the fabric defaults, the GPU vendor's data and the
+launcher's own probe and plan, read once into a DoctorContext that every check reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, Optional, Tuple
+
+from ddp_launch import planner
+from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
+from ddp_launch.doctor.probes import Probes
+from ddp_launch.envvars import Setting
+from ddp_launch.errors import LaunchError
+from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, plan_fabric
+from ddp_launch.fabric.defaults import FabricData, read_all_fabric_defaults
+from ddp_launch.facts import NodeFacts
+from ddp_launch.options import read_options
+from ddp_launch.plan import LAUNCHER, LaunchPlan
+from ddp_launch.sites import CONTAINER_RUNTIMES, SiteProfile
+
+# Set by the job scripts (slurm/lib/ddp.sh): the command that runs the image, apptainer or singularity.
+CONTAINER_RUNTIME_VAR = "DDP_CONTAINER_RUNTIME"
+
+
+@dataclass(frozen=True)
+class DoctorContext:
+    env: Mapping[str, str]
+    root: str
+    offline: bool
+    profile: Optional[SiteProfile]
+    data_dir: str
+    probes: Probes
+    facts: NodeFacts                    # this node, read once by the launcher's own probe
+    fabric: FabricPlan                  # what the launcher would set on this node, from the same code
+    accelerator: Accelerator            # the site's GPU vendor (its device files, flag, driver, collective)
+    data: FabricData                    # the site profile, every fabric's defaults and the vendor, read once
+    launch: Optional[LaunchPlan] = None     # the launcher's plan; None when planning refused
+    plan_problem: Optional[str] = None      # the launcher's one-line refusal, when it refused
+    cpu_workers: Optional[Setting] = None   # CPU workers asked for (DDP_LAUNCH_CPU_WORKERS): GPUs unused on purpose
+
+    @property
+    def multi_node(self) -> bool:
+        return self.launch is not None and self.launch.nodes > 1
+
+
+def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
+    """What the doctor asks the planner: a dry run (no waiting for a pod's DNS) with the site."""
+    return ("--dry-run",) + (("--site", profile.name) if profile else ())
+
+
+def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext:
+    """Probe and plan as `ddp-launch` would here; a refusal becomes ctx.plan_problem, not a crash."""
+    argv = launcher_argv(profile)
+    accelerator = load_accelerator(profile.accelerator if profile else DEFAULT_ACCELERATOR, env)
+    data = FabricData(profile, read_all_fabric_defaults(env), accelerator)
+    launch, problem, cpu_workers = None, None, None
+    try:
+        options = read_options(argv, env)
+        cpu_workers = options.cpu_workers
+        parsed = planner.parse(options, env, data)
+        # Without the driver question: check_gpus asks torch itself and says more than a refusal.
+        questions = replace(planner.questions(parsed), cuda=False)
+    except LaunchError as error:
+        questions = planner.ProbeQuestions(directories=directories_to_probe(data), accelerator=accelerator)
+        problem = str(error)
+    facts = planner.probe(questions, root)
+    if problem is None:
+        try:
+            launch = planner.plan(parsed, facts)
+        except LaunchError as error:
+            problem = str(error)
+    if launch is not None and launch.fabric is not None:
+        fabric = FabricPlan(launch.fabric, tuple(c for c in launch.changes if c.origin != LAUNCHER), launch.findings)
+    else:
+        # The planner refused before the fabric: the node's own fabric settings still get checked.
+        fabric = plan_fabric(FabricRequest(env=env, multi_node=False), facts, data)
+    return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, accelerator, data, launch,
+                         problem, cpu_workers)
+
+
+def fabric_expected(ctx: DoctorContext) -> Optional[str]:
+    if ctx.profile and ctx.profile.fabric in ("slingshot", "infiniband"):
+        return ctx.profile.fabric
+    return ctx.fabric.fabric if ctx.fabric.fabric != "ethernet" else None
+
+
+def container_runtime(ctx: DoctorContext) -> str:
+    """The command the fixes name: DDP_CONTAINER_RUNTIME where the job script set it (slurm/lib/ddp.sh
+    runs the image with it, and Apptainer and SingularityCE pass the host's environment in), else the
+    site profile's (LUMI: singularity, its only runtime), else apptainer."""
+    chosen = ctx.env.get(CONTAINER_RUNTIME_VAR, "")
+    if chosen in CONTAINER_RUNTIMES:
+        return chosen
+    return ctx.profile.container_runtime if ctx.profile else CONTAINER_RUNTIMES[0]
+
+
+def planned(ctx: DoctorContext, name: str) -> Optional[str]:
+    """The value the launcher would run with: the user's, else the fabric plan's."""
+    if name in ctx.env:
+        return ctx.env[name]
+    for change in ctx.fabric.changes:
+        if change.name == name:
+            return change.value
+    return None
+
+
+def library_dirs(ctx: DoctorContext) -> Tuple[str, ...]:
+    """The workers' LD_LIBRARY_PATH: the launcher merges the site's directories into the
+    user's (NGC images set one), so its planned change wins over the environment's value."""
+    merged = next((c.value for c in ctx.fabric.changes if c.name == "LD_LIBRARY_PATH"), None)
+    value = merged if merged is not None else ctx.env.get("LD_LIBRARY_PATH", "")
+    return tuple(d for d in value.split(":") if d)

@@ -1,0 +1,106 @@
+"""The GPU checks: the GPUs torch sees against the grant, their health counters, torch itself and
+the kernel driver against the image's runtime; the vendor's words from ctx.accelerator."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Tuple
+
+from ddp_launch.doctor import gpu_health
+from ddp_launch.doctor.context import DoctorContext, container_runtime
+from ddp_launch.doctor.probes import driver_version_text
+from ddp_launch.doctor.report import FAIL, OK, SKIP, WARN, Check
+from ddp_launch.envvars import integer
+from ddp_launch.errors import LaunchError
+from ddp_launch.gpus import COUNT_GRANT_VARIABLES, granted_gpus
+
+# Oldest Linux driver for each CUDA major (CUDA toolkit release notes, table 3), by runtime:
+# no such table is published for HIP (the amdgpu driver ships with each ROCm release).
+MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
+MIN_DRIVER = {"CUDA": MIN_DRIVER_FOR_CUDA}
+
+
+def check_gpus(ctx: DoctorContext) -> Check:
+    info = ctx.probes.torch_info() or {}
+    vendor = ctx.accelerator
+    visible = info.get("cuda_device_count")
+    source = "torch.cuda.device_count()"  # ROCm builds of torch answer through torch.cuda too
+    if not isinstance(visible, int):
+        visible, source = ctx.facts.gpu_device_files, vendor.device_label
+    # The message names the variable the count came from: a RunAI pod has no SLURM_GPUS_ON_NODE.
+    granted_from = next((name for name in COUNT_GRANT_VARIABLES if ctx.env.get(name)), None)
+    try:
+        granted = integer(granted_from, ctx.env[granted_from]) if granted_from else None
+    except LaunchError as error:
+        return Check("gpus", FAIL, str(error), f"give {granted_from} a whole number of GPUs")
+    runtime = container_runtime(ctx)
+    if granted and visible == 0 and ctx.cpu_workers is not None:
+        # The launcher takes --cpu-workers as training on CPU on purpose and leaves the granted GPUs
+        # alone (gpus.grant_to_check): the preflight must not fail every node for what it accepts.
+        return Check("gpus", WARN, f"0 GPUs visible ({source}), {granted} granted; the workers run on CPU as "
+                                   f"{ctx.cpu_workers.source}={ctx.cpu_workers.value} asks",
+                     f"to train on the GPUs, unset {ctx.cpu_workers.source} and run with `{runtime} exec "
+                     f"{vendor.apptainer_flag}` (or `{runtime} run {vendor.apptainer_flag}`)")
+    if granted and visible == 0:
+        return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted",
+                     f"run with `{runtime} exec {vendor.apptainer_flag}` (or `{runtime} run {vendor.apptainer_flag}`) "
+                     "so the GPUs enter the container")
+    if granted is not None and visible != granted:
+        return Check("gpus", WARN, f"{visible} GPUs visible ({source}), {granted} granted",
+                     f"check {vendor.visible_variables[0]} and the job's --gpus-per-node")
+    if visible == 0:
+        return Check("gpus", WARN, "no GPUs visible; training will run on CPU",
+                     f"on a GPU node, add {vendor.apptainer_flag} to {runtime}")
+    granted_note = f", {granted} granted" if granted is not None else ""
+    return Check("gpus", OK, f"{visible} GPUs visible ({source}){granted_note}")
+
+
+def check_gpu_health(ctx: DoctorContext) -> Check:
+    """The GPUs' health counters by the vendor's rules (containers/sites/accelerators/<vendor>.json)."""
+    health = ctx.accelerator.health
+    grant = granted_gpus(ctx.env, ctx.accelerator)
+    found = ctx.probes.which(health.commands[0].argv[0]) is not None
+    outputs = [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
+               for command in (health.commands if found else ())]
+    verdict = gpu_health.assess(ctx.accelerator, grant, found, outputs, container_runtime(ctx))
+    return Check(gpu_health.NAME, verdict.status, verdict.detail, verdict.fix)
+
+
+def check_torch(ctx: DoctorContext) -> Check:
+    info = ctx.probes.torch_info()
+    if info is None:
+        return Check("torch", FAIL, "torch cannot be imported", "use an image with PyTorch (the NGC base) or pip install torch")
+    parts = [f"torch {info.get('version')}"]
+    if info.get("cuda"):
+        parts.append(f"CUDA {info['cuda']}")
+    if info.get("hip"):
+        parts.append(f"HIP {info['hip']}")
+    if info.get("nccl"):
+        parts.append(f"{ctx.accelerator.collective} {info['nccl']}")
+    return Check("torch", OK, ", ".join(parts))
+
+
+def parse_driver_version(text: str) -> Optional[Tuple[int, int]]:
+    """The kernel driver's major.minor: NVIDIA's /proc/driver/nvidia/version line ("Kernel Module
+    550.54.15"), or a file that holds the version alone (/sys/module/amdgpu/version: "6.8.5")."""
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+)\.(\d+)", text) or re.match(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_cuda_driver(ctx: DoctorContext) -> Check:
+    """The kernel driver against the image's runtime (CUDA, HIP), where a minimum is published."""
+    vendor = ctx.accelerator
+    runtime, name = vendor.runtime, f"{vendor.runtime} driver"
+    driver = parse_driver_version(driver_version_text(ctx.root, vendor))
+    if driver is None:
+        return Check(name, SKIP, f"no {vendor.name.upper()} driver ({vendor.driver_version_file})")
+    info = ctx.probes.torch_info() or {}
+    image = ctx.env.get(f"{runtime}_VERSION") or info.get(runtime.lower())
+    if not image:
+        return Check(name, OK, f"driver {driver[0]}.{driver[1]}; image {runtime} unknown")
+    major = int(str(image).split(".")[0])
+    needed = MIN_DRIVER.get(runtime, {}).get(major)
+    if needed and driver[0] < needed:
+        return Check(name, WARN, f"driver {driver[0]}.{driver[1]} is older than {runtime} {image} needs (>= {needed})",
+                     "use an image built for the host's CUDA, or forward compatibility (cuda-compat) on data-centre GPUs")
+    return Check(name, OK, f"driver {driver[0]}.{driver[1]} runs the image's {runtime} {image}")

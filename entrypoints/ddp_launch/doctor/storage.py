@@ -1,0 +1,48 @@
+"""The filesystem checks: how Apptainer mounted the image, the size of /dev/shm NCCL needs, and
+the dataset on disk."""
+
+from __future__ import annotations
+
+import os
+
+from ddp_contract import DATASET_DIRNAME, missing_dataset_files
+from ddp_launch.doctor import image_mount
+from ddp_launch.doctor.context import DoctorContext
+from ddp_launch.doctor.probes import read_image_mount
+from ddp_launch.doctor.report import FAIL, OK, SKIP, WARN, Check
+from ddp_launch.facts import under
+
+# A container runtime's default /dev/shm is 64 MiB (docker run --shm-size; Kubernetes has no
+# field for it, kubernetes#28272); NCCL between a node's GPUs needs more (NCCL troubleshooting,
+# "Shared memory": --shm-size=1g). runai/pod.sh refuses the same size.
+MIN_SHM_BYTES = 1 << 30
+
+
+def check_image_mount(ctx: DoctorContext) -> Check:
+    facts = read_image_mount(ctx.env, proc=under(ctx.root, "/proc"), sys_block=under(ctx.root, "/sys/block"))
+    status, detail, fix = image_mount.describe(image_mount.classify(facts), facts.image)
+    return Check("image mount", status, detail, fix)
+
+
+def check_shm(ctx: DoctorContext) -> Check:
+    info = ctx.probes.torch_info() or {}
+    gpus = info.get("cuda_device_count")
+    gpus = gpus if isinstance(gpus, int) else ctx.facts.gpu_device_files
+    size = ctx.probes.filesystem_bytes(under(ctx.root, "/dev/shm"))
+    if size is None:
+        return Check("/dev/shm", SKIP, "cannot read the size of /dev/shm")
+    detail = f"{size >> 20} MiB"
+    if gpus > 1 and size < MIN_SHM_BYTES:
+        return Check("/dev/shm", FAIL, f"{detail}, and NCCL between the {gpus} GPUs here needs at least 1 GiB",
+                     "RunAI: submit with --large-shm; Docker: --shm-size=1g; Kubernetes: an emptyDir "
+                     "with medium Memory at /dev/shm")
+    return Check("/dev/shm", OK, detail)
+
+
+def check_dataset(ctx: DoctorContext) -> Check:
+    folder = os.path.join(ctx.data_dir, DATASET_DIRNAME)
+    missing = missing_dataset_files(ctx.data_dir)
+    if missing:
+        return Check("dataset", WARN, f"{folder} lacks {', '.join(missing)}",
+                     "fetch it once on the login node: make data (compute nodes may be offline)")
+    return Check("dataset", OK, f"CIFAR-100 at {folder}")
