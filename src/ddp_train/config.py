@@ -1,6 +1,7 @@
 """Command line -> TrainConfig, a frozen dataclass the run writes into its metrics and checkpoint.
 
-Precedence, stated once: an explicit flag > the --demo preset > the --recipe preset > DEFAULTS.
+Precedence, stated once: an explicit flag > the --demo preset > the --recipe preset > TrainConfig's
+defaults, which are the improved recipe. Each field's flag and --help text are declared with it.
 No torch here, so `ddp-train --help` and argument errors are instant.
 """
 
@@ -38,48 +39,101 @@ GPU_BATCH_PER_RANK = 1024
 CPU_DEFAULT_BATCH = 512
 
 
+RECIPE_NAMES = ("guide", "improved")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def option(default: Any, help: str, **argparse_options: Any) -> Any:
+    """A TrainConfig field and its command-line flag in one place: the default, the --help text and
+    any argparse options (choices, action) beside the declaration. The flag is the field's name with
+    dashes; its type comes from the field's annotation (build_parser)."""
+    return dataclasses.field(default=default, metadata={"help": help, "argparse": argparse_options})
+
+
+NEGATABLE = {"action": argparse.BooleanOptionalAction}
+SWITCH = {"action": "store_true"}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    data_dir: str = "data"
-    run_dir: str = "runs/train"
-    batch_size: Optional[int] = None  # global, split evenly across ranks; None: default_batch_size()
-    epochs: int = 5
-    base_lr: float = 0.01  # per-GPU learning rate; see lr_scaling
-    lr_scaling: str = "world-size"  # lr = base_lr * world_size (the linear scaling rule)
-    target_accuracy: float = 0.85
-    patience: int = 2  # early stop when the last `patience` epochs all reach the target
-    precision: str = "auto"  # auto: bf16 on GPUs that support it, fp32 on CPU
-    width_scale: float = 1.0  # 1.0 is the guide's WideResNet (16, 160, 320, 640)
-    dropout: float = 0.01
-    recipe: str = "improved"
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 5e-4
-    label_smoothing: float = 0.0
-    warmup_epochs: float = 0.0
-    schedule: str = "constant"
-    ema_decay: float = 0.0  # 0 disables the weight EMA
-    tta: bool = False  # flip test-time augmentation in evaluation
-    checkpoint_every: int = 10  # epochs; 0 = only on a stop signal and at the end
-    resume: Optional[bool] = None  # None: resume when <run-dir>/checkpoint.pt exists
-    allow_unverified_data: bool = False
-    download: bool = False
-    compile: Optional[bool] = None  # None: compile on CUDA, not on CPU (compile_by_default)
-    compile_mode: str = "auto"
-    compile_cache_dir: str = ""  # "" : <run-dir>/compile-cache (see speed.compile_cache_dir)
-    inductor_levers: str = "auto"  # levers.py: auto (the device's measured defaults), none, or names
-    grad_compression: str = "none"  # "bf16": DDP's bf16_compress_hook for slow fabrics
-    backend: str = "auto"  # the process group's backend; see resolve_backend
-    grad_accum_steps: int = 1  # micro-batches per optimizer step (learner.py)
-    bucket_cap_mb: float = 25.0  # DDP's default; checked in benchmarks/ddp_buckets.py
-    seed: int = 0
-    demo: bool = False
-    device: str = "auto"
-    limit_train: int = 0  # 0 = the whole split; >0 uses the first N images
-    limit_test: int = 0
-    eval_batch_size: int = 1024  # per rank
-    dist_timeout_s: float = 600.0  # collectives fail instead of hanging after a peer died
-    stop_check_every: int = 10  # steps between all-reduces of the stop flag
+    """What a run does. The defaults are the improved recipe, which `ddp-train` runs with no flags;
+    --recipe guide sets GUIDE_RECIPE's values over them."""
+
+    data_dir: str = option("data", "directory holding cifar-100-python/ (default: data)")
+    run_dir: str = option("runs/train", "metrics.jsonl and checkpoints go here (default: runs/train)")
+    # Global, split evenly across ranks; None: default_batch_size() for the device.
+    batch_size: Optional[int] = option(
+        None, f"global batch size, split across ranks (default: {GPU_BATCH_PER_RANK} per GPU on CUDA, "
+              f"{CPU_DEFAULT_BATCH} on CPU)")
+    epochs: int = option(5, "number of epochs (default: 5)")
+    base_lr: float = option(0.05, "per-GPU learning rate (guide: 0.01, improved: 0.05)")
+    # The LR follows the global batch, not the GPU count: the same --batch-size trains the same way on
+    # 1 or 8 GPUs (peak_lr).
+    lr_scaling: str = option(
+        "batch", f"world-size: lr = base_lr * world size; batch: lr = base_lr * batch-size / "
+                 f"{LR_REFERENCE_BATCH} (improved); none: lr = base_lr (guide)", choices=LR_SCALINGS)
+    target_accuracy: float = option(0.85, "early-stop accuracy (default: 0.85)")
+    # Early stop when the last `patience` epochs all reach the target.
+    patience: int = option(2, "epochs that must all reach the target (default: 2)")
+    precision: str = option("auto", "default auto: bf16 on capable GPUs, fp32 on CPU", choices=PRECISIONS)
+    # 1.0 is the guide's WideResNet (16, 160, 320, 640).
+    width_scale: float = option(1.0, "multiply the WideResNet widths (default: 1.0)")
+    # The guide's 0.01 cost 4-7% of H100 throughput for almost no regularisation (docs/benchmarks.md).
+    dropout: float = option(0.0, "dropout inside residual blocks (guide: 0.01, improved: 0)")
+    recipe: str = option(
+        "improved", "guide: the Olivia guide's train_ddp.py exactly (plain SGD, unscaled LR, fp16, "
+                    "batch 512); improved (default)", choices=RECIPE_NAMES)
+    momentum: float = option(0.9, "SGD momentum (default: 0.9)")
+    nesterov: bool = option(True, "Nesterov momentum", **NEGATABLE)
+    weight_decay: float = option(5e-4, "SGD weight decay (default: 5e-4)")
+    label_smoothing: float = option(0.1, "cross-entropy label smoothing")
+    warmup_epochs: float = option(1.0, "linear LR warm-up length in epochs")
+    schedule: str = option("cosine", "LR decay after warm-up", choices=SCHEDULES)
+    # 0 disables the weight EMA.
+    ema_decay: float = option(0.0, "weight EMA decay per step, evaluated instead (0: off)")
+    tta: bool = option(True, "flip test-time augmentation", **NEGATABLE)
+    # Epochs; 0 = only on a stop signal and at the end.
+    checkpoint_every: int = option(10, "epochs between checkpoints (0: on stop/end only)")
+    # None: resume when <run-dir>/checkpoint.pt exists.
+    resume: Optional[bool] = option(None, "resume from <run-dir>/checkpoint.pt (default: when it exists)",
+                                    **NEGATABLE)
+    allow_unverified_data: bool = option(
+        False, "accept CIFAR-format files that are not the official ones (generated data)", **SWITCH)
+    download: bool = option(False, "fetch CIFAR-100 into --data-dir and exit (login node, once)", **SWITCH)
+    # None: compile on CUDA, not on CPU (compile_by_default).
+    compile: Optional[bool] = option(None, "torch.compile the model (default: on CUDA, not on CPU)", **NEGATABLE)
+    compile_mode: str = option("auto", "torch.compile mode; auto: reduce-overhead (CUDA graphs) on CUDA",
+                               choices=COMPILE_MODES)
+    # "": <run-dir>/compile-cache (speed.compile_cache_dir).
+    compile_cache_dir: str = option("", "persistent compile cache (default: <run-dir>/compile-cache)")
+    # levers.py: auto (the device's measured defaults), none, or names.
+    inductor_levers: str = option(
+        "auto", "inductor options for a compiled step, comma-separated: coop-reductions, no-split-reductions, "
+                "conv1x1-mm, pdl, combo-kernels; auto (default): those measured to win on CUDA; none")
+    # "bf16": DDP's bf16_compress_hook for slow fabrics.
+    grad_compression: str = option("none", "bf16: halve the gradient all-reduce bytes (slow fabrics; NCCL or gloo)",
+                                   choices=GRAD_COMPRESSIONS)
+    # The process group's backend; resolve_backend.
+    backend: str = option(
+        "auto", "process-group backend; auto: nccl on GPUs, gloo on CPU; gloo also trains on GPUs "
+                "(gradients all-reduced over TCP, for nodes where NCCL does not work)", choices=BACKENDS)
+    # Micro-batches per optimizer step (learner.accumulate_gradients).
+    grad_accum_steps: int = option(
+        1, "split each rank's share of --batch-size into N micro-batches, one gradient all-reduce "
+           "per step (when the share does not fit in GPU memory; default: 1)")
+    # DDP's default; checked in benchmarks/ddp_buckets.py.
+    bucket_cap_mb: float = option(25.0, "DDP gradient bucket size in MB (default: 25)")
+    seed: int = option(0, "random seed (default: 0)")
+    demo: bool = option(False, "small CPU run: real data if present, else generated data", **SWITCH)
+    device: str = option("auto", "default auto: cuda when available", choices=DEVICES)
+    # 0 = the whole split; >0 uses the first N images.
+    limit_train: int = option(0, "use only the first N training images")
+    limit_test: int = option(0, "use only the first N test images")
+    eval_batch_size: int = option(1024, "evaluation batch per rank (default: 1024)")  # per rank
+    # Collectives fail instead of hanging after a peer died.
+    dist_timeout_s: float = option(600.0, "process-group timeout in seconds (default: 600)")
+    # Steps between all-reduces of the stop flag.
+    stop_check_every: int = option(10, "steps between stop-signal checks (default: 10)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,20 +164,9 @@ GUIDE_RECIPE: Mapping[str, Any] = {
     "dropout": 0.01,
     "precision": "fp16",
 }
-# Standard, cheap CIFAR improvements (airbench / hlb-CIFAR10 / WRN practice), each a flag.
-IMPROVED_RECIPE: Mapping[str, Any] = {
-    "base_lr": 0.05,
-    "nesterov": True,
-    "label_smoothing": 0.1,
-    "warmup_epochs": 1.0,
-    "schedule": "cosine",
-    "ema_decay": 0.0,
-    "tta": True,
-    "dropout": 0.0,  # 0.01 cost 4-7% of H100 throughput for almost no regularisation (docs/benchmarks.md)
-    # The LR follows the global batch, not the GPU count: the same --batch-size trains the same
-    # way on 1 or 8 GPUs (peak_lr).
-    "lr_scaling": "batch",
-}
+# Standard, cheap CIFAR improvements (airbench / hlb-CIFAR10 / WRN practice), each a flag: TrainConfig's
+# own defaults, so the improved recipe sets nothing over them.
+IMPROVED_RECIPE: Mapping[str, Any] = {}
 RECIPES: Mapping[str, Mapping[str, Any]] = {"guide": GUIDE_RECIPE, "improved": IMPROVED_RECIPE}
 
 # A couple of minutes on a 2-core laptop: a narrow model on a few thousand images.
@@ -155,67 +198,16 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,  # only flags the user gave reach the config
         allow_abbrev=False,  # `--epoch 2` must not quietly mean --epochs (ddp-launch refuses it too)
     )
-    add = p.add_argument
-    add("--data-dir", help="directory holding cifar-100-python/ (default: data)")
-    add("--run-dir", help="metrics.jsonl and checkpoints go here (default: runs/train)")
-    add("--batch-size", type=int,
-        help=f"global batch size, split across ranks (default: {GPU_BATCH_PER_RANK} per GPU on CUDA, "
-             f"{CPU_DEFAULT_BATCH} on CPU)")
-    add("--epochs", type=int, help="number of epochs (default: 5)")
-    add("--base-lr", type=float, help="per-GPU learning rate (guide: 0.01, improved: 0.05)")
-    add("--lr-scaling", choices=LR_SCALINGS,
-        help=f"world-size: lr = base_lr * world size; batch: lr = base_lr * batch-size / "
-             f"{LR_REFERENCE_BATCH} (improved); none: lr = base_lr (guide)")
-    add("--target-accuracy", type=float, help="early-stop accuracy (default: 0.85)")
-    add("--patience", type=int, help="epochs that must all reach the target (default: 2)")
-    add("--precision", choices=PRECISIONS, help="default auto: bf16 on capable GPUs, fp32 on CPU")
-    add("--width-scale", type=float, help="multiply the WideResNet widths (default: 1.0)")
-    add("--dropout", type=float, help="dropout inside residual blocks (guide: 0.01, improved: 0)")
-    add("--recipe", choices=tuple(RECIPES),
-        help="guide: the Olivia guide's train_ddp.py exactly (plain SGD, unscaled LR, fp16, "
-             "batch 512); improved (default)")
-    add("--momentum", type=float, help="SGD momentum (default: 0.9)")
-    add("--nesterov", action=argparse.BooleanOptionalAction, help="Nesterov momentum")
-    add("--weight-decay", type=float, help="SGD weight decay (default: 5e-4)")
-    add("--label-smoothing", type=float, help="cross-entropy label smoothing")
-    add("--warmup-epochs", type=float, help="linear LR warm-up length in epochs")
-    add("--schedule", choices=SCHEDULES, help="LR decay after warm-up")
-    add("--ema-decay", type=float, help="weight EMA decay per step, evaluated instead (0: off)")
-    add("--tta", action=argparse.BooleanOptionalAction, help="flip test-time augmentation")
-    add("--checkpoint-every", type=int, help="epochs between checkpoints (0: on stop/end only)")
-    add("--resume", action=argparse.BooleanOptionalAction,
-        help="resume from <run-dir>/checkpoint.pt (default: when it exists)")
-    add("--allow-unverified-data", action="store_true",
-        help="accept CIFAR-format files that are not the official ones (generated data)")
-    add("--download", action="store_true",
-        help="fetch CIFAR-100 into --data-dir and exit (login node, once)")
-    add("--compile", action=argparse.BooleanOptionalAction,
-        help="torch.compile the model (default: on CUDA, not on CPU)")
-    add("--compile-mode", choices=COMPILE_MODES,
-        help="torch.compile mode; auto: reduce-overhead (CUDA graphs) on CUDA")
-    add("--compile-cache-dir", help="persistent compile cache (default: <run-dir>/compile-cache)")
-    add("--inductor-levers",
-        help="inductor options for a compiled step, comma-separated: coop-reductions, no-split-reductions, "
-             "conv1x1-mm, pdl, combo-kernels; auto (default): those measured to win on CUDA; none")
-    add("--grad-compression", choices=GRAD_COMPRESSIONS,
-        help="bf16: halve the gradient all-reduce bytes (slow fabrics; NCCL or gloo)")
-    add("--backend", choices=BACKENDS,
-        help="process-group backend; auto: nccl on GPUs, gloo on CPU; gloo also trains on GPUs "
-             "(gradients all-reduced over TCP, for nodes where NCCL does not work)")
-    add("--grad-accum-steps", type=int,
-        help="split each rank's share of --batch-size into N micro-batches, one gradient all-reduce "
-             "per step (when the share does not fit in GPU memory; default: 1)")
-    add("--bucket-cap-mb", type=float, help="DDP gradient bucket size in MB (default: 25)")
-    add("--seed", type=int, help="random seed (default: 0)")
-    add("--demo", action="store_true",
-        help="small CPU run: real data if present, else generated data")
-    add("--device", choices=("auto", "cpu", "cuda"), help="default auto: cuda when available")
-    add("--limit-train", type=int, help="use only the first N training images")
-    add("--limit-test", type=int, help="use only the first N test images")
-    add("--eval-batch-size", type=int, help="evaluation batch per rank (default: 1024)")
-    add("--dist-timeout-s", type=float, help="process-group timeout in seconds (default: 600)")
-    add("--stop-check-every", type=int, help="steps between stop-signal checks (default: 10)")
+    for field in dataclasses.fields(TrainConfig):
+        options = dict(field.metadata["argparse"])
+        if "action" not in options and "choices" not in options:
+            options["type"] = FLAG_TYPES[field.type]
+        p.add_argument(_flag(field.name), help=field.metadata["help"], **options)
     return p
+
+
+# The annotation (a string under `from __future__ import annotations`) -> the argparse type of its flag.
+FLAG_TYPES = {"str": str, "int": int, "float": float, "Optional[int]": int}
 
 
 def config_from_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:

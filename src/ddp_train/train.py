@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -28,7 +29,7 @@ from ddp_train.data import TrainBatches
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
 from ddp_train.evaluate import evaluate, target_reached
-from ddp_train.learner import accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
+from ddp_train.learner import Learner, Steps, accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
 from ddp_train.progress import ProgressBar
 from ddp_train.safety import heartbeat, peers, provenance, rundir, steptime
 from ddp_train.safety.signals import StopFlag, StopVote, stop_request_path
@@ -92,12 +93,86 @@ def record_provenance(config: TrainConfig, dist_env: DistEnv, console: Console) 
     console.say(*provenance.summary_lines(manifest))
 
 
+@dataclass
+class Run:
+    """One training run's parts, built once by set_up: the loop reads them and goes back to neither the
+    world (distributed) nor the flags (config) for anything else. progress is the one that changes."""
+
+    config: TrainConfig
+    dist_env: DistEnv
+    device: torch.device
+    precision: str
+    console: Console
+    log: metrics.MetricsWriter
+    beat: heartbeat.Heartbeat
+    train_set: data.Split
+    test_set: data.Split
+    data_note: str
+    learner: Learner
+    checkpoints: Checkpointer
+    resumed: Optional[Progress]
+    progress: Progress
+    clock: steptime.StepClock
+    fast: speed.FastModel
+    batches: TrainBatches
+    steps: Steps
+    world: distributed.World
+
+
 def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device,
           precision: str, stop: StopFlag, beat: heartbeat.Heartbeat, console: Console,
           started: Optional[recovery.StartClock] = None) -> int:
     started = started or recovery.StartClock()
     wall_start = time.perf_counter()
-    rank, world = dist_env.rank, dist_env.world_size
+    run = set_up(config, env, dist_env, device, precision, beat, console, started)
+    introduce(run, env)
+    train_step = step_function(run, steptime.slowdown_s_for_tests(env, dist_env.rank))
+    warm_up(run, train_step)
+    started.mark("training_at")
+    report_recovery(run, env, started)
+
+    # The loop: every rank takes the same steps and makes the same decisions.
+    progress, votes = run.progress, StopVote(stop, device, config.stop_check_every)
+    stopped_by: Optional[str] = None
+    first_epoch_here = True
+    for epoch in range(progress.epoch, config.epochs):
+        if progress.finished:
+            break
+        stopped_by, step, epoch_time, images, train_loss, lr = train_epoch(run, epoch, train_step, votes)
+        progress.add_training_time(images, epoch_time, warm_up_epoch=first_epoch_here)
+        warm_up_epoch, first_epoch_here = first_epoch_here, False
+        if stopped_by:
+            progress.step = step
+            break
+
+        beat.phase(hb.EVAL)
+        result = evaluate(run.learner.for_evaluation(), run.test_set, dist_env.rank, dist_env.world_size,
+                          config.eval_batch_size, run.learner.autocast_dtype, config.tta)
+        progress.epoch, progress.step = epoch + 1, 0
+        progress.add_accuracy(result.accuracy)
+        end = metrics.EpochEnd(epoch + 1, config.epochs, epoch_time, images, train_loss, result, lr, warm_up_epoch)
+        console.say(end.line())
+        run.log.write("epoch", **end.record())
+        distributed.agree_or_raise(run.log.failed or console.failed, device)
+        if target_reached(progress.accuracies, config.target_accuracy, config.patience):
+            progress.early_stopped = True
+            console.say(f"Target accuracy reached. Early stopping after epoch {epoch + 1}.")
+            break
+        stopped_by = votes.at_epoch_end()
+        if stopped_by or (config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0):
+            beat.phase(hb.CHECKPOINT)
+            run.checkpoints.save(progress)
+        if stopped_by:
+            break
+
+    if stopped_by:
+        return leave_for_requeue(run, stopped_by, stop)
+    return finish(run, time.perf_counter() - wall_start)
+
+
+def set_up(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device, precision: str,
+           beat: heartbeat.Heartbeat, console: Console, started: recovery.StartClock) -> Run:
+    """The run dir, the data, the learner, the checkpoint to resume, DDP and the step clock, once."""
     log = metrics.MetricsWriter(config.run_dir, enabled=dist_env.is_main)
     speed.tune_backends(device)
     # The run dir before anything else: writable, and an earlier run moved aside under --no-resume.
@@ -108,12 +183,10 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
 
     # The model and what trains it; then the checkpoint, if there is one to resume.
     learner = build_learner(config, dist_env, device, precision)
-    model, ema, optimizer, scaler = learner.model, learner.ema, learner.optimizer, learner.scaler
     checkpoints = Checkpointer(config, learner, dist_env, device)
     started.mark("resume_started_at")
     resumed = checkpoints.resume()
     started.mark("resume_done_at")
-    progress = resumed or Progress()
     if dist_env.is_main:
         rundir.warn_if_low_space(Path(config.run_dir), checkpoints.estimated_bytes())
     clock = steptime.StepClock(device, enabled=distributed.active() and heartbeat.wanted(env))
@@ -123,34 +196,45 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         clock.bucket()
 
     # DDP (after the resume: it broadcasts rank 0's weights), with the comm hook when timing steps.
-    fast = speed.accelerate(model, config, device, on_bucket if clock.enabled else None)
+    fast = speed.accelerate(learner.model, config, device, on_bucket if clock.enabled else None)
     clock.enabled = clock.enabled and not fast.cuda_graphs
     if clock.enabled and not fast.compiled:
         # After DDP's forward broadcast its buffers: the time before it is waiting for peers.
-        model.register_forward_pre_hook(lambda _module, _inputs: clock.forward_started())
-    slow_s = steptime.slowdown_s_for_tests(env, rank)
+        learner.model.register_forward_pre_hook(lambda _module, _inputs: clock.forward_started())
+    return Run(config, dist_env, device, precision, console, log, beat, train_set, test_set, data_note, learner,
+               checkpoints, resumed, resumed or Progress(), clock, fast,
+               TrainBatches(train_set, config.batch_size, config.seed, dist_env.rank, dist_env.world_size),
+               plan_steps(len(train_set), config.batch_size, dist_env.world_size, config.epochs,
+                          config.warmup_epochs),
+               distributed.describe_world(dist_env, device))
 
-    # The run record and the header.
-    world_facts = distributed.describe_world(dist_env, device)
-    distributed.announce_network_transport(env, device, dist_env.local_rank, config.backend)
-    record_provenance(config, dist_env, console)
-    steps = plan_steps(len(train_set), config.batch_size, world, config.epochs, config.warmup_epochs)
-    start = metrics.RunStart(world_facts, config, precision, learner.lr_peak, fast.compile_mode, steps,
-                             len(train_set), len(test_set), resumed)
-    log.write("run", **start.record())
+
+def introduce(run: Run, env: Mapping[str, str]) -> None:
+    """The transport line, the manifest, the run record and the header."""
+    config, console = run.config, run.console
+    distributed.announce_network_transport(env, run.device, run.dist_env.local_rank, config.backend)
+    record_provenance(config, run.dist_env, console)
+    start = metrics.RunStart(run.world, config, run.precision, run.learner.lr_peak, run.fast.compile_mode,
+                             run.steps, len(run.train_set), len(run.test_set), run.resumed)
+    run.log.write("run", **start.record())
     # Rank 0's write failed (a full disk, in the run dir or under its logs): every rank stops.
-    distributed.agree_or_raise(log.failed or console.failed, device)
+    distributed.agree_or_raise(run.log.failed or console.failed, run.device)
     console.say(start.header())
-    if data_note:
-        console.say(data_note)
-    if resumed:
-        console.say(f"Resumed from {checkpoints.path} at epoch {progress.epoch + 1}, step {progress.step}")
+    if run.data_note:
+        console.say(run.data_note)
+    if run.resumed:
+        console.say(f"Resumed from {run.checkpoints.path} at epoch {run.progress.epoch + 1}, step {run.progress.step}")
+
+
+def step_function(run: Run, slow_s: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """One optimizer step on a batch: forward and backward per micro-batch, the step, the EMA."""
+    config, learner, fast, clock, beat = run.config, run.learner, run.fast, run.clock, run.beat
+    device_type, autocast_dtype, scaler, optimizer = run.device.type, learner.autocast_dtype, learner.scaler, learner.optimizer
 
     def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if fast.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous pass's graph outputs are done
-        with torch.autocast(device.type, dtype=learner.autocast_dtype or torch.float32,
-                            enabled=learner.autocast_dtype is not None):
+        with torch.autocast(device_type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             return learner.criterion(fast.forward(x), y)
 
     def backward(micro_loss: torch.Tensor) -> None:
@@ -165,113 +249,102 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        if ema is not None:
-            update_ema(ema, model, config.ema_decay)
+        if learner.ema is not None:
+            update_ema(learner.ema, learner.model, config.ema_decay)
         return loss
 
-    # Warm-up, off the clock: compile, autotune and record graphs on a real batch, then restore.
-    batches = TrainBatches(train_set, config.batch_size, config.seed, rank, world)
+    return train_step
+
+
+def warm_up(run: Run, train_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    """Off the clock: compile, autotune and record graphs on a real batch, then restore. Then whether each
+    rank's compiled step runs as a CUDA graph, or inductor's reason: said, never assumed."""
+    progress, fast, learner, device = run.progress, run.fast, run.learner, run.device
     passes = speed.warmup_passes(device, fast.compiled, fast.cuda_graphs) if not progress.finished else 0
     if passes:
+        batches = run.batches
         warm_x, warm_y = batches.batch(batches.permutation(progress.epoch), progress.epoch, progress.step)
-        model.train()
-        beat.phase(hb.WARMUP)
-        setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, model, optimizer, scaler, device, ema)
+        learner.model.train()
+        run.beat.phase(hb.WARMUP)
+        setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, learner.model, learner.optimizer,
+                                learner.scaler, device, learner.ema)
         progress.setup_time_s += setup_s
-        console.say(f"Warm-up ({fast.describe()}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
-    # Said, never assumed: whether each rank's compiled step runs as a CUDA graph, or inductor's reason.
-    console.say(*cudagraph_report.gather(fast.graph_state(device)).lines())
+        run.console.say(f"Warm-up ({fast.describe()}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
+    run.console.say(*cudagraph_report.gather(fast.graph_state(device)).lines())
 
-    # Training again after spares took bad nodes' places: the recovery's record and line (recovery.py).
-    started.mark("training_at")
-    recovered = recovery.from_env(env) if dist_env.is_main and recovery.first_start(env) else None
-    if recovered is not None and not progress.finished:
-        log.write("recovery", **recovery.record(recovered, started))
-        console.say(recovery.line(recovered, started))
 
-    # The loop: every rank takes the same steps and makes the same decisions.
-    votes = StopVote(stop, device, config.stop_check_every)
+def report_recovery(run: Run, env: Mapping[str, str], started: recovery.StartClock) -> None:
+    """Training again after spares took bad nodes' places: the recovery's record and line (recovery.py)."""
+    recovered = recovery.from_env(env) if run.dist_env.is_main and recovery.first_start(env) else None
+    if recovered is not None and not run.progress.finished:
+        run.log.write("recovery", **recovery.record(recovered, started))
+        run.console.say(recovery.line(recovered, started))
+
+
+def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                votes: StopVote) -> tuple[Optional[str], int, float, int, float, float]:
+    """The epoch's steps from where progress stands, until its end or a stop the ranks agreed on:
+    (stopped by, the step reached, seconds, images, mean train loss, the last LR)."""
+    config, progress, steps, learner, clock = run.config, run.progress, run.steps, run.learner, run.clock
+    perm, first_step, step = run.batches.permutation(epoch), progress.step, progress.step
+    learner.model.train()
+    loss_sum = torch.zeros((), device=run.device)
+    bar = ProgressBar(steps.per_epoch, f"Epoch {epoch + 1}/{config.epochs}", run.dist_env.is_main, run.console)
     stopped_by: Optional[str] = None
-    first_epoch_here = True
-    for epoch in range(progress.epoch, config.epochs):
-        if progress.finished:
-            break
-        perm, first_step, step = batches.permutation(epoch), progress.step, progress.step
-        model.train()
-        loss_sum = torch.zeros((), device=device)
-        bar = ProgressBar(steps.per_epoch, f"Epoch {epoch + 1}/{config.epochs}", dist_env.is_main, console)
-        t0 = time.perf_counter()
-        while step < steps.per_epoch:
-            stopped_by = votes.during_epoch(step, first_step)
-            if stopped_by:
-                break
-            x, y = batches.batch(perm, epoch, step)
-            lr = lr_at(epoch * steps.per_epoch + step, steps.total, steps.warmup, learner.lr_peak, config.schedule)
-            learner.set_lr(lr)
-            beat.step(epoch * steps.per_epoch + step)
-            clock.begin()
-            loss_sum += train_step(x, y)
-            clock.end()
-            step += 1
-            bar.update(step, (step - first_step) * config.batch_size)
-        train_loss = loss_sum.item() / max(1, step - first_step)  # .item() waits for the GPU
-        epoch_time = time.perf_counter() - t0
-        bar.close()
-        clock.epoch_end()
-        votes.drain()
-        images = (step - first_step) * config.batch_size
-        progress.add_training_time(images, epoch_time, warm_up_epoch=first_epoch_here)
-        warm_up_epoch, first_epoch_here = first_epoch_here, False
-        if stopped_by:
-            progress.step = step
-            break
-
-        beat.phase(hb.EVAL)
-        result = evaluate(learner.for_evaluation(), test_set, rank, world, config.eval_batch_size,
-                          learner.autocast_dtype, config.tta)
-        progress.epoch, progress.step = epoch + 1, 0
-        progress.add_accuracy(result.accuracy)
-        end = metrics.EpochEnd(epoch + 1, config.epochs, epoch_time, images, train_loss, result, lr, warm_up_epoch)
-        console.say(end.line())
-        log.write("epoch", **end.record())
-        distributed.agree_or_raise(log.failed or console.failed, device)
-        if target_reached(progress.accuracies, config.target_accuracy, config.patience):
-            progress.early_stopped = True
-            console.say(f"Target accuracy reached. Early stopping after epoch {epoch + 1}.")
-            break
-        stopped_by = votes.at_epoch_end()
-        if stopped_by or (config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0):
-            beat.phase(hb.CHECKPOINT)
-            checkpoints.save(progress)
+    lr = learner.lr_peak
+    t0 = time.perf_counter()
+    while step < steps.per_epoch:
+        stopped_by = votes.during_epoch(step, first_step)
         if stopped_by:
             break
+        x, y = run.batches.batch(perm, epoch, step)
+        lr = lr_at(epoch * steps.per_epoch + step, steps.total, steps.warmup, learner.lr_peak, config.schedule)
+        learner.set_lr(lr)
+        run.beat.step(epoch * steps.per_epoch + step)
+        clock.begin()
+        loss_sum += train_step(x, y)
+        clock.end()
+        step += 1
+        bar.update(step, (step - first_step) * config.batch_size)
+    train_loss = loss_sum.item() / max(1, step - first_step)  # .item() waits for the GPU
+    epoch_time = time.perf_counter() - t0
+    bar.close()
+    clock.epoch_end()
+    votes.drain()
+    return stopped_by, step, epoch_time, (step - first_step) * config.batch_size, train_loss, lr
 
-    if stopped_by:  # a checkpoint, then exit 75: the job script requeues and the next start resumes
-        if progress.step:  # a mid-epoch stop; an epoch-end stop has just saved
-            checkpoints.save(progress)
-        stopped = metrics.Stopped(stopped_by, progress.epoch, progress.step, checkpoints.path, EXIT_REQUEUE)
-        log.write("stopped", **stopped.record())
-        console.say(stopped.line())
-        stop.clear_request()
-        distributed.barrier()
-        return EXIT_REQUEUE
 
+def leave_for_requeue(run: Run, stopped_by: str, stop: StopFlag) -> int:
+    """A checkpoint, then exit 75: the job script requeues and the next start resumes."""
+    progress, checkpoints = run.progress, run.checkpoints
+    if progress.step:  # a mid-epoch stop; an epoch-end stop has just saved
+        checkpoints.save(progress)
+    stopped = metrics.Stopped(stopped_by, progress.epoch, progress.step, checkpoints.path, EXIT_REQUEUE)
+    run.log.write("stopped", **stopped.record())
+    run.console.say(stopped.line())
+    stop.clear_request()
+    distributed.barrier()
+    return EXIT_REQUEUE
+
+
+def finish(run: Run, wall_s: float) -> int:
+    """The last checkpoint, the summary record and lines, and every rank leaving together."""
+    progress, console, device = run.progress, run.console, run.device
     if progress.finished:
-        console.say(f"{checkpoints.path} is a finished run: nothing left to train")
+        console.say(f"{run.checkpoints.path} is a finished run: nothing left to train")
     else:
         progress.finished = True
-        checkpoints.save(progress)
-    beat.phase(hb.DONE)
-    digests = distributed.parameter_digests(model)
-    step_times = steptime.gather(clock, rank)
-    graphs = cudagraph_report.gather(fast.graph_state(device))
+        run.checkpoints.save(progress)
+    run.beat.phase(hb.DONE)
+    digests = distributed.parameter_digests(run.learner.model)
+    step_times = steptime.gather(run.clock, run.dist_env.rank)
+    graphs = cudagraph_report.gather(run.fast.graph_state(device))
     if len(set(digests)) != 1:
         console.say(f"WARNING: model parameters differ across ranks ({digests}): please report this")
-    log.write("summary", **metrics.summary_record(progress, world_facts, digests, speed.bucket_layout(fast.ddp),
-                                                  time.perf_counter() - wall_start), **step_times.record(),
-              **graphs.record())
-    console.say(*metrics.summary_lines(progress, world_facts, log.path), *step_times.lines(), *graphs.lines())
-    distributed.agree_or_raise(log.failed or console.failed, device)  # a finished run's record is whole, or exit 2
+    run.log.write("summary", **metrics.summary_record(progress, run.world, digests, speed.bucket_layout(run.fast.ddp),
+                                                      wall_s), **step_times.record(), **graphs.record())
+    console.say(*metrics.summary_lines(progress, run.world, run.log.path), *step_times.lines(), *graphs.lines())
+    distributed.agree_or_raise(run.log.failed or console.failed, device)  # a finished run's record is whole, or exit 2
     # Leave together: no rank exits while a peer still waits in a collective. The process then
     # leaves through exit_edge.leave_now, which explains the abort at exit that this barrier alone left.
     distributed.barrier()

@@ -66,8 +66,13 @@ def test_gpu_image_runs_nothing_inside_at_build_time():
     assert "post" not in sections(text("gpu.def")), "a %post would need arm64 emulation on the x86_64 login node"
 
 
-def test_gpu_base_is_ngc_pytorch_25_06():
-    assert build_arguments(text("gpu.def"))["BASE_IMAGE"] == "nvcr.io/nvidia/pytorch:25.06-py3"
+def test_the_gpu_base_is_the_one_the_containers_readme_documents():
+    # Whatever the base is, a user reads it in containers/README.md's build-argument table: a new NGC
+    # release changes the definition and the table together, or this fails.
+    base = build_arguments(text("gpu.def"))["BASE_IMAGE"]
+    table = (CONTAINERS / "README.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| `BOOTSTRAP`, `BASE_IMAGE` |"))
+    assert f"`{base}`" in row, row
 
 
 def test_olivia_base_can_be_a_local_sif():

@@ -20,16 +20,18 @@ from ddp_train.errors import TrainError
 from ddp_train.model import WideResNet
 
 
-def test_normalize_builds_its_constants_once_not_every_step(monkeypatch):
-    made = []
-    real_tensor = torch.tensor
-    monkeypatch.setattr(data.torch, "tensor", lambda *a, **k: made.append(a) or real_tensor(*a, **k))
-    data.normalize_constants.cache_clear()
-    images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
-    first = data.normalize(images)
-    for _ in range(5):
-        assert torch.equal(data.normalize(images), first)
-    assert len(made) == 2  # scale and shift, built for the first call only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_normalize_is_the_per_channel_standard_score_in_the_requested_dtype(dtype):
+    # What the model sees: (pixel / 255 - mean) / std per channel, in the step's dtype, on every call
+    # (its constants are cached per device and dtype, so a later call must not get another's).
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    mean, std = torch.tensor(data.MEAN).view(1, 3, 1, 1), torch.tensor(data.STD).view(1, 3, 1, 1)
+    want = (images.double() / 255 - mean.double()) / std.double()
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for _ in range(3):
+        got = data.normalize(images, dtype)
+        assert got.dtype == dtype and got.shape == images.shape
+        assert torch.allclose(got.double(), want, atol=tolerance), (got.double() - want).abs().max()
 
 
 def test_compile_is_on_by_default_on_cuda_only_and_both_flags_work():

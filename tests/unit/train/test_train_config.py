@@ -2,8 +2,10 @@
 
 import pytest
 
-from ddp_train.config import (DEMO_PRESET, GUIDE_RECIPE, check_world, config_from_args, peak_lr,
-                              resolve_precision)
+import dataclasses
+
+from ddp_train.config import (DEMO_PRESET, GUIDE_RECIPE, RECIPES, TrainConfig, build_parser, check_world,
+                              config_from_args, peak_lr, resolve_precision)
 from ddp_train.errors import TrainError
 
 
@@ -36,6 +38,29 @@ def test_improved_recipe_is_the_default_and_each_change_is_a_flag():
                             "--warmup-epochs", "0", "--no-nesterov"])
     assert (off.label_smoothing, off.schedule, off.tta, off.warmup_epochs, off.nesterov) == (
         0.0, "constant", False, 0.0, False)
+
+
+def test_a_config_built_in_code_trains_as_ddp_train_with_no_flags_does():
+    # A benchmark or a test that builds TrainConfig() gets the improved recipe, not a third set of values.
+    assert TrainConfig() == config_from_args([])
+    assert TrainConfig().recipe == "improved" and RECIPES["improved"] == {}
+
+
+def test_every_field_is_a_flag_whose_help_is_declared_with_it():
+    actions = {action.dest: action for action in build_parser()._actions if action.dest != "help"}
+    fields = dataclasses.fields(TrainConfig)
+    assert list(actions) == [field.name for field in fields]
+    for field in fields:
+        action = actions[field.name]
+        assert action.option_strings == ["--" + field.name.replace("_", "-")] + (
+            ["--no-" + field.name.replace("_", "-")] if len(action.option_strings) == 2 else [])
+        assert action.help == field.metadata["help"] and action.help.strip()
+    assert actions["recipe"].choices == tuple(RECIPES)
+    # The annotation's type reaches the flag: a float field refuses a word, an int field a fraction.
+    with pytest.raises(TrainError, match="--width-scale"):
+        config_from_args(["--width-scale", "wide"])
+    with pytest.raises(TrainError, match="--epochs"):
+        config_from_args(["--epochs", "2.5"])
 
 
 def test_explicit_flag_beats_demo_preset_beats_recipe():
