@@ -85,13 +85,13 @@ e2e-image: venv sysdeps
 # its time waiting (collective timeouts, roll calls, srun --wait, requeues), so two clusters nearly
 # halve it, and the unit and bats suites run beside it rather than after it. Their reports are
 # printed after the e2e one; the last line is the verdict.
-E2E_WORKERS ?= 2
-E2E_ARGS = $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadfile)
+E2E_WORKERS ?= 3
+E2E_ARGS = $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadscope)
 test: venv sysdeps lint
 	@unit_log=$$(mktemp); bats_log=$$(mktemp); \
 	$(VPY) -m pytest -q tests/unit > "$$unit_log" 2>&1 & unit_pid=$$!; \
 	bats --recursive tests/bats > "$$bats_log" 2>&1 & bats_pid=$$!; \
-	$(VPY) -m pytest $(E2E_ARGS) --durations=15 tests/e2e; e2e=$$?; \
+	$(VPY) -m pytest $(E2E_ARGS) --durations=0 --durations-min=20 tests/e2e; e2e=$$?; \
 	wait $$unit_pid; unit=$$?; wait $$bats_pid; bats=$$?; \
 	echo "--- tests/bats, run beside tests/e2e ---"; cat "$$bats_log"; \
 	echo "--- tests/unit, run beside tests/e2e ---"; cat "$$unit_log"; rm -f "$$unit_log" "$$bats_log"; \

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import apptainer_root
-from conftest import MIDRUN_TRAIN_ARGS, sbatch_args, epochs_done, metrics_records
+from conftest import LONG, MIDRUN_TRAIN_ARGS, sbatch_args, epochs_done, metrics_records
 
 from ddp_launch.rendezvous import rendezvous_port
 
@@ -20,7 +20,9 @@ pytestmark = pytest.mark.e2e
 
 # Short collectives' timeout: a dropped node is noticed within it (--dist-timeout-s).
 DIST_TIMEOUT_S = 30
-RUN = (f"--epochs 12 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
+# Six epochs: two before the fault, the rest the runway it lands on; the next run resumes from the
+# checkpoint and trains what is left (epochs are about 7 s here at width 0.25).
+RUN = (f"--epochs 6 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
        f"--dist-timeout-s {DIST_TIMEOUT_S}")
 
 
@@ -54,6 +56,7 @@ def started_job(cluster, env, tmp_path) -> tuple[str, Path]:
     return job_id, run_dir
 
 
+@LONG
 def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_the_next_run_resumes(
         cluster, long_job_env, tmp_path):
     job_id, run_dir = started_job(cluster, long_job_env, tmp_path)
@@ -97,14 +100,14 @@ def running_step_ids(cluster, job_id: str) -> list[int]:
     return sorted(int(step.split(".")[1]) for step in done.stdout.split() if re.fullmatch(rf"{job_id}\.\d+", step))
 
 
+@LONG
 def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_kills_find_nothing(
         cluster, long_job_env, tmp_path):
     """A requeued job numbers its steps from 0 again, and a kill slurmctld could not deliver to a
     node off the network is retried every 60 s naming only the job and step id, until the node
     answers (src/slurmctld/job_mgr.c batch_requeue_fini, src/slurmctld/agent.c RPC_RETRY_INTERVAL).
     Here those late kills come on purpose, after the requeued run has started training."""
-    env = {**long_job_env, "DDP_TRAIN_ARGS": RUN.replace("--epochs 12", "--epochs 6")}
-    job_id, run_dir = started_job(cluster, env, tmp_path)
+    job_id, run_dir = started_job(cluster, long_job_env, tmp_path)
     before = running_step_ids(cluster, job_id)
     assert before, "the sampler and the training step run"
     # What slurmctld does to a --requeue job that a lost node ended (NODE_FAIL).
@@ -124,6 +127,7 @@ def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_ki
     assert types.count("run") == 2 and "summary" in types[types.index("run", 1):], types
 
 
+@LONG
 def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_finishes(cluster, job_env, tmp_path):
     env = {**job_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 6") + " --checkpoint-every 1"}
     first, run_dir = started_job(cluster, env, tmp_path)
@@ -148,6 +152,7 @@ def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_fini
     assert set(before) <= {p.relative_to(run_dir) for p in run_dir.rglob("*")}
 
 
+@LONG
 def test_three_two_node_jobs_at_once_all_finish_on_ports_of_their_own(cluster, job_env, tmp_path):
     jobs = {}
     for k in range(3):
@@ -190,6 +195,7 @@ def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, 
     assert re.search(rf"ddp-launch: error: rendezvous port {port} on the head node \(\S+:{port}\) is already in use", lines[0]), lines
 
 
+@LONG
 def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_space_is_freed(
         cluster, long_job_env, tmp_path):
     # A 64 MiB ext4 on a loop device, mounted over the run dir in both nodes' mount namespaces

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MIDRUN_TRAIN_ARGS, Cluster, sbatch_args, epochs_done, metrics_records
+from conftest import LONG, MIDRUN_TRAIN_ARGS, Cluster, sbatch_args, epochs_done, metrics_records
 
 pytestmark = pytest.mark.e2e
 
@@ -156,11 +156,12 @@ UNSQUASHED = {"APPTAINER_UNSQUASH": "1"}
 STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": (UNSQUASHED, ["--signal=TERM"])}
 
 
+@LONG
 @pytest.mark.parametrize("stop_signal", sorted(STOPS))
 def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path,
                                                                              stop_signal):
     mount_env, scancel_args = STOPS[stop_signal]
-    # Six epochs of about 2 s: the stop must land before the last one ends. The request file is read
+    # Six epochs of about 7 s on a quiet machine: the stop must land before the last one ends. The request file is read
     # every 5 s (signals.REQUEST_POLL_S) and USR2 takes scancel -> slurmctld -> the batch shell's
     # trap first; with three epochs a loaded machine let the run finish before it saw the request.
     job_env = {**job_env, **mount_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 6")}
@@ -191,6 +192,7 @@ def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(clu
         assert not (run_dir / ".ddp-stop-request").exists()
 
 
+@LONG
 def test_a_stop_in_a_job_array_requeues_that_task_alone_and_each_task_has_its_own_run_dir(cluster, job_env,
                                                                                           tmp_path):
     # sbatch --array=0-1: two one-node tasks side by side, each in its own run dir named with %A_%a as
