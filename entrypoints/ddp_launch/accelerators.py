@@ -95,6 +95,8 @@ class Accelerator(NamedTuple):
     driver_count: str                   # its count(int*) symbol
     driver_errors: Dict[int, str]       # the init/count status codes worth naming
     driver_version_file: str            # where doctor reads the kernel driver's version
+    driver_minimum: Dict[int, int]      # runtime major -> oldest driver major, where published (CUDA)
+    driver_too_old_fix: Optional[str]   # what to do when the driver is older than that
     apptainer_flag: str                 # --nv | --rocm
     kubernetes_resource: str            # nvidia.com/gpu | amd.com/gpu
     device_plugin: str                  # who hands that resource to pods
@@ -164,6 +166,9 @@ def parse_accelerator(data: object, path: str) -> Accelerator:
     errors = sections["driver"].get("errors", {})
     if not isinstance(errors, dict) or not all(k.isdigit() and isinstance(v, str) for k, v in errors.items()):
         raise fail("'driver.errors' must map status codes (\"100\") to names")
+    minimum = sections["driver"].get("minimum_for_runtime_major", {})
+    if not isinstance(minimum, dict) or not all(k.isdigit() and type(v) is int for k, v in minimum.items()):
+        raise fail("'driver.minimum_for_runtime_major' must map runtime majors (\"12\") to driver majors (525)")
     return Accelerator(
         name=name,
         runtime=runtime,
@@ -176,6 +181,8 @@ def parse_accelerator(data: object, path: str) -> Accelerator:
         driver_count=text("driver", "count"),
         driver_errors={int(k): v for k, v in errors.items()},
         driver_version_file=text("driver", "version_file"),
+        driver_minimum={int(k): v for k, v in minimum.items()},
+        driver_too_old_fix=_optional_text(sections["driver"], "too_old_fix", fail),
         apptainer_flag=text("apptainer", "flag"),
         kubernetes_resource=text("kubernetes", "resource"),
         device_plugin=text("kubernetes", "device_plugin"),

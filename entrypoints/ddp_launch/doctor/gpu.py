@@ -14,11 +14,6 @@ from ddp_launch.envvars import integer
 from ddp_launch.errors import LaunchError
 from ddp_launch.gpus import COUNT_GRANT_VARIABLES, granted_gpus
 
-# Oldest Linux driver for each CUDA major (CUDA toolkit release notes, table 3), by runtime:
-# no such table is published for HIP (the amdgpu driver ships with each ROCm release).
-MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
-MIN_DRIVER = {"CUDA": MIN_DRIVER_FOR_CUDA}
-
 
 def check_gpus(ctx: DoctorContext) -> Check:
     info = ctx.probes.torch_info() or {}
@@ -99,8 +94,8 @@ def check_cuda_driver(ctx: DoctorContext) -> Check:
     if not image:
         return Check(name, OK, f"driver {driver[0]}.{driver[1]}; image {runtime} unknown")
     major = int(str(image).split(".")[0])
-    needed = MIN_DRIVER.get(runtime, {}).get(major)
+    needed = vendor.driver_minimum.get(major)  # where the vendor publishes one (accelerator data)
     if needed and driver[0] < needed:
         return Check(name, WARN, f"driver {driver[0]}.{driver[1]} is older than {runtime} {image} needs (>= {needed})",
-                     "use an image built for the host's CUDA, or forward compatibility (cuda-compat) on data-centre GPUs")
+                     vendor.driver_too_old_fix or f"use an image built for the host's {runtime}")
     return Check(name, OK, f"driver {driver[0]}.{driver[1]} runs the image's {runtime} {image}")

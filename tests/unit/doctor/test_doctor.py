@@ -209,6 +209,13 @@ def test_old_driver_for_the_image_cuda_warns(node):
     node.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.82.01  Tue Oct 26 2021\n")
     _, checks, _ = doctor(node, ["--offline"], {"CUDA_VERSION": "12.9.1"})
     assert checks["CUDA driver"]["status"] == "WARN" and "470.82" in checks["CUDA driver"]["detail"]
+    assert "(>= 525)" in checks["CUDA driver"]["detail"] and "cuda-compat" in checks["CUDA driver"]["fix"]
+
+
+def test_a_driver_at_the_published_minimum_runs_the_images_cuda(node):
+    node.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  525.60.13  Wed Nov 30 2022\n")
+    _, checks, _ = doctor(node, ["--offline"], {"CUDA_VERSION": "12.9.1"})
+    assert checks["CUDA driver"]["status"] == "OK", checks["CUDA driver"]
 
 
 def test_slingshot_expected_but_no_devices_fails_in_a_job(node):

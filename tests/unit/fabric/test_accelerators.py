@@ -32,6 +32,9 @@ def test_nvidia_words_are_cudas():
     assert NVIDIA.apptainer_flag == "--nv" and NVIDIA.runtime == "CUDA"
     assert (NVIDIA.collective, NVIDIA.collective_library, NVIDIA.net_plugin) == ("NCCL", "libnccl.so.2", "libnccl-net.so")
     assert NVIDIA.driver_errors[100] == "CUDA_ERROR_NO_DEVICE"
+    # CUDA Toolkit release notes, table 3: the oldest Linux driver for each CUDA major.
+    assert NVIDIA.driver_minimum == {11: 450, 12: 525, 13: 580}
+    assert "cuda-compat" in NVIDIA.driver_too_old_fix
 
 
 def test_amd_words_are_rocms():
@@ -44,6 +47,7 @@ def test_amd_words_are_rocms():
         ("RCCL", "librccl.so.1", "librccl-net.so", "aws-ofi-rccl")
     assert AMD.driver_version_file == "/sys/module/amdgpu/version"
     assert AMD.plugin_dlopens is None and NVIDIA.plugin_dlopens == "libcudart.so"
+    assert AMD.driver_minimum == {}  # no such table is published for HIP
 
 
 @pytest.mark.parametrize("vendor, counted, ignored", [
@@ -100,6 +104,8 @@ def _bad(change, tmp_path):
     (lambda d: d["visible_devices"].update(variables=[]), "'visible_devices.variables' must be a non-empty list"),
     (lambda d: d["device_files"].update(pattern="renderD[0-9"), "'device_files.pattern' is not a regular expression"),
     (lambda d: d["driver"].update(errors={"x": "y"}), "'driver.errors' must map status codes"),
+    (lambda d: d["driver"].update(minimum_for_runtime_major={"12": "525"}),
+     "'driver.minimum_for_runtime_major' must map runtime majors"),
     (lambda d: d["sampler"].update(repeats=True), "repeats by itself, so one word must hold {interval}"),
     (lambda d: d["sampler"]["columns"].pop("utilization"), "'sampler.columns' must name a column for each of"),
     (lambda d: d["sampler"].update(memory_unit_bytes=True), "'sampler.memory_unit_bytes' must be a positive integer"),

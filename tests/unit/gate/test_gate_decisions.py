@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from ddp_train.gate import judge as fg
+from ddp_train.gate import judge
 from ddp_train.gate.judge import Expectation, GroupResult, SizeResult
 
 MiB = 2**20
@@ -13,30 +13,30 @@ MiB = 2**20
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 7, 8, 9, 64, 1000])
 def test_the_expected_sum_is_the_elementwise_sum_of_every_rank_contribution(ranks):
-    count = 4 * fg.PATTERN_PERIOD + 3
-    contributions = [[fg.contribution(r, i) for i in range(count)] for r in range(ranks)]
-    period = fg.expected_period(range(ranks))
-    assert [period[i % fg.PATTERN_PERIOD] for i in range(count)] == [sum(c[i] for c in contributions)
+    count = 4 * judge.PATTERN_PERIOD + 3
+    contributions = [[judge.contribution(r, i) for i in range(count)] for r in range(ranks)]
+    period = judge.expected_period(range(ranks))
+    assert [period[i % judge.PATTERN_PERIOD] for i in range(count)] == [sum(c[i] for c in contributions)
                                                                      for i in range(count)]
 
 
 def test_contributions_are_small_integers_that_depend_on_the_rank():
-    assert {fg.contribution(r, i) for r in range(16) for i in range(16)} == set(range(1, fg.PATTERN_PERIOD + 1))
-    assert [fg.contribution(0, i) for i in range(8)] != [fg.contribution(1, i) for i in range(8)]
+    assert {judge.contribution(r, i) for r in range(16) for i in range(16)} == set(range(1, judge.PATTERN_PERIOD + 1))
+    assert [judge.contribution(0, i) for i in range(8)] != [judge.contribution(1, i) for i in range(8)]
 
 
 def test_a_missing_or_doubled_rank_changes_every_element_of_the_sum():
-    full = fg.expected_period(range(6))
-    assert all(a != b for a, b in zip(full, fg.expected_period([0, 1, 2, 3, 5])))
-    assert all(a != b for a, b in zip(full, fg.expected_period([0, 1, 2, 3, 4, 5, 5])))
+    full = judge.expected_period(range(6))
+    assert all(a != b for a, b in zip(full, judge.expected_period([0, 1, 2, 3, 5])))
+    assert all(a != b for a, b in zip(full, judge.expected_period([0, 1, 2, 3, 4, 5, 5])))
 
 
 def test_the_sum_is_exact_in_float32_in_any_order_up_to_the_largest_world():
     # The worst case: every partial sum an integer <= 8 n, below 2**24 (the float32 significand).
-    n = fg.MAX_EXACT_RANKS
-    assert float(np.float32(fg.PATTERN_PERIOD * n)) == fg.PATTERN_PERIOD * n
+    n = judge.MAX_EXACT_RANKS
+    assert float(np.float32(judge.PATTERN_PERIOD * n)) == judge.PATTERN_PERIOD * n
     rng = np.random.default_rng(0)
-    values = np.array([fg.contribution(r, 5) for r in range(20000)], dtype=np.float32)
+    values = np.array([judge.contribution(r, 5) for r in range(20000)], dtype=np.float32)
     exact = int(sum(int(v) for v in values))
     for _ in range(3):
         shuffled = rng.permutation(values)
@@ -45,17 +45,17 @@ def test_the_sum_is_exact_in_float32_in_any_order_up_to_the_largest_world():
             total = np.float32(total + v)
         assert int(total) == exact
     with pytest.raises(ValueError, match="exact in float32 only up to"):
-        fg.expected_period(range(n + 1))
+        judge.expected_period(range(n + 1))
 
 
 def test_bandwidth_follows_nccl_tests_performance_md():
     # PERFORMANCE.md: algbw = S/t; all-reduce busbw = algbw * 2(n-1)/n.
-    assert fg.algbw_gbps(128 * MiB, 1.916e-3) == pytest.approx(70.05, abs=0.01)
+    assert judge.algbw_gbps(128 * MiB, 1.916e-3) == pytest.approx(70.05, abs=0.01)
     # CSCS's 2 x 4 GH200 row: 128 MiB in 1916 us is busbw 122.6 GB/s on 8 ranks.
-    assert fg.busbw_gbps(128 * MiB, 1.916e-3, 8) == pytest.approx(122.6, abs=0.1)
-    assert fg.busbw_gbps(MiB, 1e-3, 2) == fg.algbw_gbps(MiB, 1e-3)
-    assert fg.busbw_gbps(MiB, 1e-3, 1) == 0.0
-    assert fg.algbw_gbps(MiB, 0.0) == 0.0
+    assert judge.busbw_gbps(128 * MiB, 1.916e-3, 8) == pytest.approx(122.6, abs=0.1)
+    assert judge.busbw_gbps(MiB, 1e-3, 2) == judge.algbw_gbps(MiB, 1e-3)
+    assert judge.busbw_gbps(MiB, 1e-3, 1) == 0.0
+    assert judge.algbw_gbps(MiB, 0.0) == 0.0
 
 
 def test_one_line_per_size_has_the_nccl_tests_columns():
@@ -66,7 +66,7 @@ def test_one_line_per_size_has_the_nccl_tests_columns():
 
 @pytest.mark.parametrize(("nodes", "rounds"), [(1, 0), (2, 1), (3, 2), (4, 2), (5, 3), (8, 3), (9, 4), (64, 6)])
 def test_pair_rounds_are_logarithmic_and_disjoint(nodes, rounds):
-    schedule = fg.pair_rounds(nodes)
+    schedule = judge.pair_rounds(nodes)
     assert len(schedule) == rounds == (math.ceil(math.log2(nodes)) if nodes > 1 else 0)
     for pairs in schedule:
         flat = [n for pair in pairs for n in pair]
@@ -85,25 +85,25 @@ def _pair(nodes, busbw, round_name="pairs-1", size=4 * MiB):
 def test_a_node_slow_with_every_partner_is_named_and_its_fast_partners_are_cleared():
     pairs = [_pair(("n0", "n1"), 1.0), _pair(("n2", "n3"), 0.05), _pair(("n0", "n2"), 0.04, "pairs-2"),
              _pair(("n1", "n3"), 0.9, "pairs-2")]
-    faults = fg.blame_pairs(pairs, None)
+    faults = judge.blame_pairs(pairs, None)
     assert [(f.kind, f.nodes) for f in faults] == [("slow", ("n2",))]
     assert "0.25 x the fastest pair (1.000 GB/s)" in faults[0].expected
 
 
 def test_three_nodes_name_the_third_from_two_rounds():
     pairs = [_pair(("node1", "node2"), 0.5), _pair(("node1", "node3"), 0.02, "pairs-2")]
-    assert [f.nodes for f in fg.blame_pairs(pairs, None)] == [("node3",)]
+    assert [f.nodes for f in judge.blame_pairs(pairs, None)] == [("node3",)]
 
 
 def test_a_slow_pair_between_two_cleared_nodes_is_a_link():
     pairs = [_pair(("a", "b"), 0.01), _pair(("a", "c"), 1.0, "pairs-2"), _pair(("b", "d"), 1.0, "pairs-2"),
              _pair(("c", "d"), 1.0)]
-    (fault,) = fg.blame_pairs(pairs, None)
+    (fault,) = judge.blame_pairs(pairs, None)
     assert fault.nodes == ("a", "b") and fault.what == "link a-b"
 
 
 def test_two_nodes_alone_cannot_be_told_apart_so_both_are_suspects():
-    faults = fg.blame_pairs([_pair(("a", "b"), 0.01), _pair(("c", "d"), 1.0)], None)
+    faults = judge.blame_pairs([_pair(("a", "b"), 0.01), _pair(("c", "d"), 1.0)], None)
     assert sorted(f.nodes for f in faults) == [("a",), ("b",)]
 
 
@@ -111,8 +111,8 @@ def test_the_published_figure_sets_the_floor_when_there_is_one():
     expectation = Expectation(128 * MiB, 122.6, 0.5, "CSCS")
     pairs = [_pair(("a", "b"), 100.0, size=128 * MiB), _pair(("c", "d"), 40.0, size=128 * MiB),
              _pair(("a", "c"), 100.0, "pairs-2", 128 * MiB), _pair(("b", "d"), 45.0, "pairs-2", 128 * MiB)]
-    assert [f.nodes for f in fg.blame_pairs(pairs, expectation)] == [("d",)]
-    assert fg.blame_pairs([_pair(("a", "b"), 70.0, size=128 * MiB)], expectation) == []
+    assert [f.nodes for f in judge.blame_pairs(pairs, expectation)] == [("d",)]
+    assert judge.blame_pairs([_pair(("a", "b"), 70.0, size=128 * MiB)], expectation) == []
 
 
 def _world(nodes, ranks, busbw, wrong=0, size=128 * MiB):
@@ -122,20 +122,20 @@ def _world(nodes, ranks, busbw, wrong=0, size=128 * MiB):
 
 def test_below_the_published_floor_fails_even_when_no_node_is_to_blame():
     expectation = Expectation(128 * MiB, 122.6, 0.5, "CSCS 122.6 GB/s")
-    report = fg.decide(_world(["a", "b"], 8, 5.4), [], [], expectation, [], 3.0, "nccl")
+    report = judge.decide(_world(["a", "b"], 8, 5.4), [], [], expectation, [], 3.0, "nccl")
     assert not report.ok and report.bad_nodes == ()
     assert "busbw 5.40 GB/s at 128 MiB is below the floor 61.3 GB/s (0.5 x 122.6 GB/s, CSCS 122.6 GB/s)" in report.verdict
-    assert fg.decide(_world(["a", "b"], 8, 110.0), [], [], expectation, [], 3.0, "nccl").ok
+    assert judge.decide(_world(["a", "b"], 8, 110.0), [], [], expectation, [], 3.0, "nccl").ok
 
 
 def test_a_socket_fallback_on_one_node_names_it_whatever_the_figures():
-    report = fg.decide(_world(["a", "b", "c"], 12, 200.0), [], [], None, ["b"], 2.0, "nccl")
+    report = judge.decide(_world(["a", "b", "c"], 12, 200.0), [], [], None, ["b"], 2.0, "nccl")
     assert not report.ok and report.bad_nodes == ("b",)
     assert "node b: NCCL uses TCP sockets (expected RDMA" in report.verdict
 
 
 def test_a_socket_fallback_everywhere_is_a_setup_problem_not_a_node():
-    report = fg.decide(_world(["a", "b"], 8, 200.0), [], [], None, ["a", "b"], 2.0, "nccl")
+    report = judge.decide(_world(["a", "b"], 8, 200.0), [], [], None, ["a", "b"], 2.0, "nccl")
     assert not report.ok and report.bad_nodes == ()
     assert "TCP sockets on every node" in report.verdict
 
@@ -143,19 +143,19 @@ def test_a_socket_fallback_everywhere_is_a_setup_problem_not_a_node():
 def test_a_corrupting_node_is_named_with_its_wrong_element_count():
     node = GroupResult("node", ("n2",), 2, (SizeResult(MiB, 1.0, 1.0, 1.0, 7), SizeResult(4 * MiB, 1.0, 1.0, 1.0, 7)))
     clean = GroupResult("node", ("n1",), 2, (SizeResult(MiB, 1.0, 1.0, 1.0, 0),))
-    report = fg.decide(_world(["n1", "n2"], 4, 1.0, wrong=7), [clean, node], [], None, [], 1.0, "gloo")
+    report = judge.decide(_world(["n1", "n2"], 4, 1.0, wrong=7), [clean, node], [], None, [], 1.0, "gloo")
     assert report.bad_nodes == ("n2",)
     assert "node n2: 14 wrong element(s) in 2 all-reduce(s) within the node (expected 0 wrong)" in report.verdict
     assert "nccl#2001" in report.verdict
 
 
 def test_wrong_data_no_node_reproduces_still_fails():
-    report = fg.decide(_world(["n1", "n2"], 4, 1.0, wrong=3), [], [], None, [], 1.0, "gloo")
+    report = judge.decide(_world(["n1", "n2"], 4, 1.0, wrong=3), [], [], None, [], 1.0, "gloo")
     assert not report.ok and report.bad_nodes == () and "3 wrong element(s)" in report.verdict
 
 
 def test_a_pass_is_one_line_with_the_figures():
-    report = fg.decide(_world(["n1", "n2"], 4, 1.5), [], [], None, [], 2.25, "gloo on cpu")
+    report = judge.decide(_world(["n1", "n2"], 4, 1.5), [], [], None, [], 2.25, "gloo on cpu")
     assert report.ok
     assert report.verdict == "fabric gate: PASS in 2.2 s on 2 node(s), 4 ranks: busbw 1.500 GB/s at 128 MiB, #wrong 0"
 
@@ -171,15 +171,15 @@ def test_a_pass_is_one_line_with_the_figures():
 def test_narrowing_runs_on_a_failure_or_where_only_a_comparison_can_judge(wrong, busbw, sockets, nodes,
                                                                          expectation, narrow):
     world = _world([f"n{i}" for i in range(nodes)], nodes, busbw, wrong)
-    assert fg.needs_narrowing(world, expectation, sockets, nodes) is narrow
+    assert judge.needs_narrowing(world, expectation, sockets, nodes) is narrow
 
 
 def test_the_report_is_written_as_json_and_text(tmp_path):
-    report = fg.decide(_world(["n1", "n2"], 4, 1.5), [], [], None, [], 2.0, "gloo on cpu", ["a note"])
-    fg.write_report(report, str(tmp_path))
-    data = json.loads((tmp_path / fg.GATE_JSON).read_text())
+    report = judge.decide(_world(["n1", "n2"], 4, 1.5), [], [], None, [], 2.0, "gloo on cpu", ["a note"])
+    judge.write_report(report, str(tmp_path))
+    data = json.loads((tmp_path / judge.GATE_JSON).read_text())
     assert data["ok"] and data["world"]["sizes"][0]["busbw_gbps"] == 1.5 and data["notes"] == ["a note"]
-    text = (tmp_path / fg.GATE_TEXT).read_text()
+    text = (tmp_path / judge.GATE_TEXT).read_text()
     assert text.splitlines()[-1] == report.verdict and "busbw = algbw * 2(n-1)/n" in text
     assert not list(tmp_path.glob(".*.tmp"))
 
@@ -187,7 +187,7 @@ def test_the_report_is_written_as_json_and_text(tmp_path):
 def test_the_site_profile_expectation_carries_its_source():
     profile = {"size_bytes": 134217728, "busbw_gbps": 122.6, "floor_fraction": 0.5, "source": "CSCS",
                "sockets_busbw_gbps": 5.4, "backend": "nccl", "device": "cuda"}
-    expectation = fg.expectation_from_profile(profile)
+    expectation = judge.expectation_from_profile(profile)
     assert expectation == Expectation(128 * MiB, 122.6, 0.5, "CSCS", 5.4, "nccl", "cuda")
     assert expectation.floor_gbps == pytest.approx(61.3)
-    assert fg.expectation_from_profile(None) is None
+    assert judge.expectation_from_profile(None) is None

@@ -1,5 +1,5 @@
 """The launcher's modules import each other one way only: no module is part of an import cycle;
-nor are the trainer's (its rooms, safety/ and gate/, included) or ddp-bench's.
+nor are the trainer's (its rooms, safety/ and gate/, included), the contract's or ddp-bench's.
 
 Read from the source (ast), so an import under `if TYPE_CHECKING:` counts too: a cycle there
 is still two modules that each need the other to be understood.
@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import ddp_bench
+import ddp_contract
 import ddp_launch
 import ddp_train
 import pytest
@@ -71,7 +72,7 @@ def test_no_launcher_module_is_part_of_an_import_cycle():
     assert cycle_in(import_graph()) is None, " -> ".join(cycle_in(import_graph()))
 
 
-OTHER_PACKAGES = {module.__name__: Path(module.__file__).parent for module in (ddp_train, ddp_bench)}
+OTHER_PACKAGES = {module.__name__: Path(module.__file__).parent for module in (ddp_train, ddp_bench, ddp_contract)}
 
 
 @pytest.mark.parametrize("name", sorted(OTHER_PACKAGES))
@@ -92,6 +93,14 @@ def test_the_trainers_rooms_import_nothing_on_entry():
     safety.provenance without torch, which gate.run and the other safety nets import."""
     rooms = [OTHER_PACKAGES["ddp_train"] / room / "__init__.py" for room in ("safety", "gate")]
     assert [imported_packages(room.read_text()) for room in rooms] == [set(), set()]
+
+
+def test_the_contracts_commands_live_in_its_main_not_in_the_package_its_modules_import():
+    """`python3 -m ddp_contract download DIR` needs ddp_contract.download, which needs the package: the
+    dispatch in the package itself made package -> download -> package."""
+    graph = import_graph(OTHER_PACKAGES["ddp_contract"])
+    assert "ddp_contract.download" in graph["ddp_contract.__main__"]
+    assert "ddp_contract" in graph["ddp_contract.download"]
 
 
 def test_a_cycle_is_found_where_there_is_one():

@@ -5,18 +5,18 @@ import pytest
 from ddp_bench import cli, report
 from ddp_bench.errors import ReportError
 from ddp_bench.gate_table import gate_table
-from ddp_train.gate import judge as fg
+from ddp_train.gate import judge
 from test_report import write_run
 
 MiB = 2**20
 
 
 def write_gate(run, ok=True, busbw=1.5, wrong=0, bad=()):
-    sizes = (fg.SizeResult(MiB, 900.0, busbw / 2, busbw / 1.5, 0), fg.SizeResult(4 * MiB, 3000.0, busbw / 1.5, busbw, wrong))
-    world = fg.GroupResult("world", ("node1", "node2"), 4, sizes)
-    faults = tuple(fg.Fault("corrupt", (n,), "x", "0 wrong", "y") for n in bad)
-    gate = fg.GateReport(ok, "verdict", world, faults=faults, bad_nodes=tuple(bad), seconds=2.34, backend="gloo on cpu")
-    fg.write_report(gate, str(run))
+    sizes = (judge.SizeResult(MiB, 900.0, busbw / 2, busbw / 1.5, 0), judge.SizeResult(4 * MiB, 3000.0, busbw / 1.5, busbw, wrong))
+    world = judge.GroupResult("world", ("node1", "node2"), 4, sizes)
+    faults = tuple(judge.Fault("corrupt", (n,), "x", "0 wrong", "y") for n in bad)
+    gate = judge.GateReport(ok, "verdict", world, faults=faults, bad_nodes=tuple(bad), seconds=2.34, backend="gloo on cpu")
+    judge.write_report(gate, str(run))
 
 
 def test_the_report_has_a_gate_row_per_run_with_a_gate_json(tmp_path, capsys):

@@ -52,8 +52,13 @@ def test_every_field_is_a_flag_whose_help_is_declared_with_it():
     assert list(actions) == [field.name for field in fields]
     for field in fields:
         action = actions[field.name]
-        assert action.option_strings == ["--" + field.name.replace("_", "-")] + (
-            ["--no-" + field.name.replace("_", "-")] if len(action.option_strings) == 2 else [])
+        flag = field.name.replace("_", "-")
+        # A switch that is on (or decided by the run, None) by default has a --no- form that turns it
+        # off; one that is off by default has none.
+        negatable = "bool" in str(field.type) and field.default is not False
+        assert action.option_strings == [f"--{flag}"] + ([f"--no-{flag}"] if negatable else [])
+        if negatable:
+            assert getattr(config_from_args([f"--no-{flag}"]), field.name) is False
         assert action.help == field.metadata["help"] and action.help.strip()
     assert actions["recipe"].choices == tuple(RECIPES)
     # The annotation's type reaches the flag: a float field refuses a word, an int field a fraction.
