@@ -80,16 +80,17 @@ soak: venv sysdeps
 e2e-image: venv sysdeps
 	$(VPY) tests/e2e/e2e_image.py build
 
-# E2E_WORKERS clusters side by side (pytest-xdist, one test module at a time per worker, each worker
-# with a cluster of its own: tests/e2e/conftest.py worker_settings). The e2e suite spends most of
-# its time waiting (collective timeouts, roll calls, srun --wait, requeues), so two clusters nearly
-# halve it, and the unit and bats suites run beside it rather than after it. Their reports are
+# E2E_WORKERS clusters side by side (pytest-xdist, each worker with a cluster of its own:
+# tests/e2e/conftest.py worker_settings). The tests of a module that shares a module fixture (a twin,
+# the spares' reference run) go to one worker together, every other test alone, the long ones first
+# (conftest.py scope_of). The unit suite runs beside it on two processes of its own, and the bats
+# suite beside both: the 2 cores are busy throughout, and none waits for another. Their reports are
 # printed after the e2e one; the last line is the verdict.
 E2E_WORKERS ?= 3
 E2E_ARGS = $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadscope)
 test: venv sysdeps lint
 	@unit_log=$$(mktemp); bats_log=$$(mktemp); \
-	$(VPY) -m pytest -q tests/unit > "$$unit_log" 2>&1 & unit_pid=$$!; \
+	$(VPY) -m pytest -q -n 2 tests/unit > "$$unit_log" 2>&1 & unit_pid=$$!; \
 	bats --recursive tests/bats > "$$bats_log" 2>&1 & bats_pid=$$!; \
 	$(VPY) -m pytest $(E2E_ARGS) --durations=0 --durations-min=20 tests/e2e; e2e=$$?; \
 	wait $$unit_pid; unit=$$?; wait $$bats_pid; bats=$$?; \
