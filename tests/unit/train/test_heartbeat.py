@@ -27,7 +27,7 @@ def test_gloo_records_its_collectives_in_the_flight_recorder_and_the_dump_lands_
     # timeout itself; so the trainer dumps it when the watchdog asks.
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
     done = subprocess.run([sys.executable, "-c", GLOO_DUMP, str(tmp_path / "run"), str(tmp_path / "store")],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     dump = Path(done.stdout.strip())
     assert dump == tmp_path / "run" / "forensics" / "fr-trace-rank0"
@@ -41,7 +41,7 @@ def test_a_flight_recorder_dump_that_cannot_be_written_is_a_warning_not_a_thread
     (run_dir / "forensics").write_text("a file where the dump directory goes")  # mkdir fails: EEXIST
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000"}
     done = subprocess.run([sys.executable, "-c", GLOO_DUMP, str(run_dir), str(tmp_path / "store")],
-                          env=env, capture_output=True, text=True, timeout=120)
+                          env=env, capture_output=True, text=True, timeout=600)
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "None"
