@@ -86,7 +86,7 @@ e2e-image: venv sysdeps
 # (conftest.py scope_of). The unit suite runs beside it on two processes of its own, and the bats
 # suite beside both: the 2 cores are busy throughout, and none waits for another. Their reports are
 # printed after the e2e one; the last line is the verdict.
-E2E_WORKERS ?= 2
+E2E_WORKERS ?= 3
 E2E_ARGS = $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadscope)
 test: venv sysdeps lint
 	@unit_log=$$(mktemp); bats_log=$$(mktemp); \
