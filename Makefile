@@ -80,28 +80,27 @@ soak: venv sysdeps
 e2e-image: venv sysdeps
 	$(VPY) tests/e2e/e2e_image.py build
 
+# The unit suite first, on two processes, with the bats suite beside it; then the e2e suite on
 # E2E_WORKERS clusters side by side (pytest-xdist, each worker with a cluster of its own:
 # tests/e2e/conftest.py worker_settings). The tests of a module that shares a module fixture (a twin,
 # the spares' reference run) go to one worker together, every other test alone, the long ones first
-# (conftest.py scope_of). The unit suite runs beside it on two processes of its own, and the bats
-# suite beside both: the 2 cores are busy throughout, and none waits for another. Their reports are
-# printed after the e2e one, then the e2e failures again (a CI log's tail must name them); the last
-# line is the verdict.
+# (tests/e2e/scheduling.py). The unit suite does not run beside the e2e one: both keep the 2 cores
+# busy on their own (the time is the same either way), and beside three clusters at a load of 20 its
+# subprocess tests waited minutes for a core. Every suite runs whatever another one said; the failures
+# of all three are named again at the end (a CI log's tail must name them), and the last line is the verdict.
 E2E_WORKERS ?= 3
 E2E_ARGS = $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadscope)
 test: venv sysdeps lint
 	@unit_log=$$(mktemp); bats_log=$$(mktemp); e2e_log=$$(mktemp); \
-	$(VPY) -m pytest -q -n 2 tests/unit > "$$unit_log" 2>&1 & unit_pid=$$!; \
 	bats --recursive tests/bats > "$$bats_log" 2>&1 & bats_pid=$$!; \
+	$(VPY) -m pytest -q -n 2 --durations=10 tests/unit 2>&1 | tee "$$unit_log"; unit=$${PIPESTATUS[0]}; \
+	wait $$bats_pid; bats=$$?; echo "--- tests/bats, run beside tests/unit ---"; cat "$$bats_log"; \
 	$(VPY) -m pytest $(E2E_ARGS) -v --durations=0 --durations-min=20 tests/e2e 2>&1 | tee "$$e2e_log"; e2e=$${PIPESTATUS[0]}; \
-	wait $$unit_pid; unit=$$?; wait $$bats_pid; bats=$$?; \
-	echo "--- tests/bats, run beside tests/e2e ---"; cat "$$bats_log"; \
-	echo "--- tests/unit, run beside tests/e2e ---"; cat "$$unit_log"; \
-	echo "--- tests/e2e, its summary again (the whole report is above) ---"; \
-	sed -n '/short test summary info/,$$p' "$$e2e_log" | grep -E '^(FAILED|ERROR)' || echo "no e2e test failed"; \
-	tail -n 1 "$$e2e_log"; rm -f "$$unit_log" "$$bats_log" "$$e2e_log"; \
+	echo "--- what failed (the whole reports are above) ---"; \
+	grep -hE '^(FAILED|ERROR) ' "$$unit_log" "$$e2e_log"; grep -E '^not ok ' "$$bats_log"; \
+	for log in "$$unit_log" "$$e2e_log"; do tail -n 1 "$$log"; done; rm -f "$$unit_log" "$$bats_log" "$$e2e_log"; \
 	verdict() { [ "$$1" = 0 ] && echo passed || echo FAILED; }; \
-	echo "make test: tests/e2e $$(verdict $$e2e), tests/unit $$(verdict $$unit), tests/bats $$(verdict $$bats)"; \
+	echo "make test: tests/unit $$(verdict $$unit), tests/bats $$(verdict $$bats), tests/e2e $$(verdict $$e2e)"; \
 	[ $$e2e = 0 ] && [ $$unit = 0 ] && [ $$bats = 0 ]
 
 bench: venv

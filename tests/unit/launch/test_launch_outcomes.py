@@ -68,7 +68,7 @@ def lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
-def wait_for(paths: list[Path], process: subprocess.Popen, seconds: float = 90) -> None:
+def wait_for(paths: list[Path], process: subprocess.Popen, seconds: float = 600) -> None:
     deadline = time.monotonic() + seconds
     while not all(path.exists() for path in paths):
         assert process.poll() is None, process.communicate()
@@ -186,7 +186,7 @@ def slurm_step(tmp_path: Path, node: int, nodes: tuple[str, str] = ("localhost",
 NEVER = "raise SystemExit('workers must not start without the whole world')\n"
 
 
-def wait_for_listener(port: int, process: subprocess.Popen, seconds: float = 90) -> None:
+def wait_for_listener(port: int, process: subprocess.Popen, seconds: float = 600) -> None:
     deadline = time.monotonic() + seconds
     while True:
         assert process.poll() is None, process.communicate()
