@@ -197,6 +197,9 @@ class Cluster:
         fields = dict(re.findall(r"(\w+)=(\S*)", done.stdout))
         return Job(job_id, fields.get("JobState", "UNKNOWN"), fields.get("ExitCode", ""), fields)
 
+    # The timeouts of wait and wait_for_file bound a hang; they are not what a test asserts (a test whose
+    # point is speed measures the time itself). Under `make test` three clusters share 2 cores at a load
+    # near 20, where a job that takes 40 s alone takes minutes, so a bound is most of 10 minutes.
     def wait(self, job_id: str, timeout: float, states: set[str] = TERMINAL_STATES) -> Job:
         deadline = time.monotonic() + timeout
         while True:

@@ -52,7 +52,7 @@ def long_job_env(job_env):
 def started_job(cluster, env, tmp_path) -> tuple[str, Path]:
     run_dir = Path(env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=env)
-    cluster.wait_for_file(run_dir, 180, predicate=lambda d: epochs_done(d) >= 2)
+    cluster.wait_for_file(run_dir, 600, predicate=lambda d: epochs_done(d) >= 2)
     return job_id, run_dir
 
 
@@ -65,7 +65,7 @@ def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_the_next_r
     try:
         # node1's ranks wait out the collective timeout, then the roll call (peers.ROLL_CALL_S),
         # then srun's --wait for node2's tasks, which it cannot reach.
-        cluster.wait_for_file(run_dir, 240, predicate=lambda _: job_state(cluster, job_id) not in ("RUNNING",
+        cluster.wait_for_file(run_dir, 480, predicate=lambda _: job_state(cluster, job_id) not in ("RUNNING",
                                                                                                    "COMPLETING"))
         ended_s = time.monotonic() - dropped_at
         print(f"the job ended {ended_s:.0f} s after node2 dropped off (collective timeout {DIST_TIMEOUT_S} s)")
@@ -88,7 +88,7 @@ def test_a_node_that_drops_off_the_network_ends_the_job_naming_it_and_the_next_r
     excluded = json.loads((run_dir / "quarantine.json").read_text())["excluded"]
     assert [(e["node"], e["by"]) for e in excluded] == [("node2", "roll-call")]
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
-    job = cluster.wait(job_id, timeout=400)
+    job = cluster.wait(job_id, timeout=600)
     assert job.state == "COMPLETED", job.output()
     starts = [r for r in metrics_records(run_dir) if r["type"] == "run"]
     assert starts[-1]["resumed_from_epoch"] == kept
@@ -114,13 +114,13 @@ def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_ki
     assert cluster.run(["scontrol", "requeue", job_id], timeout=30).returncode == 0
 
     # The requeued run's trainer has started (its "run" record): its training step is running.
-    cluster.wait_for_file(run_dir, 300, predicate=lambda d: [r["type"] for r in metrics_records(d)].count("run") == 2)
+    cluster.wait_for_file(run_dir, 600, predicate=lambda d: [r["type"] for r in metrics_records(d)].count("run") == 2)
     after = running_step_ids(cluster, job_id)
     assert after and min(after) > max(before), (before, after)
     for step in range(max(before) + 1):
         cluster.run(["scancel", "--signal=KILL", f"{job_id}.{step}"], timeout=30)
 
-    job = cluster.wait(job_id, timeout=400)
+    job = cluster.wait(job_id, timeout=600)
     assert job.state == "COMPLETED", job.output()
     assert f"restart 1: skipped step ids 0-{max(before)}," in job.output()
     types = [r["type"] for r in metrics_records(run_dir)]
@@ -137,7 +137,7 @@ def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_fini
                     if "logs" not in p.parts and not p.name.startswith(".ddp-run") and not p.name.endswith(".tmp"))
 
     second = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=1", "--cpus-per-task=1"), "slurm/olivia-multinode.sh"], env=env)
-    refused = cluster.wait(second, timeout=120)
+    refused = cluster.wait(second, timeout=600)
 
     assert refused.state == "FAILED" and refused.exit_code == "2:0", refused.output()
     errors = [line for line in refused.output().splitlines() if "error" in line]
@@ -145,7 +145,7 @@ def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_fini
     assert re.match(rf"ddp: error: --run-dir {run_dir} is in use by job {first} on node1 \(pid \d+, alive \d+ s ago\)",
                     errors[0]), errors
     assert not (run_dir / "logs" / second).exists()
-    job = cluster.wait(first, timeout=300)
+    job = cluster.wait(first, timeout=600)
     assert job.state == "COMPLETED", job.output()
     assert [r["type"] for r in metrics_records(run_dir)].count("run") == 1  # one start: nobody else wrote
     assert not (run_dir / ".ddp-run.lock").exists()
@@ -182,7 +182,7 @@ def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, 
         assert squatter.stdout.readline().strip() == "listening"
         cluster.run(["scontrol", "release", job_id], timeout=30)
         started = time.monotonic()
-        job = cluster.wait(job_id, timeout=300)
+        job = cluster.wait(job_id, timeout=600)
     finally:
         squatter.kill()
         squatter.wait()
@@ -231,14 +231,14 @@ def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_s
         # the room left for the logs, and fail a print before the checkpoint (or replace the
         # checkpoint this test keeps). After epoch 2's save there is a checkpoint.prev.pt and no
         # temporary file (checkpoint.save_atomic); epoch 3's comes an epoch later.
-        cluster.wait_for_file(run_dir, 240, predicate=lambda _: len(node1_records("epoch")) >= 2
+        cluster.wait_for_file(run_dir, 600, predicate=lambda _: len(node1_records("epoch")) >= 2
                               and between_saves())
         # Everything but 2 MiB taken: the logs' lines fit, the next checkpoint (8 MiB) does not.
         free_kib = int(on_node1("df", "--output=avail", "-k", str(run_dir)).stdout.split()[-1])
         on_node1("fallocate", "-l", f"{max(free_kib - 2048, 0)}k", str(run_dir / "filler"))
         kept = on_node1("sha256sum", str(run_dir / "checkpoint.pt")).stdout.split()[0]
 
-        job = cluster.wait(job_id, timeout=300)
+        job = cluster.wait(job_id, timeout=600)
 
         output = job.output()
         assert job.state == "FAILED" and job.exit_code == "2:0", output
@@ -251,7 +251,7 @@ def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_s
 
         on_node1("rm", "-f", str(run_dir / "filler"))
         again = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=long_job_env)
-        assert cluster.wait(again, timeout=400).state == "COMPLETED"
+        assert cluster.wait(again, timeout=600).state == "COMPLETED"
         starts = node1_records("run")
         assert len(starts) == 2 and starts[-1]["resumed_from_epoch"] >= 2
     finally:

@@ -41,7 +41,7 @@ def rate_limited(cluster):
 def test_a_healthy_gate_passes_with_its_figures_in_the_job_output_and_the_json(cluster, job_env, tmp_path):
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
 
-    job = cluster.wait(job_id, timeout=300)
+    job = cluster.wait(job_id, timeout=600)
 
     output = job.output()
     assert job.state == "COMPLETED", output
@@ -64,7 +64,7 @@ def test_a_corrupting_rank_is_named_with_its_wrong_element_count(cluster, job_en
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodelist=node1,node2"), "slurm/olivia-multinode.sh"],
                             env=job_env)
 
-    job = cluster.wait(job_id, timeout=300)
+    job = cluster.wait(job_id, timeout=600)
 
     output = job.output()
     assert job.state == "FAILED" and job.exit_code == "76:0", output
@@ -87,7 +87,7 @@ def test_a_slow_node_is_named_by_the_pair_rounds(cluster, job_env, tmp_path, rat
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=3", "--nodelist=node1,node2,node3"),
                              "slurm/olivia-multinode.sh"], env=job_env)
 
-    job = cluster.wait(job_id, timeout=400)
+    job = cluster.wait(job_id, timeout=600)
 
     output = job.output()
     assert job.exit_code == "76:0", output
@@ -105,7 +105,7 @@ def test_a_check_failing_on_every_node_stops_the_job_in_one_line_and_excludes_no
     job_env = {**job_env, "NCCL_SOCKET_IFNAME": "hsn0"}
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
 
-    job = cluster.wait(job_id, timeout=300)
+    job = cluster.wait(job_id, timeout=600)
 
     output = job.output()
     assert (job.state, job.exit_code) == ("FAILED", "2:0"), output

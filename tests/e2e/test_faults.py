@@ -13,7 +13,7 @@ LONG_RUN = "--epochs 30 --batch-size 64 --width-scale 0.25 --allow-unverified-da
 
 
 
-def _wait_for_epochs(cluster, run_dir: Path, count: int, timeout: float = 240) -> None:
+def _wait_for_epochs(cluster, run_dir: Path, count: int, timeout: float = 600) -> None:
     # Before the first epoch: the image's start on every node and the rendezvous, which under load
     # have taken over a minute.
     cluster.wait_for_file(run_dir, timeout, predicate=lambda d: epochs_done(d) >= count)
@@ -99,7 +99,7 @@ def test_with_max_restarts_torchrun_restarts_and_the_trainer_resumes(cluster, jo
     _wait_for_epochs(cluster, run_dir, 1)
 
     assert _kill_trainers(cluster, "node2")
-    job = cluster.wait(job_id, timeout=240)
+    job = cluster.wait(job_id, timeout=600)
 
     assert job.state == "COMPLETED", job.output()
     starts = [r for r in metrics_records(run_dir) if r["type"] == "run"]

@@ -43,7 +43,7 @@ def test_a_rank_stopped_mid_epoch_is_named_with_its_node_step_and_place_and_the_
     job_env = {**job_env, "DDP_TRAIN_ARGS": LONG_RUN}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
-    cluster.wait_for_file(run_dir, 180, predicate=lambda d: epochs_done(d) >= 1)
+    cluster.wait_for_file(run_dir, 600, predicate=lambda d: epochs_done(d) >= 1)
 
     workers = _workers(cluster, "node2")
     assert len(workers) == 2, workers
@@ -75,7 +75,7 @@ def test_a_slow_rank_is_named_as_a_straggler_in_the_summary_and_the_report(clust
     job_env = {**job_env, "DDP_TEST_SLOW_RANK": "3:1.0"}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
-    job = cluster.wait(job_id, timeout=400)
+    job = cluster.wait(job_id, timeout=600)
 
     output = job.output()
     assert job.state == "COMPLETED", output
@@ -107,7 +107,7 @@ def test_the_manifest_lists_the_libraries_a_worker_mapped_and_who_set_each_varia
                "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 1")}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
-    job = cluster.wait(job_id, timeout=400)
+    job = cluster.wait(job_id, timeout=600)
     output = job.output()
     assert job.state == "COMPLETED", output
 

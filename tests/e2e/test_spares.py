@@ -140,13 +140,13 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_and_training_resumes_from_
     run_dir = Path(env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=4", f"--nodelist={','.join(ALLOCATION)}"),
                              "slurm/olivia-multinode.sh"], env=env)
-    cluster.wait_for_file(run_dir, 400, predicate=lambda d: sum(r["type"] == "epoch" for r in metrics_records(d)) >= 2)
+    cluster.wait_for_file(run_dir, 600, predicate=lambda d: sum(r["type"] == "epoch" for r in metrics_records(d)) >= 2)
     crashed_at = time.time()
     done = cluster.cluster_sh(["crash", "node2"], timeout=30)
     assert done.returncode == 0, done.stderr
     try:
         # The roll call names node2; the old step's ranks stop training, so its checkpoint is the one to resume.
-        cluster.wait_for_file(run_dir / "roll-call.json", 120)
+        cluster.wait_for_file(run_dir / "roll-call.json", 300)
         kept = saved_epoch(run_dir)
         job = cluster.wait(job_id, timeout=600)
         left = cluster.settled()
