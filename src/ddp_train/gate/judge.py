@@ -221,6 +221,41 @@ def slow_threshold(pairs: Sequence[GroupResult], expectation: Optional[Expectati
     return best * RELATIVE_FLOOR, f"{best * RELATIVE_FLOOR:.3f} GB/s = {RELATIVE_FLOOR:g} x the fastest pair ({best:.3f} GB/s)"
 
 
+def slow_pairs(pairs: Sequence[GroupResult], expectation: Optional[Expectation]) -> list[GroupResult]:
+    """The pairs below the floor at their largest size."""
+    if not pairs:
+        return []
+    floor, _ = slow_threshold(pairs, expectation)
+    return [g for g in pairs if g.largest.busbw_gbps < floor]
+
+
+def rounds_to_repeat(pairs: Sequence[GroupResult], expectation: Optional[Expectation]) -> list[str]:
+    """The pair rounds to measure again before any node is named: those with a pair below the floor.
+
+    A gate that excludes a node costs that node, and a requeue where no spare is left; one slow
+    measurement can be a moment, not a node (a rank descheduled on a shared CPU, a burst of other
+    traffic on a port), while a bad NIC or a socket fallback is slow every time. So a pair is judged
+    by the faster of two measurements (faster_of): a second round for the suspects costs one pair's
+    time, and a pass costs nothing more."""
+    return sorted({g.round for g in slow_pairs(pairs, expectation)})
+
+
+def faster_of(first: Sequence[GroupResult], again: Sequence[GroupResult]) -> tuple[list[GroupResult], tuple[str, ...]]:
+    """Each pair at the faster of its two measurements (by busbw at the largest size), and a note for
+    each pair measured again, with both figures."""
+    second = {g.nodes: g for g in again}
+    kept, notes = [], []
+    for g in first:
+        other = second.get(g.nodes)
+        if other is None:
+            kept.append(g)
+            continue
+        kept.append(max((g, other), key=lambda r: r.largest.busbw_gbps))
+        notes.append(f"{g.label} measured again: busbw {g.largest.busbw_gbps:.3f} then {other.largest.busbw_gbps:.3f} "
+                     f"GB/s at {human_size(g.largest.size_bytes)}; the faster is judged")
+    return kept, tuple(notes)
+
+
 def blame_pairs(pairs: Sequence[GroupResult], expectation: Optional[Expectation]) -> list[Fault]:
     """Name the slow nodes and links from the pair rounds.
 
@@ -231,7 +266,7 @@ def blame_pairs(pairs: Sequence[GroupResult], expectation: Optional[Expectation]
     if not pairs:
         return []
     floor, how = slow_threshold(pairs, expectation)
-    slow = [g for g in pairs if g.largest.busbw_gbps < floor]
+    slow = slow_pairs(pairs, expectation)
     cleared = {node for g in pairs if g not in slow for node in g.nodes}
     faults: dict[tuple[str, ...], Fault] = {}
     for g in slow:

@@ -3,7 +3,8 @@ ddp-launch (`--module ddp_train.gate`) on the same ranks, backend and environmen
 
 All-reduce at a few sizes with a known pattern (data checked, bandwidth as nccl-tests reports it);
 on a failure, or where only a comparison can judge, again within each node and between pairs of
-nodes, to name the node or link at fault. Writes gate.json and gate.txt in --run-dir; exit 0 pass,
+nodes, to name the node or link at fault, and a pair round whose pair looks slow once more before
+any node is named (judge.rounds_to_repeat). Writes gate.json and gate.txt in --run-dir; exit 0 pass,
 76 (ddp_contract.EXIT_BAD_NODE) when it names a node, 1 when it fails without naming one.
 The decisions are in judge.py.
 """
@@ -29,8 +30,8 @@ from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE, Seen, TrainError
 from ddp_train.exit_edge import in_a_job_of_several, leave_now, prints_here, say_once
 from ddp_train.gate.judge import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
-                                  SizeResult, decide, expectation_from_profile, expected_period, judged_expectation,
-                                  needs_narrowing, pair_rounds, write_report)
+                                  SizeResult, decide, expectation_from_profile, expected_period, faster_of,
+                                  judged_expectation, needs_narrowing, pair_rounds, rounds_to_repeat, write_report)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -175,9 +176,16 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if distributed.active() and needs_narrowing(world, expectation, sockets, len(nodes)):
             ranks_of = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
             node_groups = runner.round("node", [ranks_of[n] for n in nodes], sizes)
-            for index, pairs in enumerate(pair_rounds(len(nodes)), start=1):
-                groups = [ranks_of[nodes[a]] + ranks_of[nodes[b]] for a, b in pairs]
-                pair_groups += runner.round(f"pairs-{index}", groups, sizes)
+            schedule = {f"pairs-{index}": [ranks_of[nodes[a]] + ranks_of[nodes[b]] for a, b in pairs]
+                        for index, pairs in enumerate(pair_rounds(len(nodes)), start=1)}
+            for name, groups in schedule.items():
+                pair_groups += runner.round(name, groups, sizes)
+            # Every rank holds every result (round gathers them), so every rank repeats the same rounds.
+            again = [result for name in rounds_to_repeat(pair_groups, expectation)
+                     for result in runner.round(name, schedule[name], sizes)]
+            if again:
+                pair_groups, remeasured = faster_of(pair_groups, again)
+                notes = (*notes, *remeasured)
         report = decide(world, node_groups, pair_groups, expectation, sockets, time.perf_counter() - started,
                         f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes)
         if dist_env.is_main:

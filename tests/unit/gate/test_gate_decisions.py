@@ -107,6 +107,30 @@ def test_two_nodes_alone_cannot_be_told_apart_so_both_are_suspects():
     assert sorted(f.nodes for f in faults) == [("a",), ("b",)]
 
 
+def test_only_the_rounds_with_a_pair_below_the_floor_are_measured_again():
+    fast = [_pair(("a", "b"), 1.0), _pair(("c", "d"), 0.9), _pair(("a", "c"), 0.8, "pairs-2"),
+            _pair(("b", "d"), 0.95, "pairs-2")]
+    assert judge.rounds_to_repeat(fast, None) == []
+    one_slow = [*fast[:3], _pair(("b", "d"), 0.1, "pairs-2")]
+    assert judge.rounds_to_repeat(one_slow, None) == ["pairs-2"]
+
+
+def test_a_pair_slow_once_and_fast_again_names_no_node_and_the_report_keeps_both_figures():
+    first = [_pair(("node2", "node3"), 0.156), _pair(("node2", "node4"), 0.024, "pairs-2")]
+    assert [f.nodes for f in judge.blame_pairs(first, None)] == [("node4",)]  # one measurement alone blames it
+    kept, notes = judge.faster_of(first, [_pair(("node2", "node4"), 0.150, "pairs-2")])
+    assert judge.blame_pairs(kept, None) == []
+    assert [g.largest.busbw_gbps for g in kept] == pytest.approx([0.156, 0.150])
+    assert notes == ("node2+node4 measured again: busbw 0.024 then 0.150 GB/s at 4 MiB; the faster is judged",)
+
+
+def test_a_pair_slow_both_times_is_still_named_by_its_faster_figure():
+    first = [_pair(("n1", "n2"), 0.5), _pair(("n1", "n3"), 0.02, "pairs-2")]
+    kept, _ = judge.faster_of(first, [_pair(("n1", "n3"), 0.03, "pairs-2")])
+    (fault,) = judge.blame_pairs(kept, None)
+    assert fault.nodes == ("n3",) and "busbw 0.030 GB/s" in fault.measured
+
+
 def test_the_published_figure_sets_the_floor_when_there_is_one():
     expectation = Expectation(128 * MiB, 122.6, 0.5, "CSCS")
     pairs = [_pair(("a", "b"), 100.0, size=128 * MiB), _pair(("c", "d"), 40.0, size=128 * MiB),
