@@ -4,6 +4,7 @@ Apptainer as the cluster's test user (the RunAI pods, on RCP's twin: test_twin_r
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +42,15 @@ def test_apptainer_test_passes_inside_a_slurm_job_without_gpus(cluster, sif, tmp
 
 
 def test_apptainer_test_fails_on_an_image_missing_the_trainer(cluster, sif, tmp_path):
-    sandbox = user_dir(tmp_path) / "sandbox"
-    built = apptainer(cluster, ["build", "--sandbox", sandbox, sif], tmp_path)
-    assert built.returncode == 0, built.stderr
-    (sandbox / "opt/ddp/python/ddp_train/train.py").unlink()
+    # The image's trainer package (gpu.def %files: src/ddp_train) without train.py, bound over the
+    # image's (`apptainer test` takes exec's --bind): what %test sees is an image built without the
+    # trainer, and the SIF is not unpacked into a 2 GB sandbox for it.
+    package = user_dir(tmp_path) / "ddp_train"
+    shutil.copytree(REPO / "src" / "ddp_train", package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "train.py").unlink()
+    subprocess.run(["chmod", "-R", "o+rX", str(package)], check=True)
 
-    done = apptainer(cluster, ["test", sandbox], tmp_path)
+    done = apptainer(cluster, ["test", "--bind", f"{package}:/opt/ddp/python/ddp_train", sif], tmp_path)
 
     assert done.returncode != 0
     assert "ddp_train.train does not import" in done.stdout
