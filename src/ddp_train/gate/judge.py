@@ -265,7 +265,7 @@ def blame_pairs(pairs: Sequence[GroupResult], expectation: Optional[Expectation]
     """
     if not pairs:
         return []
-    floor, how = slow_threshold(pairs, expectation)
+    _, how = slow_threshold(pairs, expectation)
     slow = slow_pairs(pairs, expectation)
     cleared = {node for g in pairs if g not in slow for node in g.nodes}
     faults: dict[tuple[str, ...], Fault] = {}
