@@ -726,6 +726,23 @@ def epochs_done(run_dir: Path) -> int:
     return sum(1 for r in metrics_records(run_dir) if r["type"] == "epoch")
 
 
+def saved_epoch(run_dir: Path) -> int:
+    """The epoch checkpoint.pt holds (0 before the first save); loading it proves it is whole."""
+    import torch  # here, not at the top: most e2e workers never load a checkpoint (5 CPU-s an import)
+
+    path = run_dir / "checkpoint.pt"
+    if not path.exists():
+        return 0
+    return torch.load(path, map_location="cpu", weights_only=False)["progress"]["epoch"]
+
+
+def checkpointed(run_dir: Path, epochs: int) -> bool:
+    """Whether `epochs` epochs are trained and saved. The trainer writes an epoch's record before it
+    saves that epoch (a collective, train.py), so a fault right after the record can land before the
+    save: a test that expects a resume from epoch N waits for this, not for the record alone."""
+    return epochs_done(run_dir) >= epochs and saved_epoch(run_dir) >= epochs
+
+
 def sbatch_args(tmp_path: Path, *extra: str) -> list[str]:
     """Overrides a site's sbatch lines need on the test cluster: its partition, no GPUs."""
     return ["--partition=e2e", "--gpus-per-node=0", f"--output={tmp_path}/%j.out", *extra]

@@ -10,9 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import apptainer_root
-from conftest import LONG, MIDRUN_TRAIN_ARGS, sbatch_args, epochs_done, metrics_records
+from conftest import LONG, MIDRUN_TRAIN_ARGS, checkpointed, sbatch_args, saved_epoch, metrics_records
 
 from ddp_launch.rendezvous import rendezvous_port
 
@@ -25,12 +24,6 @@ DIST_TIMEOUT_S = 30
 RUN = (f"--epochs 6 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
        f"--dist-timeout-s {DIST_TIMEOUT_S}")
 
-
-
-def saved_epoch(run_dir: Path) -> int:
-    """The epoch checkpoint.pt holds; loading it proves it is whole."""
-    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
-    return state["progress"]["epoch"]
 
 
 def job_state(cluster, job_id: str) -> str:
@@ -52,7 +45,7 @@ def long_job_env(job_env):
 def started_job(cluster, env, tmp_path) -> tuple[str, Path]:
     run_dir = Path(env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=env)
-    cluster.wait_for_file(run_dir, 600, predicate=lambda d: epochs_done(d) >= 2)
+    cluster.wait_for_file(run_dir, 600, predicate=lambda d: checkpointed(d, 2))
     return job_id, run_dir
 
 

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import metrics_records, sbatch_args, submit_env, user_dir
+from conftest import checkpointed, metrics_records, sbatch_args, saved_epoch, submit_env, user_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -46,11 +45,6 @@ def spare_env(images, data: Path, run_dir: Path) -> dict:
 
 def summary(run_dir: Path) -> dict:
     return [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]
-
-
-def saved_epoch(run_dir: Path) -> int:
-    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
-    return state["progress"]["epoch"]
 
 
 def epochs(run_dir: Path) -> dict[int, dict]:
@@ -140,7 +134,7 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_and_training_resumes_from_
     run_dir = Path(env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=4", f"--nodelist={','.join(ALLOCATION)}"),
                              "slurm/olivia-multinode.sh"], env=env)
-    cluster.wait_for_file(run_dir, 600, predicate=lambda d: sum(r["type"] == "epoch" for r in metrics_records(d)) >= 2)
+    cluster.wait_for_file(run_dir, 600, predicate=lambda d: checkpointed(d, 2))
     crashed_at = time.time()
     done = cluster.cluster_sh(["crash", "node2"], timeout=30)
     assert done.returncode == 0, done.stderr

@@ -87,7 +87,28 @@ def test_a_node_slow_with_every_partner_is_named_and_its_fast_partners_are_clear
              _pair(("n1", "n3"), 0.9, "pairs-2")]
     faults = judge.blame_pairs(pairs, None)
     assert [(f.kind, f.nodes) for f in faults] == [("slow", ("n2",))]
-    assert "0.25 x the fastest pair (1.000 GB/s)" in faults[0].expected
+    assert "0.25 x the median pair (0.900 GB/s)" in faults[0].expected
+
+
+# A 6-node twin's pair rounds on a loaded 2-core machine, healthy nodes all: the pairs spread 6x,
+# and the slowest (0.096 GB/s at first) was a quarter of the fastest (0.613).
+LOADED_SIX_NODES = [_pair(("n0", "n1"), 0.096), _pair(("n2", "n3"), 0.385), _pair(("n4", "n5"), 0.205),
+                    _pair(("n0", "n2"), 0.159, "pairs-2"), _pair(("n1", "n3"), 0.588, "pairs-2"),
+                    _pair(("n0", "n4"), 0.613, "pairs-3"), _pair(("n1", "n5"), 0.178, "pairs-3")]
+
+
+def test_the_floor_follows_the_median_pair_so_one_lucky_pair_names_nobody():
+    floor, how = judge.slow_threshold(LOADED_SIX_NODES, None)
+    assert floor == pytest.approx(0.25 * 0.205) and "0.25 x the median pair (0.205 GB/s)" in how
+    assert judge.blame_pairs(LOADED_SIX_NODES, None) == []
+    assert judge.rounds_to_repeat(LOADED_SIX_NODES, None) == []
+
+
+def test_a_node_slow_with_each_of_its_partners_among_six_is_still_named():
+    # n5 on a socket fallback: ten times slower with both its partners (n4 in pairs-1, n1 in pairs-3; 5 XOR 2
+    # is no node, so it sits out pairs-2).
+    slow_n5 = [g if "n5" not in g.nodes else _pair(g.nodes, 0.02, g.round) for g in LOADED_SIX_NODES]
+    assert [f.nodes for f in judge.blame_pairs(slow_n5, None)] == [("n5",)]
 
 
 def test_three_nodes_name_the_third_from_two_rounds():
