@@ -429,8 +429,11 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
 @test "the stop request's file name is the trainer's (ddp_contract.STOP_REQUEST_FILE)" {
     run python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ddp_contract; print(ddp_contract.STOP_REQUEST_FILE)' "${REPO}/entrypoints"
     assert_success
-    run grep -c "^readonly DDP_STOP_REQUEST_FILE=${output}\$" "${REPO}/slurm/lib/ddp.sh"
-    assert_output "1"
+    local trainers="${output}"
+    # What the job scripts see once they source the library, not how the line is spelled.
+    run env -i PATH="${PATH}" bash -c 'source "$1" && printf "%s\n" "${DDP_STOP_REQUEST_FILE}"' _ "${REPO}/slurm/lib/ddp.sh"
+    assert_success
+    assert_output "${trainers}"
 }
 
 # A job array's tasks: each has its own SLURM_JOB_ID, the first task's equal to SLURM_ARRAY_JOB_ID, and

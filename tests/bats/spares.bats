@@ -33,8 +33,11 @@ _gate_names() {
 @test "the roll call's report name is the trainer's (ddp_contract.ROLL_CALL_REPORT)" {
     run python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ddp_contract; print(ddp_contract.ROLL_CALL_REPORT)' "${REPO}/entrypoints"
     assert_success
-    run grep -c "^readonly DDP_ROLL_CALL_REPORT=${output}\$" "${REPO}/slurm/lib/ddp.sh"
-    assert_output "1"
+    local trainers="${output}"
+    # What the job scripts see once they source the library, not how the line is spelled.
+    run env -i PATH="${PATH}" bash -c 'source "$1" && printf "%s\n" "${DDP_ROLL_CALL_REPORT}"' _ "${REPO}/slurm/lib/ddp.sh"
+    assert_success
+    assert_output "${trainers}"
 }
 
 @test "one spare of four: the preflight and the gate on every node, the training and its sampler on the first three" {

@@ -10,11 +10,11 @@ import os
 import sys
 from typing import List, Mapping, Optional, Sequence, TextIO
 
-from ddp_launch.doctor.checks import run_checks
+from ddp_launch.doctor.checks import CHECKS, run_checks
 from ddp_launch.doctor.context import make_context
 from ddp_launch.doctor.probes import REAL_PROBES, Probes
 from ddp_launch.doctor.report import any_failed, render_json, render_text
-from ddp_launch.doctor.self_test import image_checks, self_test_env
+from ddp_launch.doctor.self_test import IMAGE_CHECKS, self_test_env
 from ddp_launch.errors import run_main
 from ddp_launch.flags import FlagParser
 from ddp_launch.sites import load_site
@@ -71,7 +71,7 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, probes: Probes
     library_path = library_path_for_workers(context)
     if library_path is not None and probes is REAL_PROBES and env.get(RELAUNCHED) != "1":
         relaunch(argv, env, library_path)
-    checks = image_checks(context) if args.image else run_checks(context)
+    checks = run_checks(context, IMAGE_CHECKS if args.image else CHECKS)
     print(render_json(checks) if args.json else render_text(checks), file=out)
     return EXIT_FAILED_CHECK if any_failed(checks) else 0
 

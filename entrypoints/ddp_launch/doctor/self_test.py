@@ -15,6 +15,7 @@ import sys
 from typing import Callable, Mapping, Optional, Tuple
 
 from ddp_launch import accelerators
+from ddp_launch.doctor.checks import CheckFunction
 from ddp_launch.doctor.context import DoctorContext
 from ddp_launch.doctor.gpu import check_torch
 from ddp_launch.doctor.probes import run_fresh_interpreter
@@ -29,8 +30,8 @@ _SCHEDULER_PREFIXES = ENV_PREFIXES + ("DDP_LAUNCH_",)
 ENTRY_POINTS = ("ddp-launch", "ddp-train")
 
 
-def check_entry_points(search_path: Optional[str], which: Callable[..., Optional[str]] = shutil.which) -> Check:
-    found = {name: which(name, path=search_path) for name in ENTRY_POINTS}
+def check_entry_points(ctx: DoctorContext, which: Callable[..., Optional[str]] = shutil.which) -> Check:
+    found = {name: which(name, path=ctx.env.get("PATH")) for name in ENTRY_POINTS}
     missing = [name for name, where in found.items() if where is None]
     if missing:
         return Check("entry points", FAIL, f"{', '.join(missing)} not on PATH",
@@ -38,7 +39,7 @@ def check_entry_points(search_path: Optional[str], which: Callable[..., Optional
     return Check("entry points", OK, ", ".join(f"{name} = {where}" for name, where in found.items()))
 
 
-def check_trainer_imports(import_module: Callable[[str], object] = importlib.import_module) -> Check:
+def check_trainer_imports(ctx: DoctorContext, import_module: Callable[[str], object] = importlib.import_module) -> Check:
     try:
         import_module("ddp_train.train")
     except Exception as exc:  # any import failure means the image cannot train
@@ -47,7 +48,8 @@ def check_trainer_imports(import_module: Callable[[str], object] = importlib.imp
     return Check("trainer", OK, "ddp_train.train imports")
 
 
-def check_site_profiles(env: Mapping[str, str]) -> Check:
+def check_site_profiles(ctx: DoctorContext) -> Check:
+    env = ctx.env
     names = available_sites(env)
     if not names:
         return Check("site profiles", FAIL, f"none found in {', '.join(sites_dirs(env))}",
@@ -63,24 +65,24 @@ def check_site_profiles(env: Mapping[str, str]) -> Check:
 SHIPPED_FABRICS = ("slingshot", "infiniband", "common")
 
 
-def check_fabric_defaults(env: Mapping[str, str]) -> Check:
+def check_fabric_defaults(ctx: DoctorContext) -> Check:
     """The fabric defaults the launcher reads on every multi-node run reached the image and parse."""
     found = []
     for name in SHIPPED_FABRICS:
         try:
-            found.append(load_fabric_defaults(name, env).path)
+            found.append(load_fabric_defaults(name, ctx.env).path)
         except LaunchError as error:
             return Check("fabric defaults", FAIL, str(error),
                          "the image's %files must copy containers/sites (with fabrics/) to /opt/ddp/sites")
     return Check("fabric defaults", OK, ", ".join(found))
 
 
-def check_accelerators(env: Mapping[str, str]) -> Check:
+def check_accelerators(ctx: DoctorContext) -> Check:
     """Every GPU vendor's data reached the image and parses: a site profile picks one at launch."""
     found = []
     for name in accelerators.ACCELERATORS:
         try:
-            found.append(accelerators.load_accelerator(name, env).path)
+            found.append(accelerators.load_accelerator(name, ctx.env).path)
         except LaunchError as error:
             return Check("accelerators", FAIL, str(error),
                          "the image's %files must copy containers/sites (with accelerators/) to /opt/ddp/sites")
@@ -91,11 +93,11 @@ def self_test_env(env: Mapping[str, str]) -> dict:
     return {k: v for k, v in env.items() if not k.startswith(_SCHEDULER_PREFIXES)}
 
 
-def check_launch_plan(env: Mapping[str, str]) -> Check:
+def check_launch_plan(ctx: DoctorContext) -> Check:
     """The launcher plans a local CPU run in a fresh interpreter, as the runscript would start it."""
     argv = [sys.executable, "-m", "ddp_launch", "--dry-run", "--mode", "local", "--cpu-workers", "1"]
     try:
-        done = run_fresh_interpreter(argv, self_test_env(env), timeout_s=60)
+        done = run_fresh_interpreter(argv, self_test_env(ctx.env), timeout_s=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Check("launch plan", FAIL, f"cannot run ddp-launch --dry-run: {exc}", "rebuild the image")
     if done.returncode != 0:
@@ -105,15 +107,19 @@ def check_launch_plan(env: Mapping[str, str]) -> Check:
     return Check("launch plan", OK, "ddp-launch --dry-run --mode local plans a CPU run")
 
 
-def image_checks(ctx: DoctorContext) -> Tuple[Check, ...]:
-    return (
-        check_entry_points(ctx.env.get("PATH")),
-        check_torch(ctx),
-        check_trainer_imports(),
-        check_site_profiles(ctx.env),
-        check_fabric_defaults(ctx.env),
-        check_accelerators(ctx.env),
-        check_launch_plan(ctx.env),
-        Check("gpus", SKIP, "not checked at build time (%test runs without --nv or --rocm); "
-                            "run `ddp-launch doctor` on a GPU node"),
-    )
+def check_gpus_at_build_time(ctx: DoctorContext) -> Check:
+    return Check("gpus", SKIP, "not checked at build time (%test runs without --nv or --rocm); "
+                               "run `ddp-launch doctor` on a GPU node")
+
+
+# `ddp-launch doctor --image` runs these, in this order, as `ddp-launch doctor` runs checks.CHECKS.
+IMAGE_CHECKS: Tuple[CheckFunction, ...] = (
+    check_entry_points,
+    check_torch,
+    check_trainer_imports,
+    check_site_profiles,
+    check_fabric_defaults,
+    check_accelerators,
+    check_launch_plan,
+    check_gpus_at_build_time,
+)

@@ -6,12 +6,19 @@ import io
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from ddp_launch import doctor
 from ddp_launch.doctor.self_test import (check_entry_points, check_launch_plan, check_site_profiles,
                                           check_trainer_imports, self_test_env)
 
 VENV_BIN = str(Path(sys.executable).parent)  # where ddp-launch and ddp-train are installed
+
+
+def on(env):
+    """What these checks read of the doctor's context: the environment alone."""
+    return SimpleNamespace(env=env)
+
 BUILD_JOB = {"SLURM_JOB_ID": "9", "SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_NUM_NODES": "2",
              "SLURM_JOB_NODELIST": "gh[001-002]", "PET_NNODES": "2", "DDP_LAUNCH_MODE": "slurm-node"}
 
@@ -26,10 +33,13 @@ def test_a_build_job_with_gpus_granted_and_none_visible_passes():
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses["gpus"] == "SKIP" and statuses["trainer"] == "OK" and statuses["launch plan"] == "OK"
     assert statuses["fabric defaults"] == "OK" and statuses["accelerators"] == "OK"
+    # One line per check of IMAGE_CHECKS, in its order: what the image carries first, the plan, then the GPUs.
+    assert [c["name"] for c in report["checks"]] == ["entry points", "torch", "trainer", "site profiles",
+                                                     "fabric defaults", "accelerators", "launch plan", "gpus"]
 
 
 def test_missing_entry_points_fail():
-    check = check_entry_points(VENV_BIN, which=lambda name, path: None if name == "ddp-train" else "/x")
+    check = check_entry_points(on({"PATH": VENV_BIN}), which=lambda name, path: None if name == "ddp-train" else "/x")
     assert check.status == "FAIL" and "ddp-train not on PATH" in check.detail
 
 
@@ -37,13 +47,13 @@ def test_a_trainer_that_does_not_import_fails():
     def broken(name):
         raise ModuleNotFoundError("No module named 'torch'")
 
-    check = check_trainer_imports(broken)
+    check = check_trainer_imports(on({}), broken)
     assert check.status == "FAIL" and "No module named 'torch'" in check.detail
 
 
 def test_a_broken_site_profile_fails_naming_the_file(tmp_path):
     (tmp_path / "olivia.json").write_text('{"schema": 1, "name": "olivia"')
-    check = check_site_profiles({"DDP_SITES_DIR": str(tmp_path)})
+    check = check_site_profiles(on({"DDP_SITES_DIR": str(tmp_path)}))
     assert check.status == "FAIL" and "olivia.json" in check.detail
 
 
@@ -51,9 +61,9 @@ def test_fabric_defaults_left_out_of_the_image_fail(tmp_path, monkeypatch):
     from ddp_launch.doctor.self_test import check_fabric_defaults
     from ddp_launch.fabric import defaults
 
-    assert check_fabric_defaults({}).status == "OK"
+    assert check_fabric_defaults(on({})).status == "OK"
     monkeypatch.setattr(defaults, "fabric_dirs", lambda env: (str(tmp_path / "fabrics"),))
-    check = check_fabric_defaults({})
+    check = check_fabric_defaults(on({}))
     assert check.status == "FAIL" and "fabrics/slingshot.json not found" in check.detail
     assert "/opt/ddp/sites" in check.fix
 
@@ -62,21 +72,21 @@ def test_accelerator_data_left_out_of_the_image_fails(tmp_path, monkeypatch):
     from ddp_launch import accelerators
     from ddp_launch.doctor.self_test import check_accelerators
 
-    assert check_accelerators({}).status == "OK"
+    assert check_accelerators(on({})).status == "OK"
     monkeypatch.setattr(accelerators, "accelerator_dirs", lambda env: (str(tmp_path / "accelerators"),))
-    check = check_accelerators({})
+    check = check_accelerators(on({}))
     assert check.status == "FAIL" and "accelerators/nvidia.json not found" in check.detail
     assert "/opt/ddp/sites" in check.fix
 
 
 def test_the_self_test_plan_ignores_the_build_jobs_scheduler():
     assert self_test_env({**BUILD_JOB, "HOME": "/root"}) == {"HOME": "/root"}
-    assert check_launch_plan({**BUILD_JOB, "PATH": "/usr/bin:/bin"}).status == "OK"
+    assert check_launch_plan(on({**BUILD_JOB, "PATH": "/usr/bin:/bin"})).status == "OK"
 
 
 def test_a_launcher_that_cannot_plan_fails(tmp_path):
-    check = check_launch_plan({"PYTHONPATH": str(tmp_path), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
-                               "PYTHONHOME": str(tmp_path)})
+    check = check_launch_plan(on({"PYTHONPATH": str(tmp_path), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+                                  "PYTHONHOME": str(tmp_path)}))
     assert check.status == "FAIL"
 
 
