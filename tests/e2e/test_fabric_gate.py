@@ -27,7 +27,7 @@ def rate_limited(cluster):
     removed after the test. netem (delay) is not built into this kernel, tbf is."""
     limited = []
 
-    # 100 Mbit/s (0.012 GB/s of busbw between 2 nodes of 2 ranks): a healthy pair here measures
+    # 100 Mbit/s (0.012 GB/s of busbw between 2 nodes of 2 ranks each): a healthy pair here measures
     # 0.24 GB/s quiet and has measured 0.1 under the whole suite's load, so the slow pair stays
     # below 0.25 x the median pair (the gate's floor) with room to spare.
     def limit(node: str, rate: str = "100mbit") -> None:
