@@ -181,7 +181,8 @@ class Watchdog:
             except (OSError, ValueError, KeyError):
                 continue
             fields = hb.unpack(record[:hb.RECORD_SIZE])
-            if fields is None or fields[3] != info["pid"]:
+            # A time of 0 is a record caught mid-write (or never stamped): read it again next poll.
+            if fields is None or fields[3] != info["pid"] or fields[6] <= 0:
                 continue
             phase, _requests, _done, pid, step, buckets, when = fields
             beats.append(Beat(rank, pid, info["node"], phase, step, buckets, now - when,

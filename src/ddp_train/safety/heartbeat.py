@@ -58,19 +58,25 @@ class Heartbeat:
         """A training step begins (forward and backward next)."""
         if self._record is not None:
             self._buckets = 0
-            _STEP.pack_into(self._record, hb.STEP_OFFSET, step, 0, time.monotonic())
+            self._write(hb.STEP_OFFSET, _STEP.pack(step, 0, time.monotonic()))
             self._record[hb.PHASE_OFFSET] = hb.STEP
 
     def bucket(self) -> None:
         """A gradient bucket was handed to the all-reduce (from DDP's comm hook)."""
         if self._record is not None:
             self._buckets += 1
-            _BUCKET.pack_into(self._record, hb.BUCKET_OFFSET, self._buckets, time.monotonic())
+            self._write(hb.BUCKET_OFFSET, _BUCKET.pack(self._buckets, time.monotonic()))
             self._record[hb.PHASE_OFFSET] = hb.ALLREDUCE
+
+    def _write(self, offset: int, packed: bytes) -> None:
+        # Packed first, then copied in one slice: struct.pack_into zeroes its whole span before it
+        # packs the fields (CPython's s_pack_internal), and the agent's watchdog, reading the record
+        # in that moment, saw a time of 0: a rank idle since boot, which it named as hung and killed.
+        self._record[offset:offset + len(packed)] = packed
 
     def phase(self, phase: int) -> None:
         if self._record is not None:
-            struct.pack_into("<d", self._record, hb.BUCKET_OFFSET + 8, time.monotonic())
+            self._write(hb.BUCKET_OFFSET + 8, struct.pack("<d", time.monotonic()))
             self._record[hb.PHASE_OFFSET] = phase
 
 

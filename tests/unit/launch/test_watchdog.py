@@ -118,3 +118,18 @@ def test_a_record_from_an_earlier_worker_with_the_same_rank_is_not_read_as_this_
     hb.PROGRESS.pack_into(record, hb.PROGRESS_OFFSET, 2, 5, 0, 0.0)  # pid 2, not 1
     (tmp_path / "rank-0.hb").write_bytes(bytes(record))
     assert Watchdog(str(tmp_path)).read() == []
+
+
+def test_a_record_caught_mid_write_with_a_time_of_zero_is_read_again_not_called_hung(tmp_path):
+    # struct.pack_into zeroes its span before packing: a read in that moment saw a time of 0, which
+    # is "idle since boot" (93,332 s once) and stalled the rank. Such a record is skipped until the next poll.
+    (tmp_path / "rank-0.json").write_text('{"pid": 1, "node": "n", "run_dir": "/r", "stall_after_s": 1}')
+    record = bytearray(hb.RECORD_SIZE)
+    hb.HEADER.pack_into(record, 0, hb.MAGIC, hb.OPTIMIZER, 0, 0)
+    hb.PROGRESS.pack_into(record, hb.PROGRESS_OFFSET, 1, 0, 0, 0.0)
+    (tmp_path / "rank-0.hb").write_bytes(bytes(record))
+    assert Watchdog(str(tmp_path)).read() == []
+    hb.PROGRESS.pack_into(record, hb.PROGRESS_OFFSET, 1, 0, 0, time.monotonic())
+    (tmp_path / "rank-0.hb").write_bytes(bytes(record))
+    [beat] = Watchdog(str(tmp_path)).read()
+    assert beat.step == 0 and beat.idle_s < 60 and not beat.stalled
