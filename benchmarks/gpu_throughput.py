@@ -318,7 +318,9 @@ def row(r: Result, baseline: Optional[float], flops_per_image: float, ceiling: f
         return f"{r.variant:<19} {r.batch:>6} {'-':>11} {'-':>9} {'-':>10} {'-':>9} {'-':>8}  - ({r.note})"
     flops = r.images_per_s * flops_per_image
     ratio = f"{r.images_per_s / baseline:>8.2f}x" if baseline else f"{'-':>9}"
-    setup = f"{r.setup_s:>8.1f}" if r.setup_s is not None else f"{'-':>8}"
+    # Three significant figures, not one decimal: an eager warm-up step on a fast CPU takes 0.04 s,
+    # which one decimal printed as 0.0, as if nothing had been measured.
+    setup = f"{r.setup_s:>8.3g}" if r.setup_s is not None else f"{'-':>8}"
     return (f"{r.variant:<19} {r.batch:>6} {r.images_per_s:>11,.1f} {flops / 1e12:>9.3f} "
             f"{flops / ceiling:>10.1%} {ratio} {setup}  {r.graphs}")
 

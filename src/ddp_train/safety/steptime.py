@@ -163,7 +163,9 @@ def stragglers(ranks: Sequence[RankTimes], threshold: float = STRAGGLER_THRESHOL
     """Ranks whose median compute is over the median of the others by more than threshold (pure).
 
     The others, not all: with two ranks the median of all is their mean. A node whose every
-    rank (several) is slow is named once, as the node: a slow node, not four slow GPUs.
+    rank (several) is slow alike is named once, as the node: a slow node, not four slow GPUs.
+    A node with one rank far slower than the rest is not a slow node: its median would put a
+    figure on every rank that none of them has, so each of its slow ranks is named.
     """
     slow = [r for r in ranks
             if _over(r.compute_ms, [o.compute_ms for o in ranks if o.rank != r.rank], threshold)]
@@ -171,7 +173,8 @@ def stragglers(ranks: Sequence[RankTimes], threshold: float = STRAGGLER_THRESHOL
     for node in dict.fromkeys(r.node for r in slow):
         members = [r for r in ranks if r.node == node]
         others = [o for o in ranks if o.node != node]
-        if len(members) > 1 and all(r in slow for r in members) and others:
+        if len(members) > 1 and all(r in slow for r in members) and others \
+                and _alike([r.compute_ms for r in members], threshold):
             found.append(Straggler(f"node {node}", statistics.median(r.compute_ms for r in members),
                                    statistics.median(o.compute_ms for o in others),
                                    statistics.median(o.wait_ms for o in others)))
@@ -182,6 +185,12 @@ def stragglers(ranks: Sequence[RankTimes], threshold: float = STRAGGLER_THRESHOL
                                    statistics.median(o.compute_ms for o in rest),
                                    statistics.median(o.wait_ms for o in rest)))
     return found
+
+
+def _alike(values: Sequence[float], threshold: float) -> bool:
+    """Whether their median speaks for each: none is off it by more than the threshold."""
+    median = statistics.median(values)
+    return all(abs(value - median) <= median * threshold for value in values)
 
 
 def _over(value: float, others: Sequence[float], threshold: float) -> bool:
