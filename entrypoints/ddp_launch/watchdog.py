@@ -181,10 +181,13 @@ class Watchdog:
             except (OSError, ValueError, KeyError):
                 continue
             fields = hb.unpack(record[:hb.RECORD_SIZE])
-            # A time of 0 is a record caught mid-write (or never stamped): read it again next poll.
-            if fields is None or fields[3] != info["pid"] or fields[6] <= 0:
+            if fields is None:
                 continue
             phase, _requests, _done, pid, step, buckets, when = fields
+            # An earlier worker's record, or one caught mid-write or never stamped (a time of 0):
+            # read it again next poll.
+            if pid != info["pid"] or when <= 0:
+                continue
             beats.append(Beat(rank, pid, info["node"], phase, step, buckets, now - when,
                               float(info["stall_after_s"]), process_state(pid), info["run_dir"],
                               int(info.get("main_thread") or 0)))
