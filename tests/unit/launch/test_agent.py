@@ -37,10 +37,19 @@ WORKER = textwrap.dedent(
     import os, signal, sys, time
     out = sys.argv[1]
     rank = os.environ["RANK"]
+    stopped = []
+    # Like the trainer, a TERM after the stop does not kill it: torchrun TERMs the other workers
+    # once one has exited 75, and a worker that died of it between open and write left an empty
+    # file under load.
     def stop(signum, frame):
-        open(os.path.join(out, f"signal-{rank}"), "w").write(str(signum))
+        if stopped:
+            return
+        stopped.append(signum)
+        with open(os.path.join(out, f"signal-{rank}"), "w") as record:
+            record.write(str(signum))
         sys.exit(75)
     signal.signal(signal.SIGUSR2, stop)
+    signal.signal(signal.SIGTERM, stop)
     open(os.path.join(out, f"ready-{rank}"), "w").close()
     time.sleep(120)
     sys.exit(3)
