@@ -5,8 +5,11 @@
 # documents for runai 2.18.94). The newer "runai pytorch submit" (CLI v2) takes the
 # same values under other flag names.
 # Usage: runai/submit.sh [trainer flags...]     e.g. RUNAI_WORKERS=3 runai/submit.sh --epochs 50
-# Settings (environment): RUNAI_JOB_NAME, RUNAI_IMAGE, RUNAI_WORKERS (pods besides the
-# master), RUNAI_GPUS (per pod), RUNAI_RDMA (1: RoCE annotation and rdma resource),
+# Each submission is a workload of its own, named RUNAI_JOB_NAME-<UTC time>-<4 random characters>
+# (a Kubernetes name, unique until the workload is deleted); a new run is named as its workload.
+# Settings (environment): RUNAI_JOB_NAME (the names' prefix, default ddp-train), RUNAI_IMAGE,
+# RUNAI_WORKERS (pods besides the master), RUNAI_GPUS (per pod), RUNAI_RDMA (1: RoCE annotation
+# and rdma resource),
 # RUNAI_POD_SCRIPT (runai/pod.sh as the pod sees it: the image or a mounted checkout),
 # RUNAI_DATA_PVC (required: the PVC that holds cifar-100-python/) mounted at RUNAI_DATA_DIR
 # (default /mnt/data), RUNAI_RUN_PVC (required: the PVC for checkpoints, metrics and logs;
@@ -14,8 +17,8 @@
 # share one mount point with the data), RUNAI_DATA_SUBDIR and RUNAI_RUN_SUBDIR (where in
 # the claim the data and the runs are, relative to its root: homes/<user>/data on a shared
 # claim such as RCP's /mloscratch; default its root), RUNAI_RESUME (the name of an earlier
-# run to continue; default a new run, RUNAI_JOB_NAME-<UTC time>, in the runs directory),
-# RUNAI_EXTRA_ARGS (more runai flags, words with the shell's quoting:
+# run to continue, in a new workload; default a new run, named as its workload, in the runs
+# directory), RUNAI_EXTRA_ARGS (more runai flags, words with the shell's quoting:
 # RUNAI_EXTRA_ARGS="-e 'NOTE=two words'"; python3 splits them),
 # RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default).
 set -euo pipefail
@@ -23,6 +26,30 @@ set -euo pipefail
 runai_submit::err() {
     printf 'runai/submit.sh: error: %s\n' "$*" >&2
     exit 2
+}
+
+# A workload's name is a Kubernetes object name, and a PyTorchJob's must be a DNS-1035 label
+# (kubeflow/training-operator, pkg/webhooks/pytorch: NameIsDNS1035Label): lower-case letters,
+# digits and '-', starting with a letter, ending with a letter or digit. The RunAI CLI takes at
+# most 49 characters (run-ai/runai-cli, pkg/util/validate.go: JobMaxLength = 49); a pod's name
+# and its Service's add -master-0 or -worker-N to it, within a DNS label's 63.
+readonly RUNAI_SUBMIT_NAME_MAX=49
+# The name's tail: -<UTC time, to the second>-<4 characters>. The time sorts and dates the runs, as
+# RCP's csub.py names its jobs (epfml/getting-started, csub.py: %Y%m%d-%H%M%S); the 4 random
+# characters keep two submissions in one second apart (a loop of them, or two shells), where
+# Kubernetes would refuse the second name ("already exists") and both would share one run dir.
+readonly RUNAI_SUBMIT_TAIL_LENGTH=$((1 + 15 + 1 + 4))
+readonly RUNAI_SUBMIT_PREFIX_MAX=$((RUNAI_SUBMIT_NAME_MAX - RUNAI_SUBMIT_TAIL_LENGTH))
+
+# A new workload name: PREFIX-<UTC time>-<4 random lower-case letters or digits>.
+runai_submit::new_name() {
+    local -r prefix="$1" alphabet=abcdefghijklmnopqrstuvwxyz0123456789
+    local stamp random=""
+    stamp="$(date -u +%Y%m%d-%H%M%S)"
+    while [ "${#random}" -lt 4 ]; do
+        random+="${alphabet:RANDOM % ${#alphabet}:1}"
+    done
+    printf '%s-%s-%s\n' "${prefix}" "${stamp}" "${random}"
 }
 
 # A volume setting: the name of an existing PVC and its mount point in every pod.
@@ -63,7 +90,7 @@ runai_submit::split_words() {
 }
 
 main() {
-    local -r name="${RUNAI_JOB_NAME:-ddp-train}"
+    local -r prefix="${RUNAI_JOB_NAME:-ddp-train}"
     local -r image="${RUNAI_IMAGE:-}"
     local -r workers="${RUNAI_WORKERS:-1}"
     local -r gpus="${RUNAI_GPUS:-4}"
@@ -72,6 +99,9 @@ main() {
     [ -n "${image}" ] || runai_submit::err "RUNAI_IMAGE is unset: push the image built by 'make dockerfile' and set RUNAI_IMAGE=registry/name:tag"
     [[ "${workers}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_WORKERS=${workers} is not a number of worker pods"
     [[ "${gpus}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_GPUS=${gpus} is not a number of GPUs per pod"
+    if ! [[ "${prefix}" =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]] || [ "${#prefix}" -gt "${RUNAI_SUBMIT_PREFIX_MAX}" ]; then
+        runai_submit::err "RUNAI_JOB_NAME=${prefix} is not a workload name's prefix: lower-case letters, digits and '-', starting with a letter, ending with a letter or digit, at most ${RUNAI_SUBMIT_PREFIX_MAX} characters (RunAI takes ${RUNAI_SUBMIT_NAME_MAX}, and the submit adds -<UTC time>-<4 characters>), e.g. RUNAI_JOB_NAME=wrn-cifar"
+    fi
     runai_submit::check_volume RUNAI_DATA_PVC "${RUNAI_DATA_PVC:-}" RUNAI_DATA_DIR "${data_dir}" \
         "cifar-100-python/ (stage it with make data DATA_DIR=... from a pod that mounts it)"
     runai_submit::check_volume RUNAI_RUN_PVC "${RUNAI_RUN_PVC:-}" RUNAI_RUN_DIR "${run_dir}" \
@@ -83,15 +113,18 @@ main() {
     local data_subdir run_subdir
     data_subdir="$(runai_submit::subdir RUNAI_DATA_SUBDIR "${RUNAI_DATA_SUBDIR:-}" "homes/${USER:-me}/data")"
     run_subdir="$(runai_submit::subdir RUNAI_RUN_SUBDIR "${RUNAI_RUN_SUBDIR:-}" "homes/${USER:-me}/runs")"
-    # A new submission is a new run: a job name used before (RunAI frees it once the old job is
-    # deleted) would otherwise find the old run's checkpoint and continue it, or report it done.
-    # RUNAI_RESUME names the run to continue instead.
-    local run="${RUNAI_RESUME:-}"
+    # A new submission is a new run, named as its workload: a run dir named after the job alone
+    # would hold an earlier submission's run, which the trainer would continue or report done.
+    # RUNAI_RESUME names the run to continue instead; its workload still gets a name of its own,
+    # since the one that ran the run before may still exist (RunAI keeps a finished workload until
+    # it is deleted).
+    local name run="${RUNAI_RESUME:-}"
+    name="$(runai_submit::new_name "${prefix}")"
     if [ -n "${run}" ]; then
         [[ "${run}" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] \
-            || runai_submit::err "RUNAI_RESUME=${run} is not a run's name: give the directory name under the runs directory that the submit of that run printed (e.g. RUNAI_RESUME=${name}-20260101-120000)"
+            || runai_submit::err "RUNAI_RESUME=${run} is not a run's name: give the directory name under the runs directory that the submit of that run printed (e.g. RUNAI_RESUME=${prefix}-20260101-120000-k3x9)"
     else
-        run="${name}-$(date -u +%Y%m%d-%H%M%S)"
+        run="${name}"
     fi
     local -r data_path="${data_dir}${data_subdir:+/${data_subdir}}"
     local -r run_path="${run_dir}${run_subdir:+/${run_subdir}}/${run}"
@@ -127,7 +160,7 @@ main() {
     local -a resume=()
     if [ -n "${RUNAI_RESUME:-}" ]; then
         resume=(--resume)
-        printf 'runai/submit.sh: continuing run %s in %s\n' "${run}" "${run_path}" >&2
+        printf 'runai/submit.sh: continuing run %s in %s, as workload %s\n' "${run}" "${run_path}" "${name}" >&2
     else
         printf 'runai/submit.sh: a new run, %s, in %s (RUNAI_RESUME=%s continues it)\n' "${run}" "${run_path}" "${run}" >&2
     fi

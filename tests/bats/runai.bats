@@ -1,35 +1,56 @@
 #!/usr/bin/env bats
 # RunAI: the exact `runai submit-dist pytorch` line, and what each pod runs, with
-# runai and ddp-launch stubbed on PATH.
+# runai (the CLI's stand-in, tests/bats/stubs/runai) and ddp-launch stubbed on PATH.
 
 setup() {
     load 'test_helper/common-setup'
     _common_setup
-    # runai and ddp-launch accept anything; date gives the UTC time that names a new run ($NOW).
+    # runai takes what the CLI v1 takes, ddp-launch anything; date gives the UTC time that names a
+    # new run ($NOW).
     _stub runai ddp-launch date
+    export RUNAI_FAKE_CLI=v1 RUNAI_FAKE_STATE="${BATS_TEST_TMPDIR}/runai"
     unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
         RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME KUBERNETES_SERVICE_HOST NOW SHM_KB
     export RUNAI_IMAGE=registry.example/ddp-train:0.1 RUNAI_DATA_PVC=scratch RUNAI_RUN_PVC=scratch
     export PYTHONPATH="${REPO}/entrypoints"  # as the image's: pod.sh checks the data with ddp_contract
 }
 
+# The last submission's argv, one word per line (the stand-in keeps it NUL-terminated).
+_runai_argv() {
+    tr '\0' '\n' < "${RUNAI_FAKE_STATE}/argv"
+}
+
+# The name of the last workload the stand-in took.
+_workload() {
+    tail -n 1 "${RUNAI_FAKE_STATE}/workloads"
+}
+
+# The submissions in $CALLS (not the CLI's --help probes).
+_submit_calls() {
+    grep '^runai ' "${CALLS}" | grep -v -- ' --help$'
+}
+
 @test "runai submit: one master plus workers, GPUs per pod, the pod script as the command, large shm, RoCE" {
     run bash "${REPO}/runai/submit.sh" --epochs 5
 
     assert_success
-    assert_output "runai/submit.sh: a new run, ddp-train-20260101-120000, in /mnt/runs/ddp-train-20260101-120000 (RUNAI_RESUME=ddp-train-20260101-120000 continues it)"
-    run grep '^runai ' "${CALLS}"
-    assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 -- /opt/ddp/runai/pod.sh --epochs 5"
+    local -r name="$(_workload)"
+    [[ "${name}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
+    assert_line --index 0 "runai/submit.sh: a new run, ${name}, in /mnt/runs/${name} (RUNAI_RESUME=${name} continues it)"
+    run _submit_calls
+    assert_output "runai submit-dist pytorch --name ${name} --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} -- /opt/ddp/runai/pod.sh --epochs 5"
 }
 
 @test "runai submit: settings from the environment, no RDMA, extra flags as words" {
-    RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--node-pools a100 --preemptible" \
+    RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--node-pools a100 --project mlo-alice" \
         RUNAI_DATA_PVC=cifar RUNAI_DATA_DIR=/data RUNAI_RUN_PVC=home.user RUNAI_RUN_DIR=/home/u/runs \
         run bash "${REPO}/runai/submit.sh" --batch-size "1 024"
 
     assert_success
-    run grep '^runai ' "${CALLS}"
-    assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/wrn-20260101-120000 --node-pools a100 --preemptible -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+    local -r name="$(_workload)"
+    [[ "${name}" =~ ^wrn-20260101-120000-[a-z0-9]{4}$ ]]
+    run _submit_calls
+    assert_output "runai submit-dist pytorch --name ${name} --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/${name} --node-pools a100 --project mlo-alice -- /opt/ddp/runai/pod.sh --batch-size 1 024"
 }
 
 # RUNAI_EXTRA_ARGS is split as the SLURM job scripts split DDP_TRAIN_ARGS: the shell's quoting,
@@ -39,8 +60,8 @@ setup() {
         run bash "${REPO}/runai/submit.sh" --epochs 5
 
     assert_success
-    run sed -n '/^-e$/,$p' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 \
+    run sed -n '/^-e$/,$p' <(_runai_argv)
+    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR="/mnt/runs/$(_workload)" \
         --node-pools a100 -e 'NOTE=two words' --label '$HOME' -e 'GLOB=*' -- /opt/ddp/runai/pod.sh --epochs 5)"
 }
 
@@ -78,25 +99,62 @@ setup() {
     assert_output "0"
 }
 
-# A new submission is a new run: RunAI frees a job's name once the job is deleted, and a run dir
-# named after the job alone held the old run, which the trainer then continued (or found done).
-@test "runai submit: each submission under one job name trains a new run; RUNAI_RESUME continues a named one" {
-    NOW=20260101-120000 run bash "${REPO}/runai/submit.sh" --epochs 5
+# A workload name is a Kubernetes object name, unique in the project until the workload is deleted:
+# the stand-in refuses one in use, as Kubernetes does (AlreadyExists).
+@test "the runai stand-in refuses a workload name in use, as Kubernetes does" {
+    run runai submit-dist pytorch --name ddp-train -i registry.example/ddp-train:0.1 -- true
     assert_success
-    run grep '^DDP_RUN_DIR=' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000"
+    run runai submit-dist pytorch --name ddp-train -i registry.example/ddp-train:0.1 -- true
+    assert_failure 1
+    assert_output "Error: the job ddp-train already exists, please delete it first (use 'runai delete ddp-train')"
+}
 
-    NOW=20260102-083000 run bash "${REPO}/runai/submit.sh" --epochs 5
+# Each submission is a workload of its own and a new run, named as the workload: under one
+# RUNAI_JOB_NAME, in one second ($NOW does not change), and when continuing a run whose old
+# workload may still exist (RunAI keeps a finished one until it is deleted).
+@test "runai submit: two submissions in a row are two workloads and two runs; RUNAI_RESUME continues one in a third workload" {
+    run bash "${REPO}/runai/submit.sh" --epochs 5
     assert_success
-    run grep '^DDP_RUN_DIR=' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "DDP_RUN_DIR=/mnt/runs/ddp-train-20260102-083000"
+    local -r first="$(_workload)"
+    run grep '^DDP_RUN_DIR=' <(_runai_argv)
+    assert_output "DDP_RUN_DIR=/mnt/runs/${first}"
+
+    run bash "${REPO}/runai/submit.sh" --epochs 5
+    assert_success
+    local -r second="$(_workload)"
+    [[ "${second}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
+    [ "${second}" != "${first}" ]
+    run grep '^DDP_RUN_DIR=' <(_runai_argv)
+    assert_output "DDP_RUN_DIR=/mnt/runs/${second}"
 
     # The trainer's --resume refuses a run dir without a checkpoint: a mistyped name is an error.
-    RUNAI_RESUME=ddp-train-20260101-120000 run bash "${REPO}/runai/submit.sh" --epochs 9
+    NOW=20260102-083000 RUNAI_RESUME="${first}" run bash "${REPO}/runai/submit.sh" --epochs 9
     assert_success
-    assert_output "runai/submit.sh: continuing run ddp-train-20260101-120000 in /mnt/runs/ddp-train-20260101-120000"
-    run sed -n '/^DDP_RUN_DIR=/,$p' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "$(printf '%s\n' DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 -- /opt/ddp/runai/pod.sh --resume --epochs 9)"
+    local -r third="$(_workload)"
+    [[ "${third}" =~ ^ddp-train-20260102-083000-[a-z0-9]{4}$ ]]
+    assert_line --index 0 "runai/submit.sh: continuing run ${first} in /mnt/runs/${first}, as workload ${third}"
+    run sed -n '/^DDP_RUN_DIR=/,$p' <(_runai_argv)
+    assert_output "$(printf '%s\n' "DDP_RUN_DIR=/mnt/runs/${first}" -- /opt/ddp/runai/pod.sh --resume --epochs 9)"
+    run cat "${RUNAI_FAKE_STATE}/workloads"
+    assert_output "$(printf '%s\n' "${first}" "${second}" "${third}")"
+}
+
+# The prefix and the tail make a DNS-1035 label of at most 49 characters, the RunAI CLI's limit
+# (run-ai/runai-cli pkg/util/validate.go; the training operator's PyTorchJob webhook).
+@test "runai submit: RUNAI_JOB_NAME is the names' prefix; one that cannot begin a workload name is one line, exit 2" {
+    local -r longest=abcdefghij-abcdefghij-abcdef
+    RUNAI_JOB_NAME="${longest}" run bash "${REPO}/runai/submit.sh"
+    assert_success
+    [ "${#longest}" -eq 28 ] && [ "$(_workload | wc -c)" -eq 50 ]
+
+    for bad in Wrn 1wrn wrn_cifar wrn- "${longest}x" "wrn cifar"; do
+        RUNAI_JOB_NAME="${bad}" run bash "${REPO}/runai/submit.sh"
+        assert_failure 2
+        assert_output --partial "runai/submit.sh: error: RUNAI_JOB_NAME=${bad} is not a workload name's prefix: lower-case letters, digits and '-', starting with a letter, ending with a letter or digit, at most 28 characters"
+        [ "${#lines[@]}" -eq 1 ]
+    done
+    run _submit_calls
+    assert_output "runai submit-dist pytorch --name $(_workload) --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/$(_workload) -- /opt/ddp/runai/pod.sh"
 }
 
 @test "runai submit: RUNAI_RESUME that is not a run's name is one line, exit 2, nothing submitted" {
@@ -119,9 +177,9 @@ setup() {
         run bash "${REPO}/runai/submit.sh"
 
     assert_success
-    run grep '^runai ' "${CALLS}"
-    assert_output --partial " --existing-pvc claimname=runai-mlo-alice-scratch,path=/mloscratch -e DDP_DATA_DIR=/mloscratch/homes/alice/data -e DDP_RUN_DIR=/mloscratch/homes/alice/runs/ddp-train-20260101-120000 -- "
-    run grep -o -- '--existing-pvc' "${CALLS}"
+    run _submit_calls
+    assert_output --partial " --existing-pvc claimname=runai-mlo-alice-scratch,path=/mloscratch -e DDP_DATA_DIR=/mloscratch/homes/alice/data -e DDP_RUN_DIR=/mloscratch/homes/alice/runs/$(_workload) -- "
+    run grep -o -- '--existing-pvc' <(_submit_calls)
     assert_output "--existing-pvc"
 }
 
