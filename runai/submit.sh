@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Submit a multi-node DDP job to RunAI (EPFL RCP style): PET_NNODES pods x RUNAI_GPUS GPUs,
 # RoCE through the kube-system/roce network and one rdma/rdma device per pod.
-# Needs the RunAI CLI v1 with submit-dist (2.13 or newer; this form is the one RCP
-# documents for runai 2.18.94). The newer "runai pytorch submit" (CLI v2) takes the
-# same values under other flag names.
+# Speaks the RunAI CLI that is installed: v1, `runai submit-dist pytorch` (2.13 or newer; the form
+# RCP documents for runai 2.18.94), or v2, `runai training pytorch submit NAME` (RunAI 2.18 or
+# newer, and NVIDIA Run:ai's self-hosted v3); RUNAI_CLI=v1 or v2 says which instead.
 # Usage: runai/submit.sh [trainer flags...]     e.g. RUNAI_WORKERS=3 runai/submit.sh --epochs 50
 # Each submission is a workload of its own, named RUNAI_JOB_NAME-<UTC time>-<4 random characters>
 # (a Kubernetes name, unique until the workload is deleted); a new run is named as its workload.
@@ -50,6 +50,22 @@ runai_submit::new_name() {
         random+="${alphabet:RANDOM % ${#alphabet}:1}"
     done
     printf '%s-%s-%s\n' "${prefix}" "${stamp}" "${random}"
+}
+
+# Which CLI is installed: the one that has its PyTorch submit command. Version numbers do not tell
+# them apart (each follows the cluster's: 2.18 has both); their command trees do (the v1 reference
+# documents `runai submit-dist pytorch`, the v2 reference `runai training pytorch submit`, and
+# neither has the other's). Both are cobra programs, where `--help` on a command prints its help
+# and exits 0 and an unknown command is "Error: unknown command", exit 1 (run-ai/runai-cli). v1
+# first: it is RCP's documented form (epfml/getting-started, docs/multinode.md).
+runai_submit::cli() {
+    if runai submit-dist pytorch --help >/dev/null 2>&1; then
+        echo v1
+    elif runai training pytorch submit --help >/dev/null 2>&1; then
+        echo v2
+    else
+        runai_submit::err "$(command -v runai) has neither 'runai submit-dist pytorch' (RunAI CLI v1) nor 'runai training pytorch submit' (CLI v2): install the CLI from your RunAI cluster's web UI, or set RUNAI_CLI=v1 or v2"
+    fi
 }
 
 # A volume setting: the name of an existing PVC and its mount point in every pod.
@@ -128,33 +144,62 @@ main() {
     fi
     local -r data_path="${data_dir}${data_subdir:+/${data_subdir}}"
     local -r run_path="${run_dir}${run_subdir:+/${run_subdir}}/${run}"
-    command -v runai >/dev/null || runai_submit::err "runai CLI not found: install it from your RunAI cluster's web UI (version 2.13 or newer)"
-
-    # --command: without it RunAI appends what follows `--` to the image's ENTRYPOINT
-    # (ddp-launch), so every pod would run `ddp-launch /opt/ddp/runai/pod.sh ...` and exit 2;
-    # with it, what follows `--` replaces the ENTRYPOINT (Run:ai CLI reference, runai
-    # submit-dist pytorch: "--command: if set, overrides the image's entrypoint with the
-    # command supplied after '--'"; the Kubernetes rule for a container's command/args).
-    local -a args=(submit-dist pytorch --name "${name}" --workers="${workers}" -g "${gpus}" -i "${image}" --command)
-    # Kubernetes gives a pod a 64 MiB /dev/shm; NCCL's shared-memory transport between the
-    # GPUs of one pod needs far more and fails with "unhandled system error" (NCCL
-    # troubleshooting, "Docker/shared memory"). --large-shm mounts a memory-backed /dev/shm.
-    if [ "${RUNAI_LARGE_SHM:-1}" = 1 ]; then
-        args+=(--large-shm)
-    fi
-    if [ "${RUNAI_RDMA:-1}" = 1 ]; then
-        args+=(--annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1)
-    fi
-    # Existing PVCs: --existing-pvc claimname=NAME,path=PATH (Run:ai CLI reference, runai
-    # submit-dist pytorch; --pvc instead creates a new claim from a storage class). pod.sh
-    # reads DDP_DATA_DIR and DDP_RUN_DIR (-e NAME=VALUE: a variable in every pod).
-    args+=(--existing-pvc "claimname=${RUNAI_DATA_PVC},path=${data_dir}")
-    if [ "${run_dir}" != "${data_dir}" ]; then
-        args+=(--existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}")
-    fi
-    args+=(-e "DDP_DATA_DIR=${data_path}" -e "DDP_RUN_DIR=${run_path}")
     local -a extra=()
     runai_submit::split_words extra RUNAI_EXTRA_ARGS
+    case "${RUNAI_CLI:-}" in
+        ""|v1|v2) ;;
+        *) runai_submit::err "RUNAI_CLI=${RUNAI_CLI} is neither v1 (runai submit-dist pytorch) nor v2 (runai training pytorch submit); leave it unset to use the installed CLI's" ;;
+    esac
+    command -v runai >/dev/null || runai_submit::err "runai CLI not found: install it from your RunAI cluster's web UI (CLI v1 2.13 or newer, or v2)"
+    local cli="${RUNAI_CLI:-}"
+    [ -n "${cli}" ] || cli="$(runai_submit::cli)" || exit 2
+
+    # What both CLIs take under the same names (each reference's flag below: v1, runai submit-dist
+    # pytorch, https://docs.run.ai/v2.18/Researcher/cli-reference/runai-submit-dist-pytorch/ and
+    # RCP's use of it, epfml/getting-started docs/multinode.md and csub.py; v2, runai training
+    # pytorch submit, run-ai/docs docs/Researcher/cli-reference/new-cli/runai_training_pytorch_submit.md,
+    # now https://docs.nvidia.com/run-ai/self-hosted/reference/cli/runai/training/runai-training-pytorch-submit).
+    # -i IMAGE: v1 "-i | --image", v2 "-i, --image string".
+    # --command: without it RunAI appends what follows `--` to the image's ENTRYPOINT
+    # (ddp-launch), so every pod would run `ddp-launch /opt/ddp/runai/pod.sh ...` and exit 2;
+    # with it, what follows `--` replaces the ENTRYPOINT (v1: "--command: Overrides the image's
+    # entry point with the command supplied after '--'"; v2: "-c, --command  If true, override the
+    # image's entrypoint with the command supplied after '--'"; Kubernetes' command/args).
+    local -a shared=(-i "${image}" --command)
+    # Kubernetes gives a pod a 64 MiB /dev/shm; NCCL's shared-memory transport between the
+    # GPUs of one pod needs far more and fails with "unhandled system error" (NCCL
+    # troubleshooting, "Docker/shared memory"). --large-shm mounts a memory-backed /dev/shm
+    # (v1 "--large-shm: Mount a large /dev/shm device", v2 "--large-shm").
+    if [ "${RUNAI_LARGE_SHM:-1}" = 1 ]; then
+        shared+=(--large-shm)
+    fi
+    # RCP's RoCE: the pods join kube-system/roce and get an RDMA device (epfml/getting-started,
+    # docs/multinode.md); v1 "-a | --annotation", "--extended-resource <resource-name>=<quantity>",
+    # v2 "--annotation stringArray", "--extended-resource stringArray  resource_name=quantity".
+    if [ "${RUNAI_RDMA:-1}" = 1 ]; then
+        shared+=(--annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1)
+    fi
+    # Existing PVCs: --existing-pvc claimname=NAME,path=PATH in both (v2: "Mount an existing
+    # persistent volume. Use the format: claimname=CLAIM_NAME,path=PATH"; --pvc in v1 instead
+    # creates a claim from a storage class). pod.sh reads DDP_DATA_DIR and DDP_RUN_DIR
+    # (-e NAME=VALUE: v1 "-e | --environment", v2 "-e, --environment stringArray  Set environment
+    # variables in the container").
+    shared+=(--existing-pvc "claimname=${RUNAI_DATA_PVC},path=${data_dir}")
+    if [ "${run_dir}" != "${data_dir}" ]; then
+        shared+=(--existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}")
+    fi
+    shared+=(-e "DDP_DATA_DIR=${data_path}" -e "DDP_RUN_DIR=${run_path}")
+    # Where the two differ: v1 names the workload with --name and counts GPUs with -g (a float,
+    # "-g | --gpu"); v2 takes the name as its argument and GPU devices as -g, --gpu-devices-request
+    # (int32). Both count --workers as the pods besides the master (v2 has --no-master to drop it).
+    local -a args logs
+    if [ "${cli}" = v1 ]; then
+        args=(submit-dist pytorch --name "${name}" --workers="${workers}" -g "${gpus}" "${shared[@]}")
+        logs=(runai logs "${name}" --follow)
+    else
+        args=(training pytorch submit "${name}" --workers "${workers}" --gpu-devices-request "${gpus}" "${shared[@]}")
+        logs=(runai training pytorch logs "${name}" --follow)
+    fi
     # The trainer's --resume: with it, a run dir without a checkpoint (a mistyped name) is an error
     # in one line rather than a new run (src/ddp_train/checkpoint.py).
     local -a resume=()
@@ -164,6 +209,9 @@ main() {
     else
         printf 'runai/submit.sh: a new run, %s, in %s (RUNAI_RESUME=%s continues it)\n' "${run}" "${run_path}" "${run}" >&2
     fi
+    # The logs: v1 "runai logs JOB_NAME", -f/--follow (run-ai/runai-cli cmd/logs/logs.go); v2
+    # "runai training pytorch logs WORKLOAD_NAME --follow" (run-ai/docs new-cli/runai_pytorch_logs.md).
+    printf 'runai/submit.sh: follow it with: %s\n' "${logs[*]}" >&2
     exec runai "${args[@]}" "${extra[@]}" -- "${pod_script}" "${resume[@]}" "$@"
 }
 

@@ -9,7 +9,7 @@ setup() {
     # new run ($NOW).
     _stub runai ddp-launch date
     export RUNAI_FAKE_CLI=v1 RUNAI_FAKE_STATE="${BATS_TEST_TMPDIR}/runai"
-    unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
+    unset RUNAI_CLI RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
         RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME KUBERNETES_SERVICE_HOST NOW SHM_KB
     export RUNAI_IMAGE=registry.example/ddp-train:0.1 RUNAI_DATA_PVC=scratch RUNAI_RUN_PVC=scratch
     export PYTHONPATH="${REPO}/entrypoints"  # as the image's: pod.sh checks the data with ddp_contract
@@ -30,6 +30,13 @@ _submit_calls() {
     grep '^runai ' "${CALLS}" | grep -v -- ' --help$'
 }
 
+# CLI v1, as its reference gives each flag (runai submit-dist pytorch,
+# https://docs.run.ai/v2.18/Researcher/cli-reference/runai-submit-dist-pytorch/; RCP's form,
+# epfml/getting-started docs/multinode.md): --name NAME, --workers=N (pods besides the master),
+# -g GPUs per pod ("-g | --gpu"), -i IMAGE, --command (what follows `--` replaces the
+# ENTRYPOINT), --large-shm, --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce and
+# --extended-resource rdma/rdma=1 (RCP's RoCE), --existing-pvc claimname=NAME,path=PATH,
+# -e NAME=VALUE; logs: "runai logs JOB_NAME" with -f/--follow (run-ai/runai-cli cmd/logs/logs.go).
 @test "runai submit: one master plus workers, GPUs per pod, the pod script as the command, large shm, RoCE" {
     run bash "${REPO}/runai/submit.sh" --epochs 5
 
@@ -37,8 +44,82 @@ _submit_calls() {
     local -r name="$(_workload)"
     [[ "${name}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
     assert_line --index 0 "runai/submit.sh: a new run, ${name}, in /mnt/runs/${name} (RUNAI_RESUME=${name} continues it)"
+    assert_line --index 1 "runai/submit.sh: follow it with: runai logs ${name} --follow"
     run _submit_calls
     assert_output "runai submit-dist pytorch --name ${name} --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} -- /opt/ddp/runai/pod.sh --epochs 5"
+}
+
+# CLI v2, as its reference gives each flag (runai training pytorch submit, run-ai/docs
+# docs/Researcher/cli-reference/new-cli/runai_training_pytorch_submit.md; now
+# https://docs.nvidia.com/run-ai/self-hosted/reference/cli/runai/training/runai-training-pytorch-submit):
+# the workload's name as the argument ("runai training pytorch submit <name> -p <project_name> -i
+# ..."), --workers int32, -g, --gpu-devices-request int32, -i, --image, -c, --command, --large-shm,
+# --annotation, --extended-resource resource_name=quantity, --existing-pvc
+# claimname=CLAIM_NAME,path=PATH, -e, --environment; logs: "runai training pytorch logs
+# WORKLOAD_NAME --follow" (new-cli/runai_pytorch_logs.md). The stand-in takes only these flags.
+@test "runai submit, CLI v2: runai training pytorch submit NAME with v2's flag names" {
+    export RUNAI_FAKE_CLI=v2
+    run bash "${REPO}/runai/submit.sh" --epochs 5
+
+    assert_success
+    local -r name="$(_workload)"
+    [[ "${name}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
+    assert_line --index 0 "runai/submit.sh: a new run, ${name}, in /mnt/runs/${name} (RUNAI_RESUME=${name} continues it)"
+    assert_line --index 1 "runai/submit.sh: follow it with: runai training pytorch logs ${name} --follow"
+    run _submit_calls
+    assert_output "runai training pytorch submit ${name} --workers 1 --gpu-devices-request 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} -- /opt/ddp/runai/pod.sh --epochs 5"
+
+    # A second submission in the same second is a workload and a run of its own under v2 too.
+    run bash "${REPO}/runai/submit.sh" --epochs 5
+    assert_success
+    [ "$(_workload)" != "${name}" ]
+    run grep -c . "${RUNAI_FAKE_STATE}/workloads"
+    assert_output 2
+}
+
+# The installed CLI is the one with its PyTorch submit command (v1's reference documents
+# `runai submit-dist pytorch`, v2's `runai training pytorch submit`); an unknown command is cobra's
+# "unknown command", exit 1. v1, RCP's documented form, is asked first.
+@test "runai submit: the CLI is told by its command tree, v1 first; RUNAI_CLI says which instead" {
+    run bash "${REPO}/runai/submit.sh"
+    assert_success
+    run grep '^runai ' "${CALLS}"
+    assert_line --index 0 "runai submit-dist pytorch --help"
+    assert_line --index 1 --regexp "^runai submit-dist pytorch --name "
+    [ "${#lines[@]}" -eq 2 ]
+
+    : > "${CALLS}"
+    RUNAI_FAKE_CLI=v2 run bash "${REPO}/runai/submit.sh"
+    assert_success
+    run grep '^runai ' "${CALLS}"
+    assert_line --index 0 "runai submit-dist pytorch --help"
+    assert_line --index 1 "runai training pytorch submit --help"
+    assert_line --index 2 --regexp "^runai training pytorch submit ddp-train-"
+    [ "${#lines[@]}" -eq 3 ]
+
+    : > "${CALLS}"
+    RUNAI_FAKE_CLI=v2 RUNAI_CLI=v2 run bash "${REPO}/runai/submit.sh"
+    assert_success
+    run grep '^runai ' "${CALLS}"
+    assert_output --regexp "^runai training pytorch submit ddp-train-[^ ]+ --workers 1 "
+}
+
+@test "runai submit: a runai with neither CLI's submit command, or a RUNAI_CLI of neither, is one line, exit 2, nothing submitted" {
+    cat > "${STUBS}/runai" <<'EOF'
+#!/bin/sh
+printf "%s\n" "runai $*" >> "${CALLS}"
+echo "Error: unknown command \"$1\" for \"runai\"" >&2
+exit 1
+EOF
+    run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output "runai/submit.sh: error: ${STUBS}/runai has neither 'runai submit-dist pytorch' (RunAI CLI v1) nor 'runai training pytorch submit' (CLI v2): install the CLI from your RunAI cluster's web UI, or set RUNAI_CLI=v1 or v2"
+    run _submit_calls
+    assert_output ""
+
+    RUNAI_CLI=v3 run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output "runai/submit.sh: error: RUNAI_CLI=v3 is neither v1 (runai submit-dist pytorch) nor v2 (runai training pytorch submit); leave it unset to use the installed CLI's"
 }
 
 @test "runai submit: settings from the environment, no RDMA, extra flags as words" {
