@@ -20,7 +20,9 @@
 # run to continue, in a new workload; default a new run, named as its workload, in the runs
 # directory), RUNAI_EXTRA_ARGS (more runai flags, words with the shell's quoting:
 # RUNAI_EXTRA_ARGS="-e 'NOTE=two words'"; python3 splits them),
-# RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default).
+# RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default),
+# RUNAI_RUN_AS (UID:GID the pods run as; default your own, `id -u`:`id -g`, as RCP's recipe runs
+# them as the user; `image` keeps the image's user).
 set -euo pipefail
 
 runai_submit::err() {
@@ -144,6 +146,15 @@ main() {
     fi
     local -r data_path="${data_dir}${data_subdir:+/${data_subdir}}"
     local -r run_path="${run_dir}${run_subdir:+/${run_subdir}}/${run}"
+    # The pods' user. RCP's csub.py always passes --run-as-uid and --run-as-gid, the user's LDAP
+    # ids (epfml/getting-started, csub.py: LDAP_UID, LDAP_GID), with the scratch claim: its
+    # homes/<user>/ are the user's, and a pod running as the image's user may not write there.
+    # On a host with those ids (RCP's haas001.rcp.epfl.ch) `id` gives them; elsewhere (a laptop)
+    # RUNAI_RUN_AS names them.
+    local run_as="${RUNAI_RUN_AS:-}"
+    [ -n "${run_as}" ] || run_as="$(id -u):$(id -g)"
+    [[ "${run_as}" =~ ^[0-9]+:[0-9]+$ || "${run_as}" = image ]] \
+        || runai_submit::err "RUNAI_RUN_AS=${run_as} is neither UID:GID nor image: give the numeric user and group the pods run as (on RCP your LDAP ids, from id on haas001.rcp.epfl.ch), or image to keep the image's user"
     local -a extra=()
     runai_submit::split_words extra RUNAI_EXTRA_ARGS
     case "${RUNAI_CLI:-}" in
@@ -189,6 +200,11 @@ main() {
         shared+=(--existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}")
     fi
     shared+=(-e "DDP_DATA_DIR=${data_path}" -e "DDP_RUN_DIR=${run_path}")
+    # v2 "--run-as-uid int  The user ID the container will run with", "--run-as-gid int"; v1 takes
+    # the same two, as csub.py passes them to runai submit-dist pytorch.
+    if [ "${run_as}" != image ]; then
+        shared+=(--run-as-uid "${run_as%%:*}" --run-as-gid "${run_as#*:}")
+    fi
     # Where the two differ: v1 names the workload with --name and counts GPUs with -g (a float,
     # "-g | --gpu"); v2 takes the name as its argument and GPU devices as -g, --gpu-devices-request
     # (int32). Both count --workers as the pods besides the master (v2 has --no-master to drop it).
@@ -211,6 +227,9 @@ main() {
     fi
     # The logs: v1 "runai logs JOB_NAME", -f/--follow (run-ai/runai-cli cmd/logs/logs.go); v2
     # "runai training pytorch logs WORKLOAD_NAME --follow" (run-ai/docs new-cli/runai_pytorch_logs.md).
+    if [ "${run_as}" != image ]; then
+        printf "runai/submit.sh: its pods run as %s (RUNAI_RUN_AS=UID:GID changes it, RUNAI_RUN_AS=image keeps the image's user)\n" "${run_as}" >&2
+    fi
     printf 'runai/submit.sh: follow it with: %s\n' "${logs[*]}" >&2
     exec runai "${args[@]}" "${extra[@]}" -- "${pod_script}" "${resume[@]}" "$@"
 }

@@ -6,8 +6,8 @@ setup() {
     load 'test_helper/common-setup'
     _common_setup
     # runai takes what the CLI v1 takes, ddp-launch anything; date gives the UTC time that names a
-    # new run ($NOW).
-    _stub runai ddp-launch date
+    # new run ($NOW), id the submitting user's ids.
+    _stub runai ddp-launch date id
     export RUNAI_FAKE_CLI=v1 RUNAI_FAKE_STATE="${BATS_TEST_TMPDIR}/runai"
     unset RUNAI_CLI RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
         RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME KUBERNETES_SERVICE_HOST NOW SHM_KB
@@ -44,9 +44,10 @@ _submit_calls() {
     local -r name="$(_workload)"
     [[ "${name}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
     assert_line --index 0 "runai/submit.sh: a new run, ${name}, in /mnt/runs/${name} (RUNAI_RESUME=${name} continues it)"
-    assert_line --index 1 "runai/submit.sh: follow it with: runai logs ${name} --follow"
+    assert_line --index 1 "runai/submit.sh: its pods run as 224954:11259 (RUNAI_RUN_AS=UID:GID changes it, RUNAI_RUN_AS=image keeps the image's user)"
+    assert_line --index 2 "runai/submit.sh: follow it with: runai logs ${name} --follow"
     run _submit_calls
-    assert_output "runai submit-dist pytorch --name ${name} --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} -- /opt/ddp/runai/pod.sh --epochs 5"
+    assert_output "runai submit-dist pytorch --name ${name} --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} --run-as-uid 224954 --run-as-gid 11259 -- /opt/ddp/runai/pod.sh --epochs 5"
 }
 
 # CLI v2, as its reference gives each flag (runai training pytorch submit, run-ai/docs
@@ -65,9 +66,9 @@ _submit_calls() {
     local -r name="$(_workload)"
     [[ "${name}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
     assert_line --index 0 "runai/submit.sh: a new run, ${name}, in /mnt/runs/${name} (RUNAI_RESUME=${name} continues it)"
-    assert_line --index 1 "runai/submit.sh: follow it with: runai training pytorch logs ${name} --follow"
+    assert_line --index 2 "runai/submit.sh: follow it with: runai training pytorch logs ${name} --follow"
     run _submit_calls
-    assert_output "runai training pytorch submit ${name} --workers 1 --gpu-devices-request 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} -- /opt/ddp/runai/pod.sh --epochs 5"
+    assert_output "runai training pytorch submit ${name} --workers 1 --gpu-devices-request 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} --run-as-uid 224954 --run-as-gid 11259 -- /opt/ddp/runai/pod.sh --epochs 5"
 
     # A second submission in the same second is a workload and a run of its own under v2 too.
     run bash "${REPO}/runai/submit.sh" --epochs 5
@@ -122,6 +123,35 @@ EOF
     assert_output "runai/submit.sh: error: RUNAI_CLI=v3 is neither v1 (runai submit-dist pytorch) nor v2 (runai training pytorch submit); leave it unset to use the installed CLI's"
 }
 
+# RCP's csub.py runs every pod as the user, --run-as-uid and --run-as-gid from the user's LDAP ids
+# (epfml/getting-started, csub.py), with the scratch claim whose homes/<user>/ are the user's.
+# Both CLIs take the two flags (v2: "--run-as-uid int", "--run-as-gid int").
+@test "runai submit: the pods run as the submitting user by default, as RUNAI_RUN_AS says, or as the image's user" {
+    RUNAI_RUN_AS=1000:2000 RUNAI_FAKE_CLI=v2 run bash "${REPO}/runai/submit.sh"
+    assert_success
+    assert_line --index 1 "runai/submit.sh: its pods run as 1000:2000 (RUNAI_RUN_AS=UID:GID changes it, RUNAI_RUN_AS=image keeps the image's user)"
+    run grep -A 3 -x -- --run-as-uid <(_runai_argv)
+    assert_output "$(printf '%s\n' --run-as-uid 1000 --run-as-gid 2000)"
+    run grep -c '^id ' "${CALLS}"
+    assert_output 0
+
+    RUNAI_RUN_AS=image run bash "${REPO}/runai/submit.sh"
+    assert_success
+    refute_output --partial "run as"
+    run grep -c -e --run-as-uid -e --run-as-gid <(_runai_argv)
+    assert_output 0
+}
+
+@test "runai submit: a RUNAI_RUN_AS that is neither UID:GID nor image is one line, exit 2, nothing submitted" {
+    for bad in 1000 alice:mlo 1000: :1000 1000:2000:3000 root; do
+        RUNAI_RUN_AS="${bad}" run bash "${REPO}/runai/submit.sh"
+        assert_failure 2
+        assert_output "runai/submit.sh: error: RUNAI_RUN_AS=${bad} is neither UID:GID nor image: give the numeric user and group the pods run as (on RCP your LDAP ids, from id on haas001.rcp.epfl.ch), or image to keep the image's user"
+    done
+    run grep -c '^runai ' "${CALLS}"
+    assert_output 0
+}
+
 @test "runai submit: settings from the environment, no RDMA, extra flags as words" {
     RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--node-pools a100 --project mlo-alice" \
         RUNAI_DATA_PVC=cifar RUNAI_DATA_DIR=/data RUNAI_RUN_PVC=home.user RUNAI_RUN_DIR=/home/u/runs \
@@ -131,7 +161,7 @@ EOF
     local -r name="$(_workload)"
     [[ "${name}" =~ ^wrn-20260101-120000-[a-z0-9]{4}$ ]]
     run _submit_calls
-    assert_output "runai submit-dist pytorch --name ${name} --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/${name} --node-pools a100 --project mlo-alice -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+    assert_output "runai submit-dist pytorch --name ${name} --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/${name} --run-as-uid 224954 --run-as-gid 11259 --node-pools a100 --project mlo-alice -- /opt/ddp/runai/pod.sh --batch-size 1 024"
 }
 
 # RUNAI_EXTRA_ARGS is split as the SLURM job scripts split DDP_TRAIN_ARGS: the shell's quoting,
@@ -142,7 +172,7 @@ EOF
 
     assert_success
     run sed -n '/^-e$/,$p' <(_runai_argv)
-    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR="/mnt/runs/$(_workload)" \
+    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR="/mnt/runs/$(_workload)" --run-as-uid 224954 --run-as-gid 11259 \
         --node-pools a100 -e 'NOTE=two words' --label '$HOME' -e 'GLOB=*' -- /opt/ddp/runai/pod.sh --epochs 5)"
 }
 
@@ -215,7 +245,7 @@ EOF
     [[ "${third}" =~ ^ddp-train-20260102-083000-[a-z0-9]{4}$ ]]
     assert_line --index 0 "runai/submit.sh: continuing run ${first} in /mnt/runs/${first}, as workload ${third}"
     run sed -n '/^DDP_RUN_DIR=/,$p' <(_runai_argv)
-    assert_output "$(printf '%s\n' "DDP_RUN_DIR=/mnt/runs/${first}" -- /opt/ddp/runai/pod.sh --resume --epochs 9)"
+    assert_output "$(printf '%s\n' "DDP_RUN_DIR=/mnt/runs/${first}" --run-as-uid 224954 --run-as-gid 11259 -- /opt/ddp/runai/pod.sh --resume --epochs 9)"
     run cat "${RUNAI_FAKE_STATE}/workloads"
     assert_output "$(printf '%s\n' "${first}" "${second}" "${third}")"
 }
@@ -235,7 +265,7 @@ EOF
         [ "${#lines[@]}" -eq 1 ]
     done
     run _submit_calls
-    assert_output "runai submit-dist pytorch --name $(_workload) --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/$(_workload) -- /opt/ddp/runai/pod.sh"
+    assert_output "runai submit-dist pytorch --name $(_workload) --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/$(_workload) --run-as-uid 224954 --run-as-gid 11259 -- /opt/ddp/runai/pod.sh"
 }
 
 @test "runai submit: RUNAI_RESUME that is not a run's name is one line, exit 2, nothing submitted" {
@@ -259,7 +289,7 @@ EOF
 
     assert_success
     run _submit_calls
-    assert_output --partial " --existing-pvc claimname=runai-mlo-alice-scratch,path=/mloscratch -e DDP_DATA_DIR=/mloscratch/homes/alice/data -e DDP_RUN_DIR=/mloscratch/homes/alice/runs/$(_workload) -- "
+    assert_output --partial " --existing-pvc claimname=runai-mlo-alice-scratch,path=/mloscratch -e DDP_DATA_DIR=/mloscratch/homes/alice/data -e DDP_RUN_DIR=/mloscratch/homes/alice/runs/$(_workload) --run-as-uid 224954 --run-as-gid 11259 -- "
     run grep -o -- '--existing-pvc' <(_submit_calls)
     assert_output "--existing-pvc"
 }
