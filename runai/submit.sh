@@ -114,7 +114,11 @@ main() {
     local -r gpus="${RUNAI_GPUS:-4}"
     local -r pod_script="${RUNAI_POD_SCRIPT:-/opt/ddp/runai/pod.sh}"
     local -r data_dir="${RUNAI_DATA_DIR:-/mnt/data}" run_dir="${RUNAI_RUN_DIR:-/mnt/runs}"
-    [ -n "${image}" ] || runai_submit::err "RUNAI_IMAGE is unset: push the image built by 'make dockerfile' and set RUNAI_IMAGE=registry/name:tag"
+    # The image: containers/Dockerfile, built for the cluster's x86_64 nodes (docker build
+    # --platform: https://docs.docker.com/reference/cli/docker/buildx/build/#platform; an arm64
+    # laptop would otherwise build an image the nodes cannot run) and pushed to the registry RCP's
+    # guide uses (epfml/getting-started README, "Creating Custom Docker Images": ic-registry.epfl.ch).
+    [ -n "${image}" ] || runai_submit::err "RUNAI_IMAGE is unset: build and push the image from the repository root, docker build --platform linux/amd64 -f containers/Dockerfile -t ic-registry.epfl.ch/<project>/ddp-train:<tag> . && docker push ic-registry.epfl.ch/<project>/ddp-train:<tag> (after docker login ic-registry.epfl.ch), then set RUNAI_IMAGE=ic-registry.epfl.ch/<project>/ddp-train:<tag>"
     [[ "${workers}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_WORKERS=${workers} is not a number of worker pods"
     [[ "${gpus}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_GPUS=${gpus} is not a number of GPUs per pod"
     if ! [[ "${prefix}" =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]] || [ "${#prefix}" -gt "${RUNAI_SUBMIT_PREFIX_MAX}" ]; then

@@ -308,9 +308,10 @@ EOF
 }
 
 @test "runai submit: a missing image or a bad count is one error line and nothing is submitted" {
+    # `make dockerfile` only writes containers/Dockerfile: the line says how to build and push it.
     RUNAI_IMAGE= run bash "${REPO}/runai/submit.sh"
-    assert_failure
-    assert_output --partial "RUNAI_IMAGE is unset"
+    assert_failure 2
+    assert_output "runai/submit.sh: error: RUNAI_IMAGE is unset: build and push the image from the repository root, docker build --platform linux/amd64 -f containers/Dockerfile -t ic-registry.epfl.ch/<project>/ddp-train:<tag> . && docker push ic-registry.epfl.ch/<project>/ddp-train:<tag> (after docker login ic-registry.epfl.ch), then set RUNAI_IMAGE=ic-registry.epfl.ch/<project>/ddp-train:<tag>"
 
     RUNAI_WORKERS=two run bash "${REPO}/runai/submit.sh"
     assert_failure
