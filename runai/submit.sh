@@ -9,8 +9,8 @@
 # (a Kubernetes name, unique until the workload is deleted); a new run is named as its workload.
 # Settings (environment): RUNAI_JOB_NAME (the names' prefix, default ddp-train), RUNAI_IMAGE,
 # RUNAI_WORKERS (pods besides the master), RUNAI_GPUS (per pod), RUNAI_RDMA (1: RoCE annotation
-# and rdma resource),
-# RUNAI_POD_SCRIPT (runai/pod.sh as the pod sees it: the image or a mounted checkout),
+# and rdma resource), RUNAI_POD_SCRIPT (runai/pod.sh as the pod sees it: the image or a mounted
+# checkout),
 # RUNAI_DATA_PVC (required: the PVC that holds cifar-100-python/) mounted at RUNAI_DATA_DIR
 # (default /mnt/data), RUNAI_RUN_PVC (required: the PVC for checkpoints, metrics and logs;
 # it may be the same claim) mounted at RUNAI_RUN_DIR (default /mnt/runs; the same claim may
@@ -122,10 +122,10 @@ main() {
     [[ "${workers}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_WORKERS=${workers} is not a number of worker pods"
     [[ "${gpus}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_GPUS=${gpus} is not a number of GPUs per pod"
     if ! [[ "${prefix}" =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]] || [ "${#prefix}" -gt "${RUNAI_SUBMIT_PREFIX_MAX}" ]; then
-        runai_submit::err "RUNAI_JOB_NAME=${prefix} is not a workload name's prefix: lower-case letters, digits and '-', starting with a letter, ending with a letter or digit, at most ${RUNAI_SUBMIT_PREFIX_MAX} characters (RunAI takes ${RUNAI_SUBMIT_NAME_MAX}, and the submit adds -<UTC time>-<4 characters>), e.g. RUNAI_JOB_NAME=wrn-cifar"
+        runai_submit::err "RUNAI_JOB_NAME=${prefix} is not a workload name's prefix: lower-case letters, digits and '-', starting with a letter, ending with a letter or digit, at most ${RUNAI_SUBMIT_PREFIX_MAX} characters (the RunAI CLI takes ${RUNAI_SUBMIT_NAME_MAX}, and the submit adds -<UTC time>-<4 characters>), e.g. RUNAI_JOB_NAME=wrn-cifar"
     fi
     runai_submit::check_volume RUNAI_DATA_PVC "${RUNAI_DATA_PVC:-}" RUNAI_DATA_DIR "${data_dir}" \
-        "cifar-100-python/ (stage it with make data DATA_DIR=... from a pod that mounts it)"
+        "cifar-100-python/ (stage it with ddp-train --download --data-dir DIR, in the image, in a pod that mounts it)"
     runai_submit::check_volume RUNAI_RUN_PVC "${RUNAI_RUN_PVC:-}" RUNAI_RUN_DIR "${run_dir}" \
         "the runs: checkpoints, metrics, logs (it may be the data PVC)"
     # One claim may be mounted once for both; two claims cannot share a mount point (Kubernetes
