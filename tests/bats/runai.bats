@@ -36,7 +36,9 @@ _submit_calls() {
 # -g GPUs per pod ("-g | --gpu"), -i IMAGE, --command (what follows `--` replaces the
 # ENTRYPOINT), --large-shm, --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce and
 # --extended-resource rdma/rdma=1 (RCP's RoCE), --existing-pvc claimname=NAME,path=PATH,
-# -e NAME=VALUE; logs: "runai logs JOB_NAME" with -f/--follow (run-ai/runai-cli cmd/logs/logs.go).
+# -e NAME=VALUE; --run-as-uid and --run-as-gid as RCP's csub.py passes them to submit-dist pytorch
+# (epfml/getting-started, csub.py); logs: "runai logs JOB_NAME" with -f/--follow (run-ai/runai-cli
+# cmd/logs/logs.go). The stand-in takes only the flags of the CLI's reference.
 @test "runai submit: one master plus workers, GPUs per pod, the pod script as the command, large shm, RoCE" {
     run bash "${REPO}/runai/submit.sh" --epochs 5
 
@@ -56,8 +58,9 @@ _submit_calls() {
 # the workload's name as the argument ("runai training pytorch submit <name> -p <project_name> -i
 # ..."), --workers int32, -g, --gpu-devices-request int32, -i, --image, -c, --command, --large-shm,
 # --annotation, --extended-resource resource_name=quantity, --existing-pvc
-# claimname=CLAIM_NAME,path=PATH, -e, --environment; logs: "runai training pytorch logs
-# WORKLOAD_NAME --follow" (new-cli/runai_pytorch_logs.md). The stand-in takes only these flags.
+# claimname=CLAIM_NAME,path=PATH, -e, --environment, --run-as-uid int, --run-as-gid int; logs:
+# "runai training pytorch logs WORKLOAD_NAME --follow" (new-cli/runai_pytorch_logs.md). The
+# stand-in takes only the flags of the CLI's reference.
 @test "runai submit, CLI v2: runai training pytorch submit NAME with v2's flag names" {
     export RUNAI_FAKE_CLI=v2
     run bash "${REPO}/runai/submit.sh" --epochs 5
