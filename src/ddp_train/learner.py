@@ -29,6 +29,7 @@ from ddp_train.config import TrainConfig, batch_per_rank, peak_lr
 from ddp_train.data import memory_format_for
 from ddp_train.distributed import DistEnv
 from ddp_train.layout import NUM_CLASSES
+from ddp_train.loss_scale import LossScaler
 from ddp_train.model import WideResNet
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,7 +40,7 @@ class Learner:
     model: nn.Module
     ema: Optional[nn.Module]  # None without --ema-decay
     optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # enabled for fp16 only
+    scaler: LossScaler  # enabled for fp16 only
     criterion: nn.Module
     autocast_dtype: Optional[torch.dtype]  # None: fp32, no autocast
     lr_peak: float
@@ -65,8 +66,8 @@ def build_learner(config: TrainConfig, dist_env: DistEnv, device: torch.device, 
     lr_peak = peak_lr(config, dist_env.world_size)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=lr_peak, momentum=config.momentum, nesterov=config.nesterov,
-        weight_decay=config.weight_decay, fused=device.type == "cuda")
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        weight_decay=config.weight_decay, fused=device.type == "cuda" or precision == "fp16")
+    scaler = LossScaler(device, enabled=precision == "fp16")  # skips on the device: needs the fused SGD
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
     torch.manual_seed(config.seed * 1_000_003 + dist_env.rank + 1)  # per-rank dropout masks
     return Learner(model, ema, optimizer, scaler, criterion, AUTOCAST_DTYPES[precision], lr_peak)

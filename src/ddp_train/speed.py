@@ -21,6 +21,7 @@ from ddp_train.checkpoint import rng_state, set_rng_state
 from ddp_train.config import TrainConfig, compile_by_default, resolve_compile_mode
 from ddp_train.cudagraph_report import CUDA_GRAPH_MODES
 from ddp_train.errors import Seen, TrainError
+from ddp_train.loss_scale import LossScaler
 
 COMPILE_CACHE_DIRNAME = "compile-cache"
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
@@ -153,7 +154,7 @@ def check_compression_backend(grad_compression: str, device: torch.device) -> No
 
 
 def warm_up(step: Callable[[], Any], passes: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-            scaler: torch.amp.GradScaler, device: torch.device,
+            scaler: LossScaler, device: torch.device,
             ema: Optional[nn.Module] = None) -> float:
     """Run `step` (a full training step on a real batch) `passes` times, then put the weights,
     BatchNorm statistics, optimizer, scaler, EMA and RNG back as they were: the run trains exactly
