@@ -114,6 +114,11 @@ class TrainConfig:
     inductor_levers: str = option(
         "auto", "inductor options for a compiled step, comma-separated: coop-reductions, no-split-reductions, "
                 "conv1x1-mm, pdl, combo-kernels; auto (default): those measured to win on CUDA; none")
+    # levers.py: our Triton BatchNorm kernels (bn_blocks.py), or torch's.
+    bn_kernels: str = option(
+        "auto", "BatchNorm+ReLU(+add) in training: torch (nn.BatchNorm2d, inductor's kernels when compiled) or "
+                "triton (our own kernels, CUDA only); auto (default): torch until a GPU measurement says otherwise",
+        choices=levers.BN_KERNELS)
     # "bf16": DDP's bf16_compress_hook for slow fabrics.
     grad_compression: str = option("none", "bf16: halve the gradient all-reduce bytes (slow fabrics; NCCL or gloo)",
                                    choices=GRAD_COMPRESSIONS)

@@ -25,10 +25,12 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import distributed
+from ddp_train.bn_blocks import block_for
 from ddp_train.config import TrainConfig, batch_per_rank, peak_lr
 from ddp_train.data import memory_format_for
 from ddp_train.distributed import DistEnv
 from ddp_train.layout import NUM_CLASSES
+from ddp_train.levers import resolve_bn_kernels
 from ddp_train.loss_scale import LossScaler
 from ddp_train.model import WideResNet
 
@@ -60,7 +62,8 @@ class Learner:
 
 def build_learner(config: TrainConfig, dist_env: DistEnv, device: torch.device, precision: str) -> Learner:
     torch.manual_seed(config.seed)  # identical initial weights on every rank
-    model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout)
+    model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout,
+                       block=block_for(resolve_bn_kernels(config.bn_kernels, device.type)))
     model = model.to(device, memory_format=memory_format_for(device))
     ema = make_ema(model, config.ema_decay)
     lr_peak = peak_lr(config, dist_env.world_size)
