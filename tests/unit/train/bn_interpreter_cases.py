@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
@@ -226,3 +227,59 @@ def test_inputs_the_kernels_do_not_take_are_refused_by_name():
         bn_kernels.check_input(torch.zeros(2, 3, 4, 4))
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         bn_kernels.check_input(torch.zeros(1, 3, 1, 1).contiguous(**CHANNELS_LAST))
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["relu", "relu+add"])
+def test_each_pass_moves_the_bytes_the_bandwidth_benchmark_counts(residual, monkeypatch):
+    # benchmarks/bn_bandwidth.py divides these bytes by each pass's time. Counted here from the
+    # interpreter's own loads and stores: the activations are bf16, everything else fp32.
+    from bn_bandwidth import pass_bytes
+    from triton.runtime.interpreter import interpreter_builder
+    import triton.language as tl
+    moved = [0]
+    load, store = interpreter_builder.create_masked_load, interpreter_builder.create_masked_store
+
+    def counted(element_type, mask, ptrs):
+        if element_type == tl.bfloat16:
+            moved[0] += 2 * int(np.broadcast_to(mask.data, ptrs.data.shape).sum())
+
+    def counted_load(ptrs, mask, *rest):
+        counted(ptrs.get_element_ty(), mask, ptrs)
+        return load(ptrs, mask, *rest)
+
+    def counted_store(ptrs, value, mask, *rest):
+        counted(ptrs.get_element_ty(), mask, ptrs)
+        return store(ptrs, value, mask, *rest)
+    monkeypatch.setattr(interpreter_builder, "create_masked_load", counted_load)
+    monkeypatch.setattr(interpreter_builder, "create_masked_store", counted_store)
+
+    shape = SHAPES["70 channels, 300 rows, 5 partials"]
+    x, grad_y = activation(shape, torch.bfloat16), activation(shape, torch.bfloat16, seed=1)
+    res = activation(shape, torch.bfloat16, seed=2) if residual else None
+    weight, bias = torch.rand(shape[1]) + 0.5, torch.randn(shape[1])
+    layout = bn_kernels.plan(*bn_kernels.check_input(x))
+
+    def bytes_of(run):
+        moved[0] = 0
+        out = run()
+        return moved[0], out
+    counts = {}
+    counts["stats"], batch = bytes_of(lambda: bn_kernels.stats(x, 1e-5, layout))
+    counts["apply"], y = bytes_of(lambda: bn_kernels.normalize(x, batch, weight, bias, res, True, layout))
+    counts["grad stats"], terms = bytes_of(lambda: bn_kernels.grad_stats(
+        grad_y, y, x, weight, batch.mean, batch.invstd, True, residual, layout))
+    source = terms.g if residual else grad_y
+    counts["input"], _ = bytes_of(lambda: bn_kernels.input_grad(source, y, x, batch.mean, terms, not residual, layout))
+    assert counts == pass_bytes(x.numel() * x.element_size(), residual)
+
+
+def test_the_bandwidth_benchmark_times_every_pass_of_a_case(monkeypatch):
+    # Its GPU timing (CUDA graphs, events) replaced by one call each: the passes' wiring, on CPU.
+    import bn_bandwidth
+    calls = []
+    monkeypatch.setattr(bn_bandwidth, "graph_seconds", lambda fn, _calls, _trials: calls.append(fn()) or 2.0)
+    monkeypatch.setattr(bn_bandwidth, "copy_seconds", lambda nbytes, _calls, _trials: 1.0)
+    rows = bn_bandwidth.time_passes(bn_bandwidth.Case(2, 70, 6, True), torch.bfloat16, 1, 1, device="cpu")
+    assert [r.name for r in rows] == ["stats", "apply", "grad stats", "input"] and len(calls) == 4
+    assert calls[1].shape == (2, 70, 6, 6) and calls[3].shape == (2, 70, 6, 6)  # y, grad_x
+    assert all(r.of_copy == 0.5 for r in rows) and "under 80%" in rows[0].line()
