@@ -3,6 +3,7 @@ inductor, on the BatchNorms of the trainer's model, in one run on one GPU.
 
     python benchmarks/bn_bandwidth.py                      # batch 1024 (the trainer's), bf16
     python benchmarks/bn_bandwidth.py --dtype fp16 --json bn.json
+    python benchmarks/bn_bandwidth.py --tile 8192 --warps 8 --no-inductor   # another launch shape
 
 Per BatchNorm shape of WideResNet at width 1 (160 channels at 32x32, 320 at 16x16, 640 at 8x8), as
 bn1 (+ReLU) and as bn2 (+residual add, +ReLU):
@@ -214,6 +215,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=20, help="calls per timing (default: 20)")
     p.add_argument("--trials", type=int, default=3, help="replays per timing, the best kept (default: 3)")
     p.add_argument("--no-inductor", action="store_true", help="the passes only, not the compiled comparison")
+    p.add_argument("--tile", type=int, help="elements per tile, a power of two (default: bn_kernels.TILE)")
+    p.add_argument("--warps", type=int, help="warps per program (default: bn_kernels.NUM_WARPS)")
+    p.add_argument("--programs", type=int, help="reduction programs per call (default: bn_kernels.TARGET_PROGRAMS)")
     p.add_argument("--json", type=Path, help="also write every row to this file")
     return p.parse_args(argv)
 
@@ -226,13 +230,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     import triton
     from ddp_train import bn_kernels
     dtype = DTYPES[args.dtype]
+    for name, value in (("TILE", args.tile), ("NUM_WARPS", args.warps), ("TARGET_PROGRAMS", args.programs)):
+        if value:
+            setattr(bn_kernels, name, value)  # for this process: the kernels read them at each launch
     # Every case is a new shape for the same two functions: past the default limit (8) dynamo would
     # run the rest eagerly. torch/_dynamo/config.py: recompile_limit (cache_size_limit before).
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, 64)
     print(f"bn_bandwidth: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
-          f"{args.dtype}, batch {args.batch}, {args.calls} calls per timing, best of {args.trials}")
+          f"{args.dtype}, batch {args.batch}, {args.calls} calls per timing, best of {args.trials}; tile "
+          f"{bn_kernels.TILE}, {bn_kernels.NUM_WARPS} warps, {bn_kernels.TARGET_PROGRAMS} reduction programs")
     started = time.perf_counter()
     for case in cases(args.batch)[:2]:  # both flag sets of every kernel: each compiles once
         x, residual, grad_y, weight, bias = case_tensors(case, dtype)

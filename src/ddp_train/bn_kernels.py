@@ -39,7 +39,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-TILE = 4096  # elements per tile: 32 fp32 values per thread at Triton's default 4 warps
+# Launch shape, fixed rather than autotuned (setup); benchmarks/bn_bandwidth.py --tile, --warps and
+# --programs try others on a GPU without editing these.
+TILE = 4096  # elements per tile: 32 fp32 values per thread at 4 warps
+NUM_WARPS = 4
 MAX_BLOCK_C = 64  # 128 bytes of a bf16 row per load
 TARGET_PROGRAMS = 1024  # reduction programs per call: several per multiprocessor (132 on an H100)
 FINAL_BLOCK_C = 64
@@ -73,12 +76,12 @@ class Plan:
 
 
 def plan(rows: int, channels: int, target_programs: Optional[int] = None) -> Plan:
-    """Tiles for a [rows, channels] matrix. block_c divides the channels where a power of two of 16
-    or more does (160 -> 32, 320 and 640 -> 64: no idle lanes); else it covers them, masked.
-    About target_programs (default TARGET_PROGRAMS) reduction programs share the rows."""
+    """Tiles of TILE elements for a [rows, channels] matrix. block_c divides the channels where a power
+    of two of 16 or more does (160 -> 32, 320 and 640 -> 64: no idle lanes); else it covers them,
+    masked. About target_programs (default TARGET_PROGRAMS) reduction programs share the rows."""
     dividing = [b for b in (MAX_BLOCK_C, 32, 16) if channels % b == 0]
     block_c = dividing[0] if dividing else min(MAX_BLOCK_C, triton.next_power_of_2(channels))
-    block_m = TILE // block_c
+    block_m = max(1, TILE // block_c)
     per_column = max(1, (target_programs or TARGET_PROGRAMS) // triton.cdiv(channels, block_c))
     tiles_per_program = triton.cdiv(triton.cdiv(rows, block_m), per_column)
     return Plan(rows, channels, block_m, block_c, tiles_per_program * block_m)
@@ -277,7 +280,8 @@ def stats(x: Tensor, eps: float, layout: Plan) -> Stats:
     mean_part = torch.empty(layout.partials, channels, **wide)
     m2_part = torch.empty(layout.partials, channels, **wide)
     stats_partials[(layout.partials, layout.column_blocks)](
-        x, mean_part, m2_part, rows, channels, layout.rows_per_program, BLOCK_M=layout.block_m, BLOCK_C=layout.block_c)
+        x, mean_part, m2_part, rows, channels, layout.rows_per_program, BLOCK_M=layout.block_m, BLOCK_C=layout.block_c,
+        num_warps=NUM_WARPS)
     mean, var, invstd = (torch.empty(channels, **wide) for _ in range(3))
     stats_finalize[(triton.cdiv(channels, FINAL_BLOCK_C),)](
         mean_part, m2_part, mean, var, invstd, rows, channels, layout.rows_per_program, layout.partials, eps,
@@ -291,7 +295,7 @@ def normalize(x: Tensor, batch: Stats, weight: Tensor, bias: Tensor, residual: O
     apply[(layout.row_tiles, layout.column_blocks)](
         x, residual if residual is not None else x, y, batch.mean, batch.invstd, weight, bias, layout.rows,
         layout.channels, HAS_RESIDUAL=residual is not None, RELU=relu, BLOCK_M=layout.block_m,
-        BLOCK_C=layout.block_c)
+        BLOCK_C=layout.block_c, num_warps=NUM_WARPS)
     return y
 
 
@@ -328,7 +332,8 @@ def grad_stats(grad_y: Tensor, y: Tensor, x: Tensor, weight: Tensor, mean: Tenso
     g = torch.empty_like(x, memory_format=torch.channels_last) if write_g else None
     grad_partials[(layout.partials, layout.column_blocks)](
         grad_y, y, x, g if g is not None else x, mean, invstd, sum_g_part, sum_gx_part, rows, channels,
-        layout.rows_per_program, RELU=relu, WRITE_G=write_g, BLOCK_M=layout.block_m, BLOCK_C=layout.block_c)
+        layout.rows_per_program, RELU=relu, WRITE_G=write_g, BLOCK_M=layout.block_m, BLOCK_C=layout.block_c,
+        num_warps=NUM_WARPS)
     grad_weight, grad_bias, scale, mean_term, x_term = (torch.empty(channels, **wide) for _ in range(5))
     grad_finalize[(triton.cdiv(channels, FINAL_BLOCK_C),)](
         sum_g_part, sum_gx_part, weight, invstd, grad_weight, grad_bias, scale, mean_term, x_term, rows, channels,
@@ -342,7 +347,7 @@ def input_grad(source: Tensor, y: Tensor, x: Tensor, mean: Tensor, terms: GradTe
     grad_x = torch.empty_like(x, memory_format=torch.channels_last)
     grad_input[(layout.row_tiles, layout.column_blocks)](
         source, y, x, grad_x, mean, terms.scale, terms.mean_term, terms.x_term, layout.rows, layout.channels,
-        RELU=relu_mask, BLOCK_M=layout.block_m, BLOCK_C=layout.block_c)
+        RELU=relu_mask, BLOCK_M=layout.block_m, BLOCK_C=layout.block_c, num_warps=NUM_WARPS)
     return grad_x
 
 
