@@ -1,7 +1,8 @@
 """Our Triton BatchNorm (ddp_train/bn_kernels.py, bn_blocks.py): the kernels against nn.BatchNorm2d under
-Triton's interpreter (bn_interpreter_cases.py, in a process of its own), the tiling plan, the
---bn-kernels lever and its errors, and on a GPU the compiled kernels at the model's shapes and in a
-compiled training step with CUDA graphs."""
+Triton's interpreter (bn_interpreter_cases.py, in a process of its own), every kernel through Triton's
+own compiler for the clusters' GPUs (no GPU needed), the tiling plan, the --bn-kernels lever and its
+errors, and on a GPU the compiled kernels at the model's shapes and in a compiled training step with
+CUDA graphs."""
 
 from __future__ import annotations
 
@@ -179,3 +180,46 @@ def test_on_the_gpu_a_compiled_step_with_graphs_and_triton_blocks_trains_like_th
     finally:
         watch.stop()
         torch._dynamo.reset()
+
+
+# --- Triton's compiler, without a GPU -------------------------------------------------------------
+
+ACTIVATIONS = {"x_ptr", "residual_ptr", "y_ptr", "grad_y_ptr", "g_ptr", "grad_x_ptr"}  # the rest: fp32 vectors
+SCALARS = {"rows": "i32", "channels": "i32", "rows_per_program": "i32", "partials": "i32", "eps": "fp32"}
+BLOCKS_160 = dict(BLOCK_M=bn_kernels.TILE // 32, BLOCK_C=32)  # bn_kernels.plan for 160 channels
+FINAL = dict(BLOCK_P=bn_kernels.FINAL_BLOCK_P, BLOCK_C=bn_kernels.FINAL_BLOCK_C)
+# Every kernel with every flag set the ops launch it with (bn_kernels.forward and backward, ReLU on
+# as in the model, with and without a residual).
+LAUNCHES = [(bn_kernels.stats_partials, BLOCKS_160), (bn_kernels.stats_finalize, FINAL),
+            (bn_kernels.grad_finalize, FINAL),
+            *((bn_kernels.apply, dict(HAS_RESIDUAL=residual, RELU=True, **BLOCKS_160)) for residual in (False, True)),
+            *((bn_kernels.grad_partials, dict(RELU=True, WRITE_G=residual, **BLOCKS_160)) for residual in (False, True)),
+            *((bn_kernels.grad_input, dict(RELU=not residual, **BLOCKS_160)) for residual in (False, True))]
+
+
+def signature(kernel, constexprs) -> dict[str, str]:
+    """Each argument's Triton type, as a launch with bf16 activations gives them."""
+    def kind(name: str) -> str:
+        if name in constexprs:
+            return "constexpr"
+        if name.endswith("_ptr"):
+            return "*bf16" if name in ACTIVATIONS else "*fp32"
+        return SCALARS[name]
+    return {name: kind(name) for name in kernel.arg_names}
+
+
+@pytest.mark.parametrize("backend, arch, warp_size, binary", [("cuda", 90, 32, "cubin"), ("cuda", 80, 32, "cubin"),
+                                                               ("hip", "gfx90a", 64, "hsaco")],
+                         ids=["H100 and GH200 (sm_90)", "A100 (sm_80)", "MI250X (gfx90a)"])
+def test_every_kernel_compiles_to_a_gpu_binary_with_tritons_own_compiler(backend, arch, warp_size, binary,
+                                                                         monkeypatch, tmp_path):
+    # The interpreter runs Python, not Triton's compiler: this compiles each launch for the clusters'
+    # GPUs (triton.compile with an explicit target needs no GPU; triton/compiler/compiler.py).
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    import triton
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    for kernel, constexprs in LAUNCHES:
+        compiled = triton.compile(ASTSource(kernel, signature(kernel, constexprs), constexprs),
+                                  target=GPUTarget(backend, arch, warp_size), options={"num_warps": bn_kernels.NUM_WARPS})
+        assert compiled.asm.get(binary), f"{kernel.__name__} {constexprs}: no {binary}"
