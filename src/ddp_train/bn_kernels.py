@@ -30,6 +30,7 @@ fixed (`plan`), so a run's setup compiles each kernel once per dtype and flag se
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -232,12 +233,18 @@ def _grad_input(g_ptr, y_ptr, x_ptr, grad_x_ptr, mean_ptr, scale_ptr, mean_term_
     tl.store(grad_x_ptr + offsets, grad_x.to(grad_x_ptr.dtype.element_ty), mask=mask)
 
 
-stats_partials = triton.jit(_stats_partials, do_not_specialize=RUNTIME_INTS)
-stats_finalize = triton.jit(_stats_finalize, do_not_specialize=RUNTIME_INTS)
-apply = triton.jit(_apply, do_not_specialize=RUNTIME_INTS)
-grad_partials = triton.jit(_grad_partials, do_not_specialize=RUNTIME_INTS)
-grad_finalize = triton.jit(_grad_finalize, do_not_specialize=RUNTIME_INTS)
-grad_input = triton.jit(_grad_input, do_not_specialize=RUNTIME_INTS)
+def _jit(fn):
+    """triton.jit with the kernel's own runtime ints unspecialised (an older Triton looks each name up
+    in the kernel's arguments)."""
+    return triton.jit(fn, do_not_specialize=[name for name in RUNTIME_INTS if name in inspect.signature(fn).parameters])
+
+
+stats_partials = _jit(_stats_partials)
+stats_finalize = _jit(_stats_finalize)
+apply = _jit(_apply)
+grad_partials = _jit(_grad_partials)
+grad_finalize = _jit(_grad_finalize)
+grad_input = _jit(_grad_input)
 
 
 # --- the passes, as torch calls them --------------------------------------------------------------
