@@ -174,7 +174,9 @@ def step_seconds(forward: Callable[..., torch.Tensor], x: torch.Tensor, residual
     """Seconds per forward + backward, compiled with CUDA graphs: `calls` steps back to back after
     three warm-up steps (graphs record on the second), the best of three such runs."""
     compiled = torch.compile(forward, mode="reduce-overhead", dynamic=False)
+    # Both inputs need their gradients, as in the model: the residual's is the shortcut's.
     x = x.detach().requires_grad_()
+    residual = residual.detach().requires_grad_() if residual is not None else None
 
     def steps(count: int) -> float:
         torch.cuda.synchronize()
@@ -182,6 +184,8 @@ def step_seconds(forward: Callable[..., torch.Tensor], x: torch.Tensor, residual
         for _ in range(count):
             torch.compiler.cudagraph_mark_step_begin()
             x.grad = None
+            if residual is not None:
+                residual.grad = None
             compiled(x, residual).backward(grad_y)
         torch.cuda.synchronize()
         return (time.perf_counter() - started) / count

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from ddp_train.errors import TrainError
+from ddp_train.errors import Seen, TrainError
 
 Options = tuple[tuple[str, Any], ...]
 
@@ -102,5 +102,6 @@ def resolve_bn_kernels(requested: str, device_type: str) -> str:
         raise TrainError(f"--bn-kernels {requested!r}: use {', '.join(BN_KERNELS)}")
     if requested == "triton" and device_type != "cuda":
         raise TrainError(f"--bn-kernels triton needs a CUDA GPU and this run is on {device_type} (Triton compiles "
-                         f"for GPUs; on a CPU it only interprets, for tests): use --bn-kernels torch")
+                         f"for GPUs; on a CPU it only interprets, for tests): use --bn-kernels torch",
+                         Seen.BY_EVERY_RANK_OF_NODE)  # the node's device, alike for its ranks
     return requested
