@@ -131,7 +131,7 @@ def test_olivia_1gpu_job_on_a_shared_node_trains_though_another_jobs_gpu_is_sick
     health = doctor_reports(run_dir, job)[node]["gpu health"]
     assert health["status"] == "OK", health
     assert re.search(r"^4 GPU\(s\) listed by nvidia-smi, 1 granted; judged GPU [012], the one\(s\) "
-                     r"SLURM_(STEP|JOB)_GPUS=[012] grants; the others are other jobs'", health["detail"]), health
+                     r"SLURM_(STEP|JOB)_GPUS=[012] grants \(the others are other jobs'\)", health["detail"]), health
     assert "named by the doctor" not in output and "bad node(s)" not in output
 
 

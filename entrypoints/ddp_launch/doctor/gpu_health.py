@@ -248,8 +248,7 @@ def granted_records(records: Sequence[GpuRecord], grant: GpuGrant | None,
     if unmatched or not chosen:
         return everything, (f"judged all: {_indices(records)} ({devices.variable} names {', '.join(unmatched)}, "
                             f"which no GPU {tool} lists answers to by index, UUID or PCI bus ID)")
-    return chosen, (f"judged {_indices(chosen)}, the one(s) {devices.source} grants; "
-                    "the others are other jobs' and none of this one's business")
+    return chosen, f"judged {_indices(chosen)}, the one(s) {devices.source} grants (the others are other jobs')"
 
 
 # -- judging ----------------------------------------------------------------------------------
@@ -353,11 +352,14 @@ def assess(accelerator: Accelerator, grant: GpuGrant | None, found: bool,
                        _evidence(judged, states), recheck=True)
     passed: list[Finding] = []
     evidence = _evidence(judged, faults)
+    held_note = f" (held in two readings {RECHECK_AFTER_S} s apart)"
     if again is not None and states:
         second = _read(again, health, grant, tool, node)
         if isinstance(second, Verdict):
             if second.status == "FAIL":
                 return second
+            held_note = f" (in the first reading; the second: {second.detail})"
+            evidence = _evidence(judged, states)
         else:
             judged_again, _ = granted_records(second[0], grant, devices, tool)
             found_again, _ = find(judged_again, health)
@@ -366,8 +368,7 @@ def assess(accelerator: Accelerator, grant: GpuGrant | None, found: bool,
             states = [f for f in found_again if f.state and any((f.rule, f.gpu) == (s.rule, s.gpu) for s in states)]
             faults += [f for f in found_again if not f.state]
             evidence = _evidence(judged_again, [*faults, *states])
-    failures = _describe(faults) + _describe(states, f" (held in two readings {RECHECK_AFTER_S} s apart)"
-                                             if again is not None else "")
+    failures = _describe(faults) + _describe(states, held_note if again is not None else "")
     if shortage:
         failures.append(f"fewer GPUs than granted: {tool} lists {listed}, {grant.source} granted {grant.count}")
         evidence = evidence or "\n".join(record.raw for record in records)

@@ -207,6 +207,14 @@ def test_a_fault_beside_a_state_fails_at_once_without_a_second_reading(node):
     assert "clock slowdown: GPU 0" in check["detail"]
 
 
+def test_a_second_reading_that_cannot_be_read_leaves_the_first_readings_state_failing(node):
+    code, check, _, _ = health_check(node, {NVIDIA_SMI: [answer(cases.document("hw-slowdown")), answer("<smi/>")]})
+    assert code == 1
+    assert check["detail"] == ("clock slowdown: GPU 0 (00000000:00:06.0) clocks_event_reasons/clocks_event_reason_hw_"
+                               "slowdown=Active (in the first reading; the second: cannot read the output of "
+                               "`nvidia-smi -q -x`: the root element is <smi>, not <nvidia_smi_log>)")
+
+
 def test_a_fault_that_shows_in_the_second_reading_fails_the_node(node):
     code, check, _, _ = health_check(node, readings("hw-slowdown", "ecc"))
     assert code == 1
@@ -229,8 +237,7 @@ def test_another_jobs_sick_hot_gpu_on_a_shared_node_is_none_of_this_jobs_busines
     code, check, report, fake = health_check(node, nvidia("other-job-gpu-sick"), env=ONE_GPU_ON_A_SHARED_NODE)
     assert code == 0 and report["ok"]
     assert check["detail"] == ("4 GPU(s) listed by nvidia-smi, 1 granted; judged GPU 0, the one(s) SLURM_JOB_GPUS=0 "
-                               "grants; the others are other jobs' and none of this one's business; "
-                               f"none has {RULES_READ}")
+                               f"grants (the others are other jobs'); none has {RULES_READ}")
     assert fake.slept == []
 
 
