@@ -292,11 +292,11 @@ def find(records: Sequence[GpuRecord], health: Health) -> tuple[tuple[Finding, .
     return tuple(found), frozenset(read)
 
 
-def _describe(findings: Sequence[Finding], suffix: str = "") -> list[str]:
+def _describe(findings: Sequence[Finding]) -> list[str]:
     rules: dict[str, list[str]] = {}
     for finding in findings:
         rules.setdefault(finding.rule, []).append(f"{finding.gpu} {' '.join(finding.found)}")
-    return [f"{rule}: {', '.join(gpus)}{suffix}" for rule, gpus in rules.items()]
+    return [f"{rule}: {', '.join(gpus)}" for rule, gpus in rules.items()]
 
 
 def failure_fix(node: str, command: str, state: bool) -> str:
@@ -352,32 +352,56 @@ def assess(accelerator: Accelerator, grant: GpuGrant | None, found: bool,
                        _evidence(judged, states), recheck=True)
     passed: list[Finding] = []
     evidence = _evidence(judged, faults)
-    held_note = f" (held in two readings {RECHECK_AFTER_S} s apart)"
     if again is not None and states:
-        second = _read(again, health, grant, tool, node)
+        second = _second_reading(again, states, health, grant, devices, tool, node)
         if isinstance(second, Verdict):
-            if second.status == "FAIL":
-                return second
-            held_note = f" (in the first reading; the second: {second.detail})"
-            evidence = _evidence(judged, states)
-        else:
-            judged_again, _ = granted_records(second[0], grant, devices, tool)
-            found_again, _ = find(judged_again, health)
-            held = {(f.rule, f.gpu) for f in found_again if f.state}
-            passed = [f for f in states if (f.rule, f.gpu) not in held]
-            states = [f for f in found_again if f.state and any((f.rule, f.gpu) == (s.rule, s.gpu) for s in states)]
-            faults += [f for f in found_again if not f.state]
-            evidence = _evidence(judged_again, [*faults, *states])
-    failures = _describe(faults) + _describe(states, held_note if again is not None else "")
+            return second
+        states, faults, passed, held_evidence = second.states, faults + second.faults, second.passed, second.evidence
+        evidence = "\n".join(text for text in (evidence, held_evidence) if text)
+    failures = _describe(faults) + _describe(states)
     if shortage:
         failures.append(f"fewer GPUs than granted: {tool} lists {listed}, {grant.source} granted {grant.count}")
         evidence = evidence or "\n".join(record.raw for record in records)
     if failures:
         return Verdict("FAIL", "; ".join(failures), failure_fix(node, command, not faults and not shortage), evidence)
+    granted = f", {grant.count} granted" if grant is not None else ""
+    return Verdict("OK", _ok_detail(f"{listed} listed by {tool}{granted}; {which}", health, read, passed, notes))
+
+
+@dataclass(frozen=True)
+class _SecondReading:
+    states: list            # the first reading's states that held, as the second reading shows them
+    faults: list            # faults that showed only in the second reading
+    passed: list            # the first reading's states that were gone
+    evidence: str
+
+
+def _second_reading(again: Sequence[CommandOutput], states: Sequence[Finding], health: Health,
+                    grant: GpuGrant | None, devices: GrantedDevices | None, tool: str,
+                    node: str) -> Verdict | _SecondReading:
+    """Which of the first reading's states still hold (the same rule on the same GPU)."""
+    second = _read(again, health, grant, tool, node)
+    if isinstance(second, Verdict):
+        if second.status == "FAIL":
+            return second
+        unread = f" (in the first reading; the second: {second.detail})"
+        return _SecondReading([replace(f, found=(*f.found[:-1], f.found[-1] + unread)) for f in states], [], [], "")
+    judged, _ = granted_records(second[0], grant, devices, tool)
+    found, _ = find(judged, health)
+    first = {(f.rule, f.gpu) for f in states}
+    held = [f for f in found if f.state and (f.rule, f.gpu) in first]
+    seen_again = {(f.rule, f.gpu) for f in held}
+    note = f" (held in two readings {RECHECK_AFTER_S} s apart)"
+    return _SecondReading([replace(f, found=(*f.found[:-1], f.found[-1] + note)) for f in held],
+                          [f for f in found if not f.state],
+                          [f for f in states if (f.rule, f.gpu) not in seen_again],
+                          _evidence(judged, [f for f in found if not f.state or (f.rule, f.gpu) in first]))
+
+
+def _ok_detail(head: str, health: Health, read: frozenset[str], passed: Sequence[Finding], notes: Sequence[str]) -> str:
     names = [rule.name for rule in health.rules] + [TEMPERATURE]
     unread = [name for name in names if name not in read]
-    granted = f", {grant.count} granted" if grant is not None else ""
-    detail = f"{listed} listed by {tool}{granted}; {which}"
+    detail = head
     if len(unread) < len(names):
         detail += f"; none has {', '.join(name for name in names if name in read)}"
     if passed:
@@ -387,7 +411,7 @@ def assess(accelerator: Accelerator, grant: GpuGrant | None, found: bool,
         detail += f"; not reported by these GPUs: {', '.join(unread)}"
     if notes:
         detail += f"; not read: {', '.join(notes)}"
-    return Verdict("OK", detail)
+    return detail
 
 
 def _read(outputs: Sequence[CommandOutput], health: Health, grant: GpuGrant | None, tool: str,
