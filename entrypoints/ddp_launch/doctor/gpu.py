@@ -7,7 +7,6 @@ import functools
 import re
 from typing import Optional, Tuple
 
-from ddp_contract.scheduler_names import SLURMD_NODENAME
 from ddp_launch.doctor import gpu_health
 from ddp_launch.doctor.context import DoctorContext, container_runtime
 from ddp_launch.doctor.probes import driver_version_text
@@ -64,7 +63,7 @@ def check_gpu_health(ctx: DoctorContext) -> Check:
 
     judge = functools.partial(gpu_health.assess, ctx.accelerator, granted_gpus(ctx.env, ctx.accelerator), found,
                               runtime=container_runtime(ctx), devices=granted_devices(ctx.env, ctx.accelerator),
-                              node=ctx.env.get(SLURMD_NODENAME) or ctx.facts.hostname or "this node")
+                              node=ctx.node)
     first = read()
     verdict = judge(first)
     if verdict.recheck:
