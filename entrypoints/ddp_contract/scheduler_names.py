@@ -12,7 +12,8 @@ SLURM_JOB_ID = "SLURM_JOB_ID"
 SLURMD_NODENAME = "SLURMD_NODENAME"             # this node's name as SLURM knows it (srun sets it per task)
 SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"       # GPUs granted on this node: "4"
 SLURM_GPUS_PER_NODE = "SLURM_GPUS_PER_NODE"     # --gpus-per-node as asked: "gpu:a100:4"
-SLURM_JOB_GPUS = "SLURM_JOB_GPUS"               # the indices of the granted GPUs: "0,1,2,3"
+SLURM_JOB_GPUS = "SLURM_JOB_GPUS"               # the node's own IDs of the job's GPUs: "0,1,2,3"
+SLURM_STEP_GPUS = "SLURM_STEP_GPUS"             # the same for this step's GPUs (not the batch step's)
 
 # RunAI: the variables it sets in a workload's pods (https://docs.run.ai, "Environment variables").
 RUNAI_JOB_NAME = "RUNAI_JOB_NAME"

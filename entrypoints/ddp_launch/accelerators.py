@@ -34,6 +34,13 @@ FAILS_WHEN = ("above_zero", "yes", "active", "entries")
 # When a temperature is over its slowdown limit: an absolute reading at or above it, or a
 # headroom (NVIDIA's T.Limit temperatures) at or below it.
 SLOW_WHEN = ("at_or_above", "at_or_below")
+# What a health rule's finding is: a fault stays until a reset or a repair (an ECC count, a pending
+# remap), so one reading fails the node; a state may pass within seconds (a clock slowdown, a
+# temperature at its limit), so the doctor reads again and fails only what holds in both.
+RULE_KINDS = ("fault", "state")
+# The placeholders a health.tool_missing_fix may hold: the command that runs the image, and its
+# environment prefix (APPTAINERENV_, SINGULARITYENV_: Apptainer's "Environment and Metadata").
+FIX_PLACEHOLDERS = {"runtime": "apptainer", "runtime_env": "APPTAINERENV_"}
 
 
 class Sampler(NamedTuple):
@@ -61,6 +68,7 @@ class HealthRule(NamedTuple):
     name: str                       # "uncorrectable ECC errors": what the doctor's message calls it
     signals: Tuple[HealthSignal, ...]
     source: str
+    kind: str                       # one of RULE_KINDS
 
 
 class TemperatureLimit(NamedTuple):
@@ -76,9 +84,13 @@ class Health(NamedTuple):
     format: str                     # one of HEALTH_FORMATS
     partitions: Optional[str]       # a GPU's parts the scheduler grants one by one (MIG devices)
     rules: Tuple[HealthRule, ...]
-    temperatures: Tuple[TemperatureLimit, ...]
+    temperatures: Tuple[TemperatureLimit, ...]     # a state: the GPU cools down or it does not
     temperature_source: str
+    tool_missing_fix: str           # what to do when the tool is not on the container's PATH (FIX_PLACEHOLDERS)
     source: str
+
+    def missing_tool_fix(self, runtime: str) -> str:
+        return self.tool_missing_fix.format(runtime=runtime, runtime_env=runtime.upper() + "ENV_")
 
 
 class Accelerator(NamedTuple):
@@ -275,7 +287,8 @@ def _health(section: Mapping[str, object], fail) -> Health:
         signals = tuple(HealthSignal(text_in(s, "path", where + ".signals[].path"),
                                      choice(s, "fails_when", FAILS_WHEN, where + ".signals[].fails_when"))
                         for s in objects(rule.get("signals"), where + ".signals"))
-        rules.append(HealthRule(name, signals, text_in(rule, "source", where + ".source")))
+        rules.append(HealthRule(name, signals, text_in(rule, "source", where + ".source"),
+                                choice(rule, "kind", RULE_KINDS, where + ".kind")))
     temperature = section.get("temperature")
     if not isinstance(temperature, dict):
         raise fail("'health.temperature' must be an object with 'limits' and 'source'")
@@ -283,6 +296,11 @@ def _health(section: Mapping[str, object], fail) -> Health:
                                     text_in(t, "limit", "health.temperature.limits[].limit"),
                                     choice(t, "slow_when", SLOW_WHEN, "health.temperature.limits[].slow_when"))
                    for t in objects(temperature.get("limits"), "health.temperature.limits"))
+    tool_missing_fix = text_in(section, "tool_missing_fix", "health.tool_missing_fix")
+    try:
+        tool_missing_fix.format(**FIX_PLACEHOLDERS)
+    except (KeyError, IndexError, ValueError):
+        raise fail("'health.tool_missing_fix' may hold only {{{}}}".format("}, {".join(FIX_PLACEHOLDERS))) from None
     return Health(
         commands=tuple(commands),
         format=choice(section, "format", HEALTH_FORMATS, "health.format"),
@@ -290,6 +308,7 @@ def _health(section: Mapping[str, object], fail) -> Health:
         rules=tuple(rules),
         temperatures=limits,
         temperature_source=text_in(temperature, "source", "health.temperature.source"),
+        tool_missing_fix=tool_missing_fix,
         source=text_in(section, "source", "health.source"),
     )
 

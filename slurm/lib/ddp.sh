@@ -441,9 +441,9 @@ ddp::show_quarantine() {
 
 # The preflight: `ddp-launch doctor --json` on every node at once, one report per node
 # (preflight/<job>/doctor-<node>.json); a node with a FAIL goes into the quarantine record. A check
-# that fails on every node (the only node of a 1-node job included) is the setup's: the job stops
-# in one line with the fix, exit 2, and nothing is excluded or requeued (ddp_contract.quarantine,
-# setup_problem, says why).
+# that fails on every node (the only node of a 1-node job included, except for GPU health: a GPU's
+# fault is its node's) is the setup's: the job stops in one line with the fix, exit 2, and nothing
+# is excluded or requeued (ddp_contract.quarantine, setup_problem, says why).
 ddp::preflight() {
     if [ "${DDP_PREFLIGHT:-1}" = 0 ]; then
         ddp::log "preflight skipped (DDP_PREFLIGHT=0)"

@@ -605,6 +605,22 @@ def user_dir(path: Path) -> Path:
     return path
 
 
+# The fake nvidia-smi (tests/unit/doctor/data/gpu-health: a real driver-580 output changed per case)
+# that a job's doctor finds first on the container's PATH: APPTAINERENV_PREPEND_PATH puts a directory
+# there, after the image's %environment (Apptainer user guide, "Environment and Metadata").
+GPU_HEALTH_FAKES = REPO / "tests" / "unit" / "doctor" / "data" / "gpu-health"
+
+
+def fake_nvidia_smi_env(directory: Path, cases: dict) -> dict:
+    """What a user's environment gets so that the doctor in the job's container reads the fake
+    nvidia-smi: {node: case}; a case "a>b" answers the first reading with a and later ones with b."""
+    fakes = user_dir(directory)
+    shutil.copytree(GPU_HEALTH_FAKES, fakes, dirs_exist_ok=True)
+    return {"APPTAINERENV_PREPEND_PATH": str(fakes / "bin"),
+            "FAKE_NVIDIA_SMI_CASES": ",".join(f"{node}:{case}" for node, case in cases.items()),
+            "FAKE_NVIDIA_SMI_STATE": str(user_dir(directory / "readings"))}
+
+
 @pytest.fixture
 def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> dict:
     """What a user sets before sbatch of a slurm/ script, pointed at this test's dirs.
@@ -677,13 +693,13 @@ def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) ->
 
 
 def run_twin_scripts(twin_cluster: Cluster, twin: twins.Twin, scripts: tuple, image: Path, data: Path,
-                     tmp_path_factory) -> dict:
+                     tmp_path_factory, extra_env: dict | None = None) -> dict:
     """Each of scripts submitted at once on twin's cluster with a run dir of its own, as its users would,
-    and run to its end: {script: (Job, run dir, output)}."""
+    and run to its end: {script: (Job, run dir, output)}. extra_env: {script: what its user set besides}."""
     jobs = {}
     for script in scripts:
         run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
-        jobs[script] = TwinJob(script, twin_job_env(twin, image, data, run_dir))
+        jobs[script] = TwinJob(script, {**twin_job_env(twin, image, data, run_dir), **(extra_env or {}).get(script, {})})
     ended = submit_twin_jobs(twin_cluster, jobs)
     return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
 

@@ -14,8 +14,8 @@ import re
 
 import pytest
 import twins
-from conftest import (container_versions, doctor_reports, metrics_records, run_twin_scripts, submit_twin_job,
-                      twin_job_env, user_dir)
+from conftest import (container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records, run_twin_scripts,
+                      submit_twin_job, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -25,11 +25,19 @@ TWIN = twins.OLIVIA
 ONE_NODE_SCRIPTS = ("slurm/olivia-1gpu.sh", "slurm/olivia-1node-4gpu.sh")
 
 
+# A node shared with other jobs, as Olivia's 1-GPU script says its nodes are: GPU 3, another job's, has
+# an uncorrectable ECC error and slows down hot (the fake nvidia-smi's case); the 1-GPU job holds GPU 0.
+SHARED_NODE_CASE = "other-job-gpu-sick"
+
+
 @pytest.fixture(scope="module")
 def olivia_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Olivia script submitted at once, as on Olivia: multinode (2 nodes of 4 GPUs, 72 cores and
     440G a task) takes two of the three nodes, the one-node scripts the third in turn. {script: Job}."""
-    return run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data, tmp_path_factory)
+    shared = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi"),
+                                 {node: SHARED_NODE_CASE for node in ("nid001000", "nid001001", "nid001002")})
+    return run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
+                            tmp_path_factory, extra_env={"slurm/olivia-1gpu.sh": shared})
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +120,19 @@ def test_olivia_one_node_scripts_train_to_completion(twin, olivia_jobs, script):
     assert "site olivia" in output and "Number of nodes: 1" in output and "Training completed successfully." in output
     assert "World size: 2" in output  # the CPU workers in place of the node's GPUs
     assert len(twin.job_nodes(job)) == 1
+
+
+def test_olivia_1gpu_job_on_a_shared_node_trains_though_another_jobs_gpu_is_sick_and_hot(twin, olivia_jobs):
+    # The preflight judges the GPU SLURM granted (SLURM_STEP_GPUS / SLURM_JOB_GPUS, the node's own GPU
+    # IDs), not GPU 3, which nvidia-smi lists but another job holds: no exclusion, no requeue.
+    job, run_dir, output = olivia_jobs["slurm/olivia-1gpu.sh"]
+    assert job.state == "COMPLETED", output
+    (node,) = twin.job_nodes(job)
+    health = doctor_reports(run_dir, job)[node]["gpu health"]
+    assert health["status"] == "OK", health
+    assert re.search(r"^4 GPU\(s\) listed by nvidia-smi, 1 granted; judged GPU [012], the one\(s\) "
+                     r"SLURM_(STEP|JOB)_GPUS=[012] grants \(the others are other jobs'\)", health["detail"]), health
+    assert "named by the doctor" not in output and "bad node(s)" not in output
 
 
 def test_olivia_script_refuses_to_start_without_staged_data(twin_cluster, images, tmp_path):

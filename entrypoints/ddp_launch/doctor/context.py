@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Tuple
 
+from ddp_contract.scheduler_names import SLURMD_NODENAME
 from ddp_launch import planner
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.doctor.probes import Probes
@@ -41,6 +42,11 @@ class DoctorContext:
     @property
     def multi_node(self) -> bool:
         return self.launch is not None and self.launch.nodes > 1
+
+    @property
+    def node(self) -> str:
+        """This node's name as the job's files and SLURM name it (doctor-%N.json, --exclude), else its hostname."""
+        return self.env.get(SLURMD_NODENAME) or self.facts.hostname or "this node"
 
 
 def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:

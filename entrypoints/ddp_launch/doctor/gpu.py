@@ -3,6 +3,7 @@ the kernel driver against the image's runtime; the vendor's words from ctx.accel
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Optional, Tuple
 
@@ -12,7 +13,7 @@ from ddp_launch.doctor.probes import driver_version_text
 from ddp_launch.doctor.report import FAIL, OK, SKIP, WARN, Check
 from ddp_launch.envvars import integer
 from ddp_launch.errors import LaunchError
-from ddp_launch.gpus import COUNT_GRANT_VARIABLES, granted_gpus
+from ddp_launch.gpus import COUNT_GRANT_VARIABLES, granted_devices, granted_gpus
 
 
 def check_gpus(ctx: DoctorContext) -> Check:
@@ -51,14 +52,24 @@ def check_gpus(ctx: DoctorContext) -> Check:
 
 
 def check_gpu_health(ctx: DoctorContext) -> Check:
-    """The GPUs' health counters by the vendor's rules (containers/sites/accelerators/<vendor>.json)."""
+    """The health counters of the GPUs granted here, by the vendor's rules (containers/sites/accelerators/
+    <vendor>.json); a state (a slowdown, a temperature) seen alone is read again before it fails the node."""
     health = ctx.accelerator.health
-    grant = granted_gpus(ctx.env, ctx.accelerator)
     found = ctx.probes.which(health.commands[0].argv[0]) is not None
-    outputs = [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
-               for command in (health.commands if found else ())]
-    verdict = gpu_health.assess(ctx.accelerator, grant, found, outputs, container_runtime(ctx))
-    return Check(gpu_health.NAME, verdict.status, verdict.detail, verdict.fix)
+
+    def read() -> list:
+        return [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
+                for command in (health.commands if found else ())]
+
+    judge = functools.partial(gpu_health.assess, ctx.accelerator, granted_gpus(ctx.env, ctx.accelerator), found,
+                              runtime=container_runtime(ctx), devices=granted_devices(ctx.env, ctx.accelerator),
+                              node=ctx.node)
+    first = read()
+    verdict = judge(first)
+    if verdict.recheck:
+        ctx.probes.sleep(gpu_health.RECHECK_AFTER_S)
+        verdict = judge(first, again=read())
+    return Check(gpu_health.NAME, verdict.status, verdict.detail, verdict.fix, verdict.evidence)
 
 
 def check_torch(ctx: DoctorContext) -> Check:
