@@ -91,8 +91,10 @@ ddp::export_binds() {
     local -r site="$1"
     shift
     local binds path
-    binds="$(ddp::on_host ddp_launch.binds --site "${site}")" \
-        || ddp::err "ddp-launch binds --site ${site} failed (see above)"
+    # The user's own binds come first, read as DDP_RUNTIME reads them: SingularityCE's SINGULARITY_BIND;
+    # Apptainer's APPTAINER_BIND, or SINGULARITY_BIND where that is unset (ddp_launch.binds, user_binds).
+    binds="$(ddp::on_host ddp_launch.binds --site "${site}" --runtime "${DDP_RUNTIME}")" \
+        || ddp::err "ddp-launch binds --site ${site} --runtime ${DDP_RUNTIME} failed (see above)"
     for path in "$@"; do
         binds="${binds:+${binds},}${path}:${path}"
     done

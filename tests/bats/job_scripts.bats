@@ -20,7 +20,7 @@ setup() {
 
     assert_success
     run grep '^python3 -m ddp_launch' "${CALLS}"
-    assert_output "python3 -m ddp_launch.binds --site olivia
+    assert_output "python3 -m ddp_launch.binds --site olivia --runtime apptainer
 python3 -m ddp_launch.accelerators --site olivia apptainer-flag
 python3 -m ddp_launch.sites --site olivia srun-args"
     run grep '^srun-env' "${CALLS}"

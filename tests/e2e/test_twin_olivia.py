@@ -123,6 +123,25 @@ def test_olivia_script_refuses_to_start_without_staged_data(twin_cluster, images
     assert f"{tmp_path / 'nowhere'}/cifar-100-python lacks train, test, meta: run 'make data" in job.output()
 
 
+def test_olivia_multinode_with_a_spare_but_no_room_for_it_stops_in_one_line_before_any_step(twin_cluster, images,
+                                                                                             cifar_data, tmp_path):
+    """The spare arithmetic forgotten: `DDP_SPARE_NODES=1 sbatch slurm/olivia-multinode.sh` gets the
+    script's own 2 nodes, which trained on one with the 2-node global batch. Now it stops before
+    anything (no step, no run dir), naming the sbatch --nodes= that holds the spare."""
+    env = {**twin_job_env(TWIN, images.x86, cifar_data, user_dir(tmp_path) / "run"), "DDP_SPARE_NODES": "1"}
+
+    job = submit_twin_job(twin_cluster, "slurm/olivia-multinode.sh", env, timeout=120)
+
+    assert (job.state, job.exit_code) == ("FAILED", "2:0"), job.output()
+    assert twin_cluster.job_nodes(job) == ["nid001000", "nid001001"]  # #SBATCH --nodes=2, as submitted
+    # The batch script's whole output is the one line: no srun ran (each step says something first).
+    assert job.output().splitlines() == [
+        f"ddp: error: DDP_SPARE_NODES=1: job {job.job_id} has 2 node(s), too few for the 2 the job script trains "
+        "on (DDP_TRAIN_NODES=2) plus 1 spare(s): submit with sbatch --nodes=3, or set DDP_TRAIN_NODES=1 to train "
+        "on 1 node(s) with this allocation"]
+    assert not (tmp_path / "run").exists()
+
+
 def test_olivia_twin_nodes_carry_olivias_names_nic_partition_and_gpus(twin):
     done = twin.run(["srun", "--partition=accel", "--nodelist=nid001001", "--gpus-per-node=4", "sh", "-c",
                      "hostname; ls /sys/class/net; ls /dev/cxi*; echo $CUDA_VISIBLE_DEVICES; "
