@@ -13,6 +13,10 @@ SLURMD_NODENAME = "SLURMD_NODENAME"             # this node's name as SLURM know
 SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"       # GPUs granted on this node: "4"
 SLURM_GPUS_PER_NODE = "SLURM_GPUS_PER_NODE"     # --gpus-per-node as asked: "gpu:a100:4"
 SLURM_JOB_GPUS = "SLURM_JOB_GPUS"               # the indices of the granted GPUs: "0,1,2,3"
+SLURM_JOB_NUM_NODES = "SLURM_JOB_NUM_NODES"     # the job's node count, spares included (ddp_contract.spares)
+# srun reads it as --network (srun(1), INPUT ENVIRONMENT VARIABLES), and slurm/lib/ddp.sh puts the site
+# profile's --network into a step's environment under it, where the tasks see it (the fabric defaults).
+SLURM_NETWORK = "SLURM_NETWORK"
 
 # RunAI: the variables it sets in a workload's pods (https://docs.run.ai, "Environment variables").
 RUNAI_JOB_NAME = "RUNAI_JOB_NAME"

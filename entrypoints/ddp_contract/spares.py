@@ -31,6 +31,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ddp_contract import EXIT_USAGE
 from ddp_contract import quarantine
+from ddp_contract.scheduler_names import SLURM_JOB_NUM_NODES
 
 
 class Placement(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login nodes
@@ -85,7 +86,7 @@ def check(allocated: str, spares: str, train_nodes: str, job: str = "?") -> Opti
     try:
         count = node_count("DDP_SPARE_NODES", spares, 0, "set it to 0 (no spares) or to the spare nodes' count, "
                            "and submit with sbatch --nodes=N+S")
-        have = node_count("SLURM_JOB_NUM_NODES", allocated, 1, "run the job script under sbatch")
+        have = node_count(SLURM_JOB_NUM_NODES, allocated, 1, "run the job script under sbatch")
         if not train_nodes.strip():  # a job script of one's own that does not say: at least one node trains
             training_count(range(have), count)
             return None

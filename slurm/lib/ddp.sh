@@ -117,16 +117,23 @@ ddp::gpu_flag() {
 
 # The site's options for the srun of its training and gate steps, from the site profile's
 # "srun_args" (Slingshot: --network=disable_rdzv_get, which HPE's FI_CXI_RDZV_PROTO=alt_read needs),
-# so a job script never writes them. Sets the array DDP_SITE_SRUN_ARGS.
+# so a job script never writes them. Sets the array DDP_SITE_SRUN_ARGS, and DDP_SITE_NETWORK to the
+# value of its --network (ddp::launch_step passes it on to ddp-launch).
 ddp::site_srun_args() {
     local -r site="$1"
-    local words
+    local words word
     words="$(ddp::on_host ddp_launch.sites --site "${site}" srun-args)" \
         || ddp::err "python3 -m ddp_launch.sites --site ${site} srun-args failed (see above)"
     DDP_SITE_SRUN_ARGS=()
     if [ -n "${words}" ]; then
         mapfile -t DDP_SITE_SRUN_ARGS <<< "${words}"
     fi
+    DDP_SITE_NETWORK=""
+    for word in "${DDP_SITE_SRUN_ARGS[@]}"; do
+        case "${word}" in
+            --network=*) DDP_SITE_NETWORK="${word#--network=}" ;;
+        esac
+    done
 }
 
 # Apptainer comes from a module on most clusters (MPCDF Raven: `module load apptainer`);
@@ -232,6 +239,7 @@ DDP_LAUNCH_WORDS=()
 DDP_TRAIN_WORDS=()
 DDP_APPTAINER_ARGS=(run)
 DDP_SITE_SRUN_ARGS=()  # the site profile's srun options (ddp::site_srun_args)
+DDP_SITE_NETWORK=""    # the value of their --network, if any
 DDP_RUNTIME=apptainer  # DDP_CONTAINER_RUNTIME, checked by ddp::require_runtime
 
 # A settings variable's words, by the shell's quoting rules but with no expansion or command
@@ -560,6 +568,13 @@ ddp::launch_step() {
         "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}"
         "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" "${extra_args[@]}"
         -- "$@")
+    # The site's --network also in the step's environment: srun reads SLURM_NETWORK as --network (srun(1),
+    # INPUT ENVIRONMENT VARIABLES: "Same as --network"), so the two agree, and the step's tasks inherit it,
+    # where ddp-launch reads it: HPE's FI_CXI_RDZV_PROTO=alt_read only in a step with
+    # --network=disable_rdzv_get (fabric defaults, rdzv_get_disabled; libfabric's fi_cxi(7)).
+    if [ -n "${DDP_SITE_NETWORK}" ]; then
+        local -x SLURM_NETWORK="${DDP_SITE_NETWORK}"
+    fi
     local status=0
     ddp::take_step_id
     if [ "${mode}" = task ]; then

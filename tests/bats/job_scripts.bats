@@ -58,11 +58,17 @@ python3 -m ddp_launch.sites --site olivia srun-args"
     assert_output "2"  # the fabric gate and the training
     run grep -c -- '--network' "${CALLS}"
     assert_output "2"  # not the preflight's doctor, nor the sampler
+    # The same value in those steps' environment, where ddp-launch reads it (FI_CXI_RDZV_PROTO=alt_read
+    # only with the flag: libfabric's fi_cxi(7)); srun reads SLURM_NETWORK as --network (srun(1)).
+    run grep -c '^srun-env SLURM_NETWORK=disable_rdzv_get$' "${CALLS}"
+    assert_output "2"
+    run grep -c '^srun-env SLURM_NETWORK=' "${CALLS}"
+    assert_output "2"
 
     : > "${CALLS}"
     DDP_SITE=generic run bash "${REPO}/slurm/olivia-multinode.sh"
     assert_success
-    run grep -c -- '--network' "${CALLS}"
+    run grep -c -- '--network\|SLURM_NETWORK' "${CALLS}"
     assert_output "0"
 }
 

@@ -114,6 +114,40 @@ def test_olivia_one_node_scripts_train_to_completion(twin, olivia_jobs, script):
     assert len(twin.job_nodes(job)) == 1
 
 
+def test_olivia_ddp_bench_report_runs_in_the_image_on_a_compute_node_as_documented(twin, olivia_jobs, images, tmp_path):
+    """README.md, "Figures": Olivia's login node has Python 3.6 and cannot run the arm64 image, so the
+    report runs in the image on an accel node, with srun. Here on the twin's nodes, with its x86_64 image,
+    over the three scripts' runs."""
+    out = user_dir(tmp_path) / "bench-report"
+    runs = [str(olivia_jobs[script][1]) for script in (*ONE_NODE_SCRIPTS, "slurm/olivia-multinode.sh")]
+    done = twin.as_user(["srun", "--account=nn0000k", "--partition=accel", "--nodes=1", "--ntasks=1", "--gpus=1",
+                         "--time=00:10:00", "apptainer", "exec", str(images.x86), "ddp-bench", "report", *runs,
+                         "--out", str(out)], timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Multi-Node (4 processes, 2 nodes)" in done.stdout, done.stdout
+    assert done.stdout.count("(2 processes, 1 node)") == 2, done.stdout
+    assert (out / "report.md").read_text().count("\n| ") >= 4 and (out / "report.csv").is_file()
+
+
+def test_olivia_steps_see_srun_network_as_slurm_network_inside_the_image(twin, images):
+    """The job scripts put the site's --network=disable_rdzv_get into the gate's and the training's
+    environment as SLURM_NETWORK, which srun reads as --network (srun(1)); through srun and Apptainer
+    the launcher in the image sees it, and sets FI_CXI_RDZV_PROTO=alt_read only then (libfabric's
+    fi_cxi(7)). What the launcher decides from the environment the real srun and Apptainer hand it:"""
+    decide = ("import os; from ddp_launch.fabric.defaults import rdzv_get_disabled; "
+              "print(os.environ.get('SLURM_NETWORK'), rdzv_get_disabled(os.environ))")
+    step = ["srun", "--partition=accel", "--nodes=1", "--ntasks=1", "apptainer", "exec", str(images.x86),
+            "python3", "-c", decide]
+    as_the_scripts = twin.as_user(step, env={"SLURM_NETWORK": "disable_rdzv_get"}, timeout=120)
+    assert (as_the_scripts.returncode, as_the_scripts.stdout.split()) == (0, ["disable_rdzv_get", "True"]), \
+        as_the_scripts.stderr
+    without = twin.as_user(step, timeout=120)
+    assert (without.returncode, without.stdout.split()) == (0, ["None", "False"]), without.stderr
+    flag_only = twin.as_user(step[:1] + ["--network=disable_rdzv_get"] + step[1:], timeout=120)
+    print(f"srun --network=disable_rdzv_get alone: the task sees {flag_only.stdout.strip()!r}")
+    assert flag_only.returncode == 0, flag_only.stderr
+
+
 def test_olivia_script_refuses_to_start_without_staged_data(twin_cluster, images, tmp_path):
     env = twin_job_env(TWIN, images.x86, tmp_path / "nowhere", user_dir(tmp_path) / "run")
 
