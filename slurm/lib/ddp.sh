@@ -219,9 +219,27 @@ ddp::job_ref() {
     fi
 }
 
+# The make target that builds an image of this name: the Makefile's OLIVIA_SIF, LUMI_SIF, X86_SIF and
+# CPU_SIF, the images the job scripts name (tests/bats/job_scripts.bats checks the two agree).
+ddp::image_target() {
+    case "$(basename -- "$1")" in
+        train-olivia-arm64.sif) printf 'build-olivia\n' ;;
+        train-lumi-x86_64.sif) printf 'build-lumi\n' ;;
+        train-x86_64.sif) printf 'build-x86\n' ;;
+        train-cpu.sif) printf 'build-cpu\n' ;;
+    esac
+}
+
 ddp::require_image() {
     local -r image="$1"
-    [ -f "${image}" ] || ddp::err "image ${image} not found: build it (make build-olivia) or set DDP_IMAGE"
+    [ ! -f "${image}" ] || return 0
+    local -r target="$(ddp::image_target "${image}")" dir="$(dirname -- "${image}")"
+    local where=""
+    [ "${dir}" -ef "${DDP_REPO}" ] || where=" SIF_DIR=${dir}"
+    if [ -n "${target}" ]; then
+        ddp::err "image ${image} not found: build it in the checkout (make ${target}${where}; containers/README.md) or set DDP_IMAGE"
+    fi
+    ddp::err "image ${image} not found: build it in the checkout (make build-olivia, build-lumi, build-x86 or build-cpu, whichever fits the site; containers/README.md) or set DDP_IMAGE"
 }
 
 # Compute nodes are often offline: the data must be staged before the job starts.

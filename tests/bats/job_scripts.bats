@@ -308,7 +308,38 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_failure 2
-    assert_output --partial "image ${DDP_IMAGE} not found"
+    assert_output "ddp: error: image ${DDP_IMAGE} not found: build it in the checkout (make build-olivia, build-lumi, build-x86 or build-cpu, whichever fits the site; containers/README.md) or set DDP_IMAGE"
+}
+
+@test "each script's missing image names the make target that builds it, as the Makefile says" {
+    local script image target count=0
+    for script in "${REPO}"/slurm/*.sh; do
+        image="$(sed -n 's|^ddp::default DDP_IMAGE "${DDP_REPO}/\(.*\)"$|\1|p' "${script}")"
+        [ -n "${image}" ] || continue  # not a job script (gpu-sampler.sh)
+        # The target whose recipe writes that file (make -n prints it, runs nothing).
+        target=""
+        for candidate in build-olivia build-lumi build-x86 build-cpu; do
+            if make -n -C "${REPO}" "${candidate}" SIF_DIR=/sifdir 2>/dev/null | grep -q "/sifdir/${image}\b"; then
+                target="${candidate}"
+            fi
+        done
+        [ -n "${target}" ] || { echo "no make target builds ${image}"; false; }
+        # The script's image under its own name, where none was built (the checkout may hold one).
+        DDP_IMAGE="${BATS_TEST_TMPDIR}/sifs/${image}" run bash "${script}"
+        assert_failure 2
+        assert_output "ddp: error: image ${BATS_TEST_TMPDIR}/sifs/${image} not found: build it in the checkout (make ${target} SIF_DIR=${BATS_TEST_TMPDIR}/sifs; containers/README.md) or set DDP_IMAGE"
+        count=$((count + 1))
+    done
+    [ "${count}" -eq 9 ]
+}
+
+@test "an image elsewhere than the checkout is built there with SIF_DIR" {
+    export DDP_IMAGE="${BATS_TEST_TMPDIR}/sifs/train-x86_64.sif"
+
+    run bash "${REPO}/slurm/raven-task-per-gpu.sh"
+
+    assert_failure 2
+    assert_output "ddp: error: image ${DDP_IMAGE} not found: build it in the checkout (make build-x86 SIF_DIR=${BATS_TEST_TMPDIR}/sifs; containers/README.md) or set DDP_IMAGE"
 }
 
 @test "a checkout that is not this project is refused" {
