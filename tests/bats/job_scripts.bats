@@ -12,7 +12,7 @@ setup() {
 
     assert_success
     run _train_call
-    assert_output "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --recipe improved --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
 }
 
 @test "olivia multi-node: binds come from the olivia site profile plus the data and run directories" {
@@ -92,7 +92,7 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
     run bash "${REPO}/slurm/olivia-1gpu.sh"
     assert_success
     run _train_call
-    assert_output --partial "--site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 256 "
+    assert_output --partial "--site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --recipe improved --epochs 100 --batch-size 256 "
 
     : > "${CALLS}"
     run bash "${REPO}/slurm/olivia-1node-4gpu.sh"
