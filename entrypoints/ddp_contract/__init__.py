@@ -21,8 +21,9 @@ from typing import Iterable, Mapping, NamedTuple, Optional, Tuple
 # -- exit codes (sysexits.h names) -------------------------------------------------------
 EXIT_USAGE = 2      # a mistake the user can fix: one line on stderr, never retried
 EXIT_REQUEUE = 75   # EX_TEMPFAIL: stopped on a signal after a checkpoint; requeue resumes it
-EXIT_BAD_NODE = 76  # EX_PROTOCOL ("the remote system returned something not possible"): the fabric gate
-                    # or the preflight named a bad node; the job script requeues without it
+EXIT_BAD_NODE = 76  # EX_PROTOCOL ("the remote system returned something not possible"): the fabric gate,
+                    # the preflight or a lost node's roll call named a bad node; the job script requeues
+                    # without it
 
 def free_bytes(path: str) -> int:
     """Bytes this user may still write under path (statvfs(3) f_bavail; quotas are not visible here)."""

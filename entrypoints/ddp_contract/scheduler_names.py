@@ -14,6 +14,10 @@ SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"       # GPUs granted on this node: "4"
 SLURM_GPUS_PER_NODE = "SLURM_GPUS_PER_NODE"     # --gpus-per-node as asked: "gpu:a100:4"
 SLURM_JOB_GPUS = "SLURM_JOB_GPUS"               # the node's own IDs of the job's GPUs: "0,1,2,3"
 SLURM_STEP_GPUS = "SLURM_STEP_GPUS"             # the same for this step's GPUs (not the batch step's)
+SLURM_JOB_NUM_NODES = "SLURM_JOB_NUM_NODES"     # the job's node count, spares included (ddp_contract.spares)
+# srun reads it as --network (srun(1), INPUT ENVIRONMENT VARIABLES), and slurm/lib/ddp.sh puts the site
+# profile's --network into a step's environment under it, where the tasks see it (the fabric defaults).
+SLURM_NETWORK = "SLURM_NETWORK"
 
 # RunAI: the variables it sets in a workload's pods (https://docs.run.ai, "Environment variables").
 RUNAI_JOB_NAME = "RUNAI_JOB_NAME"

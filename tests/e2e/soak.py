@@ -7,9 +7,11 @@ stage_data): the real Apptainer in the cluster's Debian root, jobs submitted by 
 Faults: none; USR2 (to the batch shell, as SLURM sends it at the time limit for the job scripts'
 --signal=B:USR2@120) and TERM (to every process of the job's steps; that job runs unsquashed), each
 a stop: checkpoint, exit 75, the job script requeues, the job resumes at the step it stopped and
-completes; SIGKILL of one worker, of a launcher, or of a whole node (slurmd and its processes), a
-network drop of a node, each a crash: exit 1, FAILED, or NODE_FAIL where SLURM saw the node go first;
-a full disk under the run dir (its own small file system): one line, exit 2, FAILED, the checkpoint
+completes; SIGKILL of one worker or of a launcher, each a crash: exit 1 or 137, FAILED; a lost node
+(a whole node killed, slurmd and its processes, or its network dropped), a bad node: the roll call
+names it, the job script requeues the job without it (exit 76) and the job resumes from the last
+checkpoint and completes, with one restart (SLURM's own NODE_FAIL requeue, where it saw the node go
+first, ends the same way); a full disk under the run dir (its own small file system): one line, exit 2, FAILED, the checkpoint
 intact, and a new job on the same run dir resumes from it once space is freed; kill-node with a spare
 (a 2-node job with DDP_SPARE_NODES=1 on 3 nodes): the spare takes the killed node's place inside the
 job, which resumes from the checkpoint and completes without a requeue. For every job: the
@@ -59,7 +61,6 @@ STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": ({"APPTAINER_UNSQUA
 SKIP_CHECKS = {"DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0"}
 RUN = ("--epochs 6 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
        "--dist-timeout-s 30")
-CRASH_STATES = {("FAILED", "1:0"), ("NODE_FAIL", "0:0")}
 
 
 @dataclass
@@ -265,16 +266,16 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
     job_id, before = start_training(cluster, env, out)
     nodes = cluster.job_nodes(cluster.job(job_id))
     time.sleep(rng.uniform(0, 2))  # anywhere in the epoch
-    slurm_requeued, saved_before = False, None
+    saved_before = None
     if kind in NODE_FAULTS:
         node = inject(cluster, kind, job_id, nodes, rng)
         try:
+            # The job script requeues the job without the lost node (exit 76; or SLURM does, as NODE_FAIL,
+            # where it saw the node go first): Restarts goes to 1 before the next run starts.
             deadline = time.monotonic() + 300
-            while cluster.job(job_id).state in ("RUNNING", "COMPLETING") and time.monotonic() < deadline:
+            while cluster.job(job_id).fields.get("Restarts") == "0" and time.monotonic() < deadline and \
+                    cluster.job(job_id).state not in conftest.TERMINAL_STATES:
                 time.sleep(1)
-            ended = cluster.job(job_id)
-            # NODE_FAIL seen by slurmctld first: SLURM requeues a --requeue job itself (PENDING, Restarts=1).
-            slurm_requeued = ended.state == "PENDING" and ended.fields.get("Restarts") == "1"
             saved_before = saved_epoch(run_dir)  # what the requeued run must resume from
         finally:
             revive(cluster, node)
@@ -288,8 +289,11 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
     outcome = (job.state, job.exit_code, job.fields.get("Restarts"))
     if kind == "none":
         right = outcome == ("COMPLETED", "0:0", "0")
-    elif kind in STOPS or slurm_requeued:  # requeued (by the job script on 75, or by SLURM), resumed
+    elif kind in STOPS or kind in NODE_FAULTS:  # requeued by the job script (75, or 76 without the node), resumed
         right = outcome == ("COMPLETED", "0:0", "1")
+        if kind in NODE_FAULTS:  # and without the lost node
+            outcome += (f"ExcNodeList={job.fields.get('ExcNodeList')}",)
+            right = right and job.fields.get("ExcNodeList") == node
     else:  # a crash: FAILED with the launcher's code, never requeued by the job script
         right = job.state == "FAILED" and job.exit_code != "0:0" and outcome[2] == "0"
     if not right:
@@ -301,11 +305,11 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
     if not metrics_whole(run_dir):
         books.truncated_metrics += 1
         problems.append("metrics.jsonl has a partial line")
-    elif kind in STOPS or slurm_requeued:
+    elif kind in STOPS or kind in NODE_FAULTS:
         recs = records(run_dir)
         stopped = [(r["epochs_completed"], r["step"]) for r in recs if r["type"] == "stopped"]
         starts = [r for r in recs if r["type"] == "run"]
-        if slurm_requeued:  # no stop record: it resumes at the last checkpoint, an epoch's end
+        if kind in NODE_FAULTS:  # no stop record: it resumes at the last checkpoint, an epoch's end
             stopped = [(saved_before, 0)]
         if not stopped or len(starts) < 2 or \
                 (starts[1]["resumed_from_epoch"], starts[1]["resumed_from_step"]) != stopped[0]:

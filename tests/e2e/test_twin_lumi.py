@@ -23,10 +23,11 @@ TWIN = twins.LUMI
 
 @pytest.fixture(scope="module")
 def multinode(twin, lumi_sif, cifar_data, tmp_path_factory):
-    """lumi-multinode.sh as on LUMI (standard-g, 2 nodes, 8 GPUs and 8 tasks each), run to its end."""
+    """lumi-multinode.sh as on LUMI (standard-g, 2 nodes, 8 GPUs and 8 tasks each), run to its end, by a
+    user who binds a directory of their own through SINGULARITY_BIND, as LUMI's documentation shows."""
     run_dir = user_dir(tmp_path_factory.mktemp("lumi-multinode")) / "run"
-    job = submit_twin_job(twin, "slurm/lumi-multinode.sh", twin_job_env(TWIN, lumi_sif, cifar_data, run_dir),
-                          timeout=600)
+    env = {**twin_job_env(TWIN, lumi_sif, cifar_data, run_dir), "SINGULARITY_BIND": f"{cifar_data}:/user-data"}
+    job = submit_twin_job(twin, "slurm/lumi-multinode.sh", env, timeout=600)
     return job, run_dir, job.output()
 
 
@@ -41,11 +42,14 @@ def test_lumi_multinode_trains_one_rank_per_gcd_on_two_nodes(twin, multinode):
     assert summary["world_size"] == 16 and summary["nodes"] == 2
 
 
-def test_lumi_binds_reach_singularity_through_singularity_bind(multinode):
+def test_lumi_binds_reach_singularity_through_singularity_bind(multinode, cifar_data):
     _, _, output = multinode
     assert "APPTAINER_BIND=" not in output
     bound = re.search(r"^ddp: SINGULARITY_BIND=(\S+)$", output, re.M).group(1).split(",")
-    assert bound[:10] == ["/var/spool/slurmd:/var/spool/slurmd", "/opt/cray:/opt/cray",
+    # The user's own SINGULARITY_BIND first: SingularityCE reads that variable alone (its user guide,
+    # "Bind Paths and Mounts"), so the job's value keeps it rather than replacing it.
+    assert bound[0] == f"{cifar_data}:/user-data"
+    assert bound[1:11] == ["/var/spool/slurmd:/var/spool/slurmd", "/opt/cray:/opt/cray",
                           "/usr/lib64/libcxi.so.1:/usr/lib64/libcxi.so.1",
                           "/usr/lib64/libjansson.so.4:/usr/lib64/libjansson.so.4", "/pfs:/pfs", "/scratch:/scratch",
                           "/projappl:/projappl", "/project:/project", "/flash:/flash", "/appl:/appl"]

@@ -135,6 +135,41 @@ def test_olivia_1gpu_job_on_a_shared_node_trains_though_another_jobs_gpu_is_sick
     assert "named by the doctor" not in output and "bad node(s)" not in output
 
 
+def test_olivia_ddp_bench_report_runs_in_the_image_on_a_compute_node_as_documented(twin, olivia_jobs, images, tmp_path):
+    """README.md, "Figures": Olivia's login node has Python 3.6 and cannot run the arm64 image, so the
+    report runs in the image on an accel node, with srun. Here on the twin's nodes, with its x86_64 image,
+    over the three scripts' runs."""
+    out = user_dir(tmp_path) / "bench-report"
+    runs = [str(olivia_jobs[script][1]) for script in (*ONE_NODE_SCRIPTS, "slurm/olivia-multinode.sh")]
+    done = twin.as_user(["srun", "--account=nn0000k", "--partition=accel", "--nodes=1", "--ntasks=1", "--gpus=1",
+                         "--time=00:10:00", "apptainer", "exec", str(images.x86), "ddp-bench", "report", *runs,
+                         "--out", str(out)], timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Multi-Node (4 processes, 2 nodes)" in done.stdout, done.stdout
+    assert done.stdout.count("(2 processes, 1 node)") == 2, done.stdout
+    assert (out / "report.md").read_text().count("\n| ") >= 4 and (out / "report.csv").is_file()
+
+
+def test_olivia_steps_see_srun_network_as_slurm_network_inside_the_image(twin, images):
+    """The job scripts put the site's --network=disable_rdzv_get into the gate's and the training's
+    environment as SLURM_NETWORK, which srun reads as --network (srun(1)); through srun and Apptainer
+    the launcher in the image sees it, and sets FI_CXI_RDZV_PROTO=alt_read only then (libfabric's
+    fi_cxi(7)). What the launcher decides from the environment the real srun and Apptainer hand it:"""
+    decide = ("import os; from ddp_launch.fabric.defaults import rdzv_get_disabled; "
+              "print(os.environ.get('SLURM_NETWORK'), rdzv_get_disabled(os.environ))")
+    step = ["srun", "--partition=accel", "--nodes=1", "--ntasks=1", "apptainer", "exec", str(images.x86),
+            "python3", "-c", decide]
+    as_the_scripts = twin.as_user(step, env={"SLURM_NETWORK": "disable_rdzv_get"}, timeout=120)
+    assert (as_the_scripts.returncode, as_the_scripts.stdout.split()) == (0, ["disable_rdzv_get", "True"]), \
+        as_the_scripts.stderr
+    without = twin.as_user(step, timeout=120)
+    assert (without.returncode, without.stdout.split()) == (0, ["None", "False"]), without.stderr
+    # The flag alone reaches the tasks as SLURM_NETWORK too (SLURM 26.05 here; srun(1) lists the variable
+    # among its input variables only): an srun of one's own with the flag gets alt_read (containers/README.md).
+    flag_only = twin.as_user(step[:1] + ["--network=disable_rdzv_get"] + step[1:], timeout=120)
+    assert (flag_only.returncode, flag_only.stdout.split()) == (0, ["disable_rdzv_get", "True"]), flag_only.stderr
+
+
 def test_olivia_script_refuses_to_start_without_staged_data(twin_cluster, images, tmp_path):
     env = twin_job_env(TWIN, images.x86, tmp_path / "nowhere", user_dir(tmp_path) / "run")
 
@@ -142,6 +177,25 @@ def test_olivia_script_refuses_to_start_without_staged_data(twin_cluster, images
 
     assert job.state == "FAILED"
     assert f"{tmp_path / 'nowhere'}/cifar-100-python lacks train, test, meta: run 'make data" in job.output()
+
+
+def test_olivia_multinode_with_a_spare_but_no_room_for_it_stops_in_one_line_before_any_step(twin_cluster, images,
+                                                                                             cifar_data, tmp_path):
+    """The spare arithmetic forgotten: `DDP_SPARE_NODES=1 sbatch slurm/olivia-multinode.sh` gets the
+    script's own 2 nodes, which trained on one with the 2-node global batch. Now it stops before
+    anything (no step, no run dir), naming the sbatch --nodes= that holds the spare."""
+    env = {**twin_job_env(TWIN, images.x86, cifar_data, user_dir(tmp_path) / "run"), "DDP_SPARE_NODES": "1"}
+
+    job = submit_twin_job(twin_cluster, "slurm/olivia-multinode.sh", env, timeout=120)
+
+    assert (job.state, job.exit_code) == ("FAILED", "2:0"), job.output()
+    assert twin_cluster.job_nodes(job) == ["nid001000", "nid001001"]  # #SBATCH --nodes=2, as submitted
+    # The batch script's whole output is the one line: no srun ran (each step says something first).
+    assert job.output().splitlines() == [
+        f"ddp: error: DDP_SPARE_NODES=1: job {job.job_id} has 2 node(s), too few for the 2 the job script trains "
+        "on (DDP_TRAIN_NODES=2) plus 1 spare(s): submit with sbatch --nodes=3, or set DDP_TRAIN_NODES=1 to train "
+        "on 1 node(s) with this allocation"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_olivia_twin_nodes_carry_olivias_names_nic_partition_and_gpus(twin):

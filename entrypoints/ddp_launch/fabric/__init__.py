@@ -23,7 +23,7 @@ from ddp_contract.scheduler_names import JOB_NAME_VARIABLES
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, Resolved
 from ddp_launch.fabric.common import EnvBuilder
-from ddp_launch.fabric.defaults import FabricData
+from ddp_launch.fabric.defaults import FabricData, rdzv_get_disabled
 from ddp_launch.fabric.ethernet import ethernet_defaults
 from ddp_launch.fabric.infiniband import choose_roce_device, infiniband_defaults
 from ddp_launch.fabric.libpaths import library_path_changes, search_directories
@@ -149,6 +149,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> F
     conditions = {  # what a fabric default's "when" may ask (fabric/defaults.py: CONDITIONS, FACTS)
         "multi_node": request.multi_node,
         "roce": choose_roce_device(facts.rdma_devices) is not None,
+        "rdzv_get_disabled": rdzv_get_disabled(request.env),
         "gpu": profile.gpu if profile else None,
         "accelerator": profile.accelerator if profile else None,
         "machine": facts.machine,

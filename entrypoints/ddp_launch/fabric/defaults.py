@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ddp_contract.data_files import FABRIC, check_header, find_or_fail, read_json_file, search_path
+from ddp_contract.scheduler_names import SLURM_NETWORK
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.errors import LaunchError
 from ddp_launch.sites import SiteProfile, load_site
@@ -23,7 +24,22 @@ FABRIC_FILES = ("slingshot", "infiniband", "common")
 CONDITIONS = (
     "multi_node",   # more than one node in the job step
     "roce",         # a RoCE device with an IPv4 RoCE v2 GID was found
+    "rdzv_get_disabled",  # the step runs with srun --network=disable_rdzv_get (rdzv_get_disabled)
 )
+# srun's --network as the step's tasks see it: srun reads SLURM_NETWORK as --network (srun(1), INPUT
+# ENVIRONMENT VARIABLES: "SLURM_NETWORK  Same as --network"), and slurm/lib/ddp.sh puts the site
+# profile's --network into the step's environment under that name, where the tasks inherit it.
+SRUN_NETWORK_VAR = SLURM_NETWORK
+DISABLE_RDZV_GET = "disable_rdzv_get"
+
+
+def rdzv_get_disabled(env: Mapping[str, str]) -> bool:
+    """Whether the step has srun --network=disable_rdzv_get, the condition of FI_CXI_RDZV_PROTO=alt_read:
+    "To use an alternate protocol, the CXI driver property rdzv_get_en should be set to 0" (libfabric's
+    fi_cxi(7), FI_CXI_RDZV_PROTO, https://ofiwg.github.io/libfabric/main/man/fi_cxi.7.html), and "When
+    running with slurm, the flag --network=disable_rdzv_get is required and must be added to the srun
+    command" (HPE's ccl_env.sh, HewlettPackard/shs-ccl-docs). The value is a comma-separated list."""
+    return DISABLE_RDZV_GET in (word.strip() for word in env.get(SRUN_NETWORK_VAR, "").split(","))
 # A "when" may also compare a fact with a value, KEY=VALUE, and join terms with spaces (all must
 # hold): "gpu=gh200 machine=aarch64". The hardware a fix is for is data, not a name in code.
 FACTS = (
