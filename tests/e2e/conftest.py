@@ -752,11 +752,15 @@ def saved_epoch(run_dir: Path) -> int:
     return torch.load(path, map_location="cpu", weights_only=False)["progress"]["epoch"]
 
 
-def checkpointed(run_dir: Path, epochs: int) -> bool:
-    """Whether `epochs` epochs are trained and saved. The trainer writes an epoch's record before it
-    saves that epoch (a collective, train.py), so a fault right after the record can land before the
-    save: a test that expects a resume from epoch N waits for this, not for the record alone."""
-    return epochs_done(run_dir) >= epochs and saved_epoch(run_dir) >= epochs
+def checkpointed(epochs: int):
+    """A wait_for_file predicate: whether `epochs` epochs of a run dir are trained and saved. The trainer
+    writes an epoch's record before it saves that epoch (a collective, train.py), so a fault right after
+    the record can land before the save: a test that expects a resume from epoch N waits for this, not
+    for the record alone. Make it before the job starts: it imports torch now, not in the job's runway
+    after epoch N (an import of a minute at a load of 50 let a 4-epoch job finish before the fault)."""
+    import torch  # noqa: F401  (saved_epoch's import, paid here)
+
+    return lambda run_dir: epochs_done(run_dir) >= epochs and saved_epoch(run_dir) >= epochs
 
 
 def sbatch_args(tmp_path: Path, *extra: str) -> list[str]:

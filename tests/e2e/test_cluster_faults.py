@@ -44,8 +44,9 @@ def long_job_env(job_env):
 
 def started_job(cluster, env, tmp_path) -> tuple[str, Path]:
     run_dir = Path(env["DDP_RUN_DIR"])
+    two_saved = checkpointed(2)
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=env)
-    cluster.wait_for_file(run_dir, 600, predicate=lambda d: checkpointed(d, 2))
+    cluster.wait_for_file(run_dir, 600, predicate=two_saved)
     return job_id, run_dir
 
 

@@ -31,10 +31,10 @@ PINNED_NIC = {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
 
 
 def failing_preflight(cluster, node: str):
-    """A node the preflight's `ddp-launch doctor` FAILs: today its interface check (the NIC renamed).
-    GPU HEALTH GOES HERE: once `ddp-launch doctor` checks the GPUs' health (nvidia-smi -q -x, branch
-    i27-gpu-health), a fake nvidia-smi on this node that reports a sick GPU is the failure this test
-    means; the NIC rename stands in for it until then."""
+    """A node the preflight's `ddp-launch doctor` FAILs and no other: its interface check (the NIC
+    renamed). The spares act on whichever check names the node; these jobs hold no GPUs (CPU workers on
+    the plain cluster), so a sick GPU, the other node fault the doctor names, is the twins' to show
+    (test_twin_ethernet.py: the job's own GPU fails its health check, and the node is named)."""
     return cluster.renamed_nic(node)
 
 
@@ -132,9 +132,10 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_and_training_resumes_from_
     user_dir(tmp_path)
     env = {**spare_env(images, cifar_data, tmp_path / "run"), **NO_PREFLIGHT, **NO_GATE}
     run_dir = Path(env["DDP_RUN_DIR"])
+    two_saved = checkpointed(2)
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=4", f"--nodelist={','.join(ALLOCATION)}"),
                              "slurm/olivia-multinode.sh"], env=env)
-    cluster.wait_for_file(run_dir, 600, predicate=lambda d: checkpointed(d, 2))
+    cluster.wait_for_file(run_dir, 600, predicate=two_saved)
     crashed_at = time.time()
     done = cluster.cluster_sh(["crash", "node2"], timeout=30)
     assert done.returncode == 0, done.stderr
