@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import apptainer_root
+import documented_blocks
 import e2e_image as image
 import pytest
 import scheduling
@@ -663,11 +664,13 @@ def twin_job_env(twin: twins.Twin, sif: Path, data: Path, run_dir: Path) -> dict
 @dataclass(frozen=True)
 class TwinJob:
     """A slurm/ script as a twin's test submits it: the user's environment, and sbatch options beyond
-    --output only where the test says why."""
+    --output only where the test says why (or the README's quick start has them), the script's own
+    arguments before the short-training flags."""
 
     script: str
     env: dict
     sbatch_extra: tuple = ()
+    args: tuple = ()
 
     @property
     def run_dir(self) -> Path:
@@ -682,7 +685,7 @@ def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) ->
     submitted = {}
     for key, job in jobs.items():
         out = job.run_dir.parent
-        submitted[key] = twin_cluster.sbatch([f"--output={out}/%j.out", *job.sbatch_extra, job.script,
+        submitted[key] = twin_cluster.sbatch([f"--output={out}/%j.out", *job.sbatch_extra, job.script, *job.args,
                                               *TWIN_TRAIN_ARGS], env=job.env)
     ended = {}
     for key, job_id in submitted.items():
@@ -692,20 +695,45 @@ def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) ->
     return ended
 
 
+def twin_script_job(twin: twins.Twin, script: str, env: dict) -> TwinJob:
+    """script as twin's users submit it: the sbatch line of the README's quick start for twin's cluster,
+    word for word (its variables, options and arguments; documented_blocks.QUICK_START_TWINS), where that
+    line submits script; else the script alone."""
+    line = documented_blocks.twin_quick_start(twin.name)
+    if line is None or line.script != script:
+        return TwinJob(script, env)
+    return TwinJob(script, {**env, **line.env}, line.options, line.args)
+
+
+def quick_start_job(twin: twins.Twin, env: dict) -> TwinJob:
+    """The README's quick start for twin's cluster, its sbatch line word for word."""
+    line = documented_blocks.twin_quick_start(twin.name)
+    assert line is not None, f"the README has no quick start for {twin.name}'s cluster (QUICK_START_TWINS)"
+    return twin_script_job(twin, line.script, env)
+
+
 def run_twin_scripts(twin_cluster: Cluster, twin: twins.Twin, scripts: tuple, image: Path, data: Path,
                      tmp_path_factory, extra_env: dict | None = None) -> dict:
-    """Each of scripts submitted at once on twin's cluster with a run dir of its own, as its users would,
-    and run to its end: {script: (Job, run dir, output)}. extra_env: {script: what its user set besides}."""
+    """Each of scripts submitted at once on twin's cluster with a run dir of its own, as its users would
+    (the quick start's script with its sbatch line), and run to its end: {script: (Job, run dir, output)}.
+    extra_env: {script: what its user set besides}."""
     jobs = {}
     for script in scripts:
         run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
-        jobs[script] = TwinJob(script, {**twin_job_env(twin, image, data, run_dir), **(extra_env or {}).get(script, {})})
+        env = {**twin_job_env(twin, image, data, run_dir), **(extra_env or {}).get(script, {})}
+        jobs[script] = twin_script_job(twin, script, env)
     ended = submit_twin_jobs(twin_cluster, jobs)
     return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
 
 
 def submit_twin_job(twin_cluster: Cluster, script: str, env: dict, *sbatch_extra: str, timeout: float = 600) -> Job:
     return submit_twin_jobs(twin_cluster, {script: TwinJob(script, env, sbatch_extra)}, timeout)[script]
+
+
+def submit_quick_start(twin_cluster: Cluster, twin: twins.Twin, env: dict, timeout: float = 600) -> Job:
+    """The README's quick start for twin's cluster, submitted as it is written, and waited for."""
+    job = quick_start_job(twin, env)
+    return submit_twin_jobs(twin_cluster, {job.script: job}, timeout)[job.script]
 
 
 def rank_logs(run_dir: Path) -> list[str]:

@@ -425,7 +425,7 @@ def write_report(line: str, books: Books, args) -> None:
     head = text.split(marker)[0] if marker in text else text
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = [marker, "", f"Last run: {stamp}, `make soak N={args.jobs} SEED={args.seed}` with {args.load} "
-            f"busy loop(s) beside the 2-node namespace cluster.", "", "```", line, "```", ""]
+            f"busy loop(s) beside the 2-node namespace cluster.", "", "```text", line, "```", ""]
     if books.problems:
         body += ["Problems:", ""] + [f"- {p}" for p in books.problems] + [""]
     report.write_text(head.rstrip("\n") + "\n\n" + "\n".join(body) if head.strip() else "\n".join(body))

@@ -4,8 +4,9 @@ The twin (tests/e2e/cluster/twins/ethernet.sh): master-node and node01-node05, e
 default-route eno1 on the site network, the cluster network on ens1f1, each its own subnet), with
 Debian's /etc/hosts line that maps each host's own name to 127.0.1.1, and a GPU a node in gres. The
 head node, master-node, resolves its own name to loopback: the workers must still meet on ens1f1.
-ethernet-gloo.sh runs as it is, on the 6 nodes it asks for, with the CPU image; ethernet-nccl.sh on 2
-(its documented `sbatch --nodes=N`), with the x86_64 image and CPU workers in place of its GPUs.
+ethernet-gloo.sh runs as it is, on the 6 nodes it asks for, with the CPU image; ethernet-nccl.sh on 2,
+as the README's quick start submits it (`sbatch --nodes=2`), with the x86_64 image and CPU workers in
+place of its GPUs.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import re
 
 import pytest
 import twins
-from conftest import (TwinJob, container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records, submit_twin_job,
-                      submit_twin_jobs, twin_job_env, user_dir)
+from conftest import (TwinJob, container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records,
+                      quick_start_job, submit_twin_job, submit_twin_jobs, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -56,12 +57,13 @@ def nccl_jobs(twin, images, cifar_data, tmp_path_factory):
                                     {"master-node": "one-gpu-thermal-slowdown>one-gpu-healthy",
                                      "node01": "one-gpu-healthy"})
     sick = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi-sick"), {node: "one-gpu-ecc" for node in NODES})
-    jobs = {}
-    for name, fake, nodes, more in (("transient", transient, "--nodes=2", {}),
-                                    ("sick", sick, "--nodes=1", {"DDP_MAX_REQUEUES": "0"})):
-        run_dir = user_dir(tmp_path_factory.mktemp(name)) / "run"
-        jobs[name] = TwinJob("slurm/ethernet-nccl.sh", {**twin_job_env(TWIN, images.x86, cifar_data, run_dir), **fake,
-                                                        **more}, (nodes,))
+    runs = {name: user_dir(tmp_path_factory.mktemp(name)) / "run" for name in ("transient", "sick")}
+    # The 2-node run as the README's quick start submits it: sbatch --nodes=2 slurm/ethernet-nccl.sh.
+    jobs = {"transient": quick_start_job(TWIN, {**twin_job_env(TWIN, images.x86, cifar_data, runs["transient"]),
+                                                **transient}),
+            "sick": TwinJob("slurm/ethernet-nccl.sh", {**twin_job_env(TWIN, images.x86, cifar_data, runs["sick"]), **sick,
+                                                       "DDP_MAX_REQUEUES": "0"}, ("--nodes=1",))}
+    assert jobs["transient"].script == "slurm/ethernet-nccl.sh" and jobs["transient"].sbatch_extra == ("--nodes=2",)
     ended = submit_twin_jobs(twin, jobs)
     return {name: (ended[name], jobs[name].run_dir) for name in jobs}
 

@@ -5,8 +5,9 @@ Slingshot NICs hsn0-hsn3 and /dev/cxi0-3, /dev/kfd and a render node per GCD, ei
 gres; /opt/cray with HPE's libfabric, libcxi and libjansson in /usr/lib64 and LUMI's file systems,
 the paths LUMI's singularity bindings name; SingularityCE's `singularity` and no `apptainer`. The
 image is gpu.def built with SITE=lumi on a base laid out as LUMI AI Factory's (libfabric, libcxi
-and RCCL's plugin found through ld.so.conf, no LD_LIBRARY_PATH). The script gets only --output and
-short-training flags; each of its 8 tasks a node trains on CPU in place of its GCD.
+and RCCL's plugin found through ld.so.conf, no LD_LIBRARY_PATH). The script is submitted by the
+README's LUMI-G quick start's sbatch line, with only --output and short-training flags added; each
+of its 8 tasks a node trains on CPU in place of its GCD.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import re
 
 import pytest
 import twins
-from conftest import doctor_reports, metrics_records, rank_logs, submit_twin_job, twin_job_env, user_dir
+from conftest import doctor_reports, metrics_records, rank_logs, submit_quick_start, twin_job_env, user_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -23,11 +24,12 @@ TWIN = twins.LUMI
 
 @pytest.fixture(scope="module")
 def multinode(twin, lumi_sif, cifar_data, tmp_path_factory):
-    """lumi-multinode.sh as on LUMI (standard-g, 2 nodes, 8 GPUs and 8 tasks each), run to its end, by a
-    user who binds a directory of their own through SINGULARITY_BIND, as LUMI's documentation shows."""
+    """lumi-multinode.sh as the README's quick start submits it on LUMI (standard-g, 2 nodes, 8 GPUs and
+    8 tasks each), run to its end, by a user who binds a directory of their own through SINGULARITY_BIND,
+    as LUMI's documentation shows."""
     run_dir = user_dir(tmp_path_factory.mktemp("lumi-multinode")) / "run"
     env = {**twin_job_env(TWIN, lumi_sif, cifar_data, run_dir), "SINGULARITY_BIND": f"{cifar_data}:/user-data"}
-    job = submit_twin_job(twin, "slurm/lumi-multinode.sh", env, timeout=600)
+    job = submit_quick_start(twin, TWIN, env, timeout=600)
     return job, run_dir, job.output()
 
 

@@ -5,8 +5,8 @@ hsn0 with /dev/cxi0; the host libfabric, libcxi, NCCL and its OFI plugin as real
 Olivia has them, with the closure they link; the NCCL module's EBROOT* and LD_LIBRARY_PATH; the
 accel partition and four GPUs a node in gres. The image is the x86_64 one (gpu.def): the scripts
 name their site, and Olivia's arm64 build runs in test_make_build.py. The scripts get only --output
-and short-training flags; CPU workers stand in for the GPUs. One 2-node run of olivia-multinode.sh
-serves the tests that read it.
+and short-training flags; CPU workers stand in for the GPUs. One 2-node run of olivia-multinode.sh,
+submitted by the README's Olivia quick start's sbatch line word for word, serves the tests that read it.
 """
 from __future__ import annotations
 
