@@ -97,9 +97,10 @@ HOW = {
         _runai_readme_blocks),
     ("README.md", 'export APPTAINER_BIND="$(PYTHONPATH=entrypoints python3 -m ddp_launch.binds --site olivia)"'):
         SITE_DOCTOR,
-    ("README.md", "ddp-bench report runs/olivia-1gpu-* runs/olivia-1node-* runs/olivia-multinode-*"): NotHere(
-        "reads the runs of the Olivia jobs (runs/olivia-*) and a job's id in place of <job>, on the cluster "
-        "after them; tests/unit/report runs ddp-bench report and gpu on recorded runs"),
+    ("README.md", "srun --account=nn0000k --partition=accel --nodes=1 --ntasks=1 --gpus=1 --time=00:10:00 \\"):
+        NotHere("an Olivia accel node with the arm64 image, after the Olivia jobs (runs/olivia-*, a job's id in "
+                "place of <job>); tests/e2e/test_twin_olivia.py::test_olivia_ddp_bench_report_runs_in_the_image_"
+                "on_a_compute_node_as_documented runs its srun and apptainer exec on the twin, over the twin's runs"),
     ("containers/README.md",
      'export APPTAINER_BIND="$(PYTHONPATH=entrypoints python3 -m ddp_launch.binds --site olivia)"'): NotHere(
         "an Olivia compute node in an allocation: srun, the GPU image train.sif and Olivia's host libraries, "
