@@ -10,16 +10,18 @@ pkg/controller.v1/pytorch/elastic.go: the endpoint is <job>-worker-0:<port> unle
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp_contract.scheduler_names import RUNAI_NUM_OF_GPUS
+from ddp_contract.scheduler_names import RUNAI_JOB_NAME, RUNAI_NUM_OF_GPUS
 from ddp_launch import gpus as gpu_count
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer, is_digits, port
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
+from ddp_launch.job_identity import JobIdentity
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
@@ -43,6 +45,21 @@ VARIABLES = {
     "rdzv_endpoint": ("PET_RDZV_ENDPOINT",),
     "rdzv_backend": ("PET_RDZV_BACKEND",),
 }
+# Which workload a pod belongs to, first set wins: Run:ai's built-in variables (NVIDIA Run:ai docs,
+# "Workloads", Built-in Workload Environment Variables: RUNAI_JOB_UUID "a unique identifier for the
+# workload. If a workload is deleted and recreated with the same name, the UUID will be different";
+# RUNAI_JOB_NAME "the logical name of the workload as submitted"), then the names older Run:ai
+# clusters set (docs.run.ai v2.16, "Environment Variables inside a Run:ai Workload": JOB_UUID,
+# JOB_NAME). Both stay the same in every pod of the workload and across its pods' restarts.
+IDENTITY_VARIABLES = {
+    "workload_uuid": ("RUNAI_JOB_UUID", "JOB_UUID"),
+    "workload_name": (RUNAI_JOB_NAME, "JOB_NAME"),
+}
+# The pod names a PyTorchJob's operator gives, whose rendezvous host is one: Kubeflow's training
+# operator v1 names a replica's pod <job>-<master|worker>-<index> (pkg/controller.v1/pytorch/envvar.go,
+# genGeneralName), Trainer v2's JobSet <trainjob>-node-<job index>-<pod index> (a Job's indexed pod's
+# host name is <job>-<index>, Kubernetes "Jobs", Completion mode).
+OPERATOR_POD_NAME = re.compile(r"(?P<job>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-(?:(?:master|worker)-\d+|node-\d+-\d+)")
 # torchrun's port where an endpoint names none (parse_rendezvous_endpoint's default_port for c10d,
 # torch/distributed/elastic/rendezvous/utils.py).
 C10D_DEFAULT_PORT = 29400
@@ -81,6 +98,8 @@ class KubeflowEnv:
     rdzv_conf: tuple[tuple[str, str], ...]     # PET_RDZV_CONF, merged into --rdzv-conf
     gpus: gpu_count.GpuGrant | None     # what the pod was granted (checked against the driver)
     accelerator: Accelerator            # the site's GPU vendor: whose variables and device files count
+    workload: tuple[str | None, str | None] = (None, None)   # Run:ai's (uuid, name) of the workload
+    workload_source: str = ""
 
 
 def _nnodes(value: str) -> int:
@@ -154,7 +173,15 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
         rdzv_conf=job_rdzv_conf(env),
         gpus=gpu_count.granted_gpus(env, accelerator),
         accelerator=accelerator,
+        workload=(_optional(env, "workload_uuid"), _optional(env, "workload_name")),
+        workload_source=" and ".join(found.source for found in (first_set(env, IDENTITY_VARIABLES[key])
+                                                                 for key in IDENTITY_VARIABLES) if found),
     )
+
+
+def _optional(env: Mapping[str, str], key: str) -> str | None:
+    found = first_set(env, IDENTITY_VARIABLES[key])
+    return str(found.value) if found else None
 
 
 def head(job: KubeflowEnv, options: LaunchOptions) -> Head | None:
@@ -167,6 +194,30 @@ def head(job: KubeflowEnv, options: LaunchOptions) -> Head | None:
     if job.master_addr is not None:
         return Head.named(job.master_addr, job.master_addr_source)
     return None
+
+
+def identity(job: KubeflowEnv, facts: NodeFacts) -> JobIdentity:
+    """The workload (Run:ai's uuid and name), else the PyTorchJob's name in its rendezvous host's
+    (the operator's pod names), else this pod's own name; the pod's name is its host name
+    (Kubernetes, "Container Environment": "The hostname of a Container is the name of the Pod in
+    which the Container is running"). All three survive a container's restart, which keeps the pod
+    (Kubernetes, "Pod Lifecycle", Container restart policy: the kubelet restarts a pod's containers
+    after they exit), and none is shared by two live jobs: object names are unique in a namespace
+    (Kubernetes, "Object Names and IDs")."""
+    pod = facts.hostname.split(".")[0] or None
+    node = (pod, "the pod's host name (its name)")
+    uuid, name = job.workload
+    if uuid or name:
+        return JobIdentity(f"{name}/{uuid}" if uuid and name else uuid or name, job.workload_source, *node)
+    host = job.rdzv_endpoint[0] if job.rdzv_endpoint is not None else job.master_addr
+    source = "PET_RDZV_ENDPOINT" if job.rdzv_endpoint is not None else job.master_addr_source
+    if host is not None and ipv4_literal(host) is None and ":" not in host:
+        named = OPERATOR_POD_NAME.fullmatch(host.split(".")[0].lower())
+        if named:
+            return JobIdentity(named.group("job"), f"the PyTorchJob's name in {source}={host}", *node)
+    if pod is None:
+        return JobIdentity(None, "", None, "")
+    return JobIdentity(f"pod {pod}", "the pod's host name (no workload or job name in its environment)", *node)
 
 
 def questions(job: KubeflowEnv, options: LaunchOptions) -> ProbeQuestions:
