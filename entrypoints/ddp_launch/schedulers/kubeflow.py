@@ -22,7 +22,7 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.job_identity import JobIdentity
-from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
+from ddp_launch.node_workers import TORCHRUN_WORDS, worker_notes, workers_env, workers_per_node
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, ipv4_literal, is_loopback
@@ -139,15 +139,7 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
     if nnodes is None:
         raise LaunchError("PET_NNODES is not set: this does not look like a RunAI/Kubeflow PyTorchJob pod; "
                           "use --mode local or set PET_NNODES")
-    nproc_value, nproc_name = _first(env, "nproc")
-    nproc = None
-    if nproc_value is not None and nproc_value not in ("auto", "gpu"):
-        nproc = Setting(integer(nproc_name, nproc_value), nproc_name)
-        if nproc.value == 0:
-            # A pod without GPUs (RunAI's RUNAI_NUM_OF_GPUS=0): no count at all, since torchrun asserts
-            # local_world_size > 0 (torch/distributed/elastic/agent/server/api.py, WorkerSpec) and
-            # dies with a bare traceback. The node's GPUs, else one CPU worker, decide instead.
-            nproc = None
+    nproc = _workers_asked(env)
     rank_value, rank_name = _first(env, "node_rank")
     port_value, port_name = _first(env, "master_port")
     run_id, _ = _first(env, "run_id")
@@ -177,6 +169,36 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
         workload_source=" and ".join(found.source for found in (first_set(env, IDENTITY_VARIABLES[key])
                                                                  for key in IDENTITY_VARIABLES) if found),
     )
+
+
+def _workers_asked(env: Mapping[str, str]) -> Setting | None:
+    """The pod's GPUs (RunAI), else the operator's nprocPerNode: a count, or torchrun's auto, cpu or
+    gpu (node_workers.torchrun_word resolves those as torchrun does). RUNAI_NUM_OF_GPUS=0, a pod
+    without GPUs, is no count at all: torchrun asserts local_world_size > 0
+    (torch/distributed/elastic/agent/server/api.py, WorkerSpec) and dies with a bare traceback."""
+    runai_gpus, operator = VARIABLES["nproc"]
+    granted = first_set(env, (runai_gpus,))
+    if granted is not None and integer(granted.source, granted.value) > 0:
+        return Setting(int(granted.value), granted.source)
+    asked = first_set(env, (operator,))
+    if asked is None or asked.value in TORCHRUN_WORDS:
+        return asked
+    return Setting(integer(asked.source, asked.value, minimum=1, expected="auto, cpu, gpu or a count of workers >= 1",
+                           fix="set the job's nprocPerNode to one of those (torchrun's --nproc-per-node)"),
+                   asked.source)
+
+
+def _wants_gpus(job: KubeflowEnv, options: LaunchOptions) -> bool:
+    """nprocPerNode gpu decides the workers (no flag or setting of ours overrides it)."""
+    return (job.nproc is not None and job.nproc.value == "gpu" and options.nproc_per_node is None
+            and options.cpu_workers is None)
+
+
+def _cpu_on_purpose(job: KubeflowEnv, options: LaunchOptions) -> object:
+    """What makes the workers run on CPU on purpose: --cpu-workers, or nprocPerNode cpu."""
+    if options.cpu_workers is not None or options.nproc_per_node is not None:
+        return options.cpu_workers
+    return job.nproc if job.nproc is not None and job.nproc.value == "cpu" else None
 
 
 def _optional(env: Mapping[str, str], key: str) -> str | None:
@@ -224,7 +246,8 @@ def questions(job: KubeflowEnv, options: LaunchOptions) -> ProbeQuestions:
     """Look up the master, waiting for its DNS record (not on a dry run); ask the GPU driver
     about the GPUs the pod was granted."""
     return ProbeQuestions(head=head(job, options),
-                          cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None,
+                          cuda=(gpu_count.grant_to_check(job.gpus, _cpu_on_purpose(job, options)) is not None
+                                or _wants_gpus(job, options)),
                           dns_wait_s=options.dns_timeout_s if not options.dry_run else None)
 
 
@@ -278,7 +301,14 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
         rdzv_port, port_note = job.master_port, "port from the job's master port"
     else:
         raise LaunchError("PET_MASTER_PORT and MASTER_PORT are unset: pass --rdzv-port P")
-    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator))
+    if _wants_gpus(job, options) and facts.cuda_problem is not None:
+        vendor = job.accelerator
+        raise LaunchError(f"{job.nproc.source}=gpu but {vendor.runtime} cannot use a GPU here ({facts.cuda_problem}): "
+                          f"torchrun stops the same way (\"Cuda is not available\") and nothing trains on CPU in its "
+                          f"place: check that the pod requests {vendor.kubernetes_resource} and {vendor.device_plugin} "
+                          f"runs on the node, or set nprocPerNode to cpu, auto or a count")
+    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator),
+                               facts.cpu_count)
     restarts = max_restarts(options, job.max_restarts)
     rendezvous = Rendezvous(host, rdzv_port, job.run_id or job.master_addr or name, is_head,
                             join_timeout(options, job.rdzv_conf), job.rdzv_conf)
@@ -298,7 +328,7 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
                + workers_env(workers, env, facts.cpu_count) + flight_recorder_env(env))
     announcement = (f"ddp-launch: {job.max_nodes} pods: {head_note}, port {rdzv_port}"
                     if multi and is_head else None)
-    gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, options.cpu_workers), facts.cuda_problem,
-                                  on_kubernetes=True, gpu_device_files=facts.gpu_device_files)
+    gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, _cpu_on_purpose(job, options)),
+                                  facts.cuda_problem, on_kubernetes=True, gpu_device_files=facts.gpu_device_files)
     return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port, address),
                       announcement=announcement)
