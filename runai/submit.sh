@@ -111,6 +111,9 @@ main() {
     fi
     if [ "${RUNAI_RDMA:-1}" = 1 ]; then
         args+=(--annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1)
+    else
+        # No RoCE: NCCL's own switch to IP sockets, which ddp-launch and doctor read as "no RDMA device expected".
+        args+=(-e NCCL_IB_DISABLE=1)
     fi
     # Existing PVCs: --existing-pvc claimname=NAME,path=PATH (Run:ai CLI reference, runai
     # submit-dist pytorch; --pvc instead creates a new claim from a storage class). pod.sh

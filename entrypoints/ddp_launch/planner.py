@@ -26,7 +26,7 @@ from ddp_launch.plan import LaunchPlan
 from ddp_launch.rendezvous import lookup_ipv4, waiting_resolver
 from ddp_launch.schedulers import scheduler_for
 
-__all__ = ("Launch", "ProbeQuestions", "parse", "questions", "probe", "plan")
+__all__ = ("Launch", "NodeFacts", "ProbeQuestions", "parse", "questions", "probe", "plan")
 
 
 @dataclass(frozen=True)
