@@ -17,7 +17,8 @@ does (its scheduler placed it; only the cluster's admins can cordon the node). S
 with 76 (ddp_contract.EXIT_BAD_NODE), not only the named one: the others would wait in the
 rendezvous for a pod that may never pass. The operator's restart policy then acts on the whole job
 (Kubeflow's replica restartPolicy: OnFailure restarts each container in its pod, where this
-preflight runs again; ExitCode takes 1-127 as a permanent error and ends the job, as Never does).
+preflight runs again; ExitCode retries only an exit code >= 128, kubeflow/training-operator
+pkg/util/train/train_util.go IsRetryableExitCode, so 76 ends the job there, as Never does).
 Elastic jobs (PET_NNODES=MIN:MAX) run no fixed number of pods: each pod's report is judged alone.
 """
 
@@ -50,7 +51,7 @@ POLL_S = 1.0
 GATE_OWN_FLAGS = ("--log-dir", "--rdzv-port", "--module", "--script")
 RESTART_POLICY = ("every pod of the job stops (exit 76): a pod cannot leave its node as a SLURM job requeues "
                   "without one, so the job's restart policy decides (OnFailure restarts each container in its pod, "
-                  "where this preflight runs again; ExitCode, which takes 76 for a permanent error, and Never end "
+                  "where this preflight runs again; ExitCode, which retries only codes >= 128, and Never end "
                   "the job); if the pod's node stays bad, ask the cluster's admins to cordon it (kubectl get pod "
                   "POD -o wide names it) and submit again")
 
