@@ -44,6 +44,7 @@ from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.flags import FlagParser
 from ddp_launch.torchrun_command import TORCHRUN_JOIN_TIMEOUT_S
 from ddp_launch.options import read_options, split_workload
+from ddp_launch.plan import LaunchPlan
 
 DOCTOR_PREFIX = "doctor-"  # as the SLURM preflight names its reports (ddp_contract.quarantine)
 POLL_S = 1.0
@@ -219,10 +220,27 @@ def say(lines: Sequence[str]) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def run(argv: Sequence[str], env: Mapping[str, str], children: Children,
-        probe: Callable[[planner.ProbeQuestions], planner.NodeFacts] = planner.probe) -> int:
-    args, launch_words = parse_args(argv, env)
-    launch_flags, trainer_words = split_workload(launch_words)
+@dataclass(frozen=True)
+class PodLaunch:
+    """The training's launch as this pod reads it: its flags and the trainer's, its plan, the job and the pod."""
+
+    flags: tuple[str, ...]          # ddp-launch's flags for the training
+    trainer: tuple[str, ...]        # the trainer's
+    plan: LaunchPlan | None         # None: the launcher refuses (doctor says why in its "launch plan" check)
+    plan_problem: str
+    join_timeout_s: float           # how long the pods wait for each other, as the rendezvous would
+    job: str                        # the job's identity (DDP_JOB_ID), "" where nothing names it
+    pod: str                        # this pod's name
+
+    @property
+    def pods(self) -> int:
+        """The pods whose reports make the verdict: every pod of the job, or this one for an elastic job."""
+        return self.plan.nodes if self.plan is not None and self.plan.min_nodes is None else 1
+
+
+def read_launch(launch_words: Sequence[str], env: Mapping[str, str],
+                probe: Callable[[planner.ProbeQuestions], planner.NodeFacts]) -> PodLaunch:
+    flags, trainer = split_workload(launch_words)
     options = read_options(list(launch_words), env)
     launch = planner.parse(options, env, read_fabric_data(options.site, env))
     if "kubeflow" not in launch.scheduler.MODES:
@@ -230,51 +248,76 @@ def run(argv: Sequence[str], env: Mapping[str, str], children: Children,
                           f"{', '.join(launch.scheduler.MODES)}: a SLURM job script runs its own (slurm/lib/ddp.sh)")
     # The launcher's own probe (it waits for the master's DNS name); the GPUs are doctor's to judge.
     facts = probe(replace(planner.questions(launch), cuda=False))
+    plan, plan_problem = None, ""
     try:
         plan = planner.plan(launch, facts)
     except LaunchError as refused:
-        plan, plan_problem = None, str(refused)
+        plan_problem = str(refused)
     identity = launch.scheduler.identity(launch.job, facts)
-    job = env.get(JOB_ID_VAR) or identity.job_id or ""
-    pod = identity.node_name or socket.gethostname().split(".")[0]
-    run_dir = args.run_dir
+    return PodLaunch(tuple(flags), trainer, plan, plan_problem,
+                     float(options.rdzv_timeout.value) if options.rdzv_timeout else TORCHRUN_JOIN_TIMEOUT_S,
+                     env.get(JOB_ID_VAR) or identity.job_id or "",
+                     identity.node_name or socket.gethostname().split(".")[0])
+
+
+def doctor_everywhere(pod: PodLaunch, run_dir: str, data_dir: str, site: str | None, children: Children) -> Verdict:
+    """doctor here, its report beside the other pods' on the claim, and the verdict from all of them."""
+    directory = Path(run_dir) / "preflight" / file_key(pod.job or pod.pod)
+    report = directory / f"{DOCTOR_PREFIX}{file_key(pod.pod)}.json"
+    report.unlink(missing_ok=True)
+    done = children.run([sys.executable, "-m", "ddp_launch", "doctor", "--json", "--data-dir", data_dir,
+                         *(("--site", site) if site else ())], stdout=subprocess.PIPE, text=True)
+    write_atomically(report, done.stdout)
+    texts = wait_for_reports(directory, pod.pods, pod.join_timeout_s) if pod.pods > 1 else {pod.pod: done.stdout}
+    verdict = doctor_verdict({name: doctor_failures(text) for name, text in texts.items()}, pod.pods)
+    return replace(verdict, lines=(*verdict.lines, f"preflight: the reports are in {directory}"))
+
+
+def gate_across_pods(pod: PodLaunch, run_dir: str, site: str | None, children: Children) -> Verdict:
+    """The fabric gate through ddp-launch, like the training, and the pod it names."""
+    gate_json = Path(run_dir) / "gate.json"
+    # Every pod removes an earlier run's before it joins the gate's rendezvous, so before rank 0 writes it.
+    gate_json.unlink(missing_ok=True)
+    argv = gate_launch_argv(pod.flags, run_dir, gate_port(pod.plan.rendezvous.port), site,
+                            trainer_backend(pod.trainer))
+    code = children.run([sys.executable, "-m", "ddp_launch", *argv]).returncode
     try:
-        rundir_lock.check(run_dir, rundir_lock.owner_here({JOB_ID_VAR: job}))
+        report = json.loads(gate_json.read_text())
+    except (OSError, ValueError):
+        report = None
+    return gate_verdict(code, report, run_dir)
+
+
+def timed(what: str, step: Callable[[], Verdict]) -> int:
+    """The step's verdict said, with its time, and its exit code."""
+    started = time.monotonic()
+    verdict = step()
+    say((*verdict.lines, f"preflight: {what}: {time.monotonic() - started:.0f} s"))
+    return verdict.code
+
+
+def run(argv: Sequence[str], env: Mapping[str, str], children: Children,
+        probe: Callable[[planner.ProbeQuestions], planner.NodeFacts] = planner.probe) -> int:
+    args, launch_words = parse_args(argv, env)
+    pod = read_launch(launch_words, env, probe)
+    try:
+        rundir_lock.check(args.run_dir, rundir_lock.owner_here({JOB_ID_VAR: pod.job}))
     except rundir_lock.LockHeld as held:
         raise LaunchError(str(held)) from None
     children.stop_on_signals()
-    pods = plan.nodes if plan is not None and plan.min_nodes is None else 1
-    say((f"preflight: pod {pod} of job {job or '(unnamed)'}: ddp-launch doctor in every pod, then the fabric gate "
-         f"across them (DDP_PREFLIGHT=0, DDP_FABRIC_GATE=0 skip them)",))
+    say((f"preflight: pod {pod.pod} of job {pod.job or '(unnamed)'}: ddp-launch doctor in every pod, then the fabric "
+         f"gate across them (DDP_PREFLIGHT=0, DDP_FABRIC_GATE=0 skip them)",))
     if env.get("DDP_PREFLIGHT", "1") != "0":
-        directory = Path(run_dir) / "preflight" / file_key(job or pod)
-        report = directory / f"{DOCTOR_PREFIX}{file_key(pod)}.json"
-        report.unlink(missing_ok=True)
-        started = time.monotonic()
-        done = children.run([sys.executable, "-m", "ddp_launch", "doctor", "--json", "--data-dir", args.data_dir,
-                             *(("--site", args.site) if args.site else ())], stdout=subprocess.PIPE, text=True)
-        write_atomically(report, done.stdout)
-        timeout = float(options.rdzv_timeout.value) if options.rdzv_timeout else TORCHRUN_JOIN_TIMEOUT_S
-        texts = wait_for_reports(directory, pods, timeout) if pods > 1 else {file_key(pod): done.stdout}
-        verdict = doctor_verdict({name: doctor_failures(text) for name, text in texts.items()}, pods)
-        say((*verdict.lines, f"preflight: doctor and its verdict: {time.monotonic() - started:.0f} s ({directory})"))
-        if verdict.code != 0:
-            return verdict.code
-    if plan is None:
-        raise LaunchError(plan_problem)
+        code = timed("doctor and its verdict", lambda: doctor_everywhere(pod, args.run_dir, args.data_dir, args.site,
+                                                                         children))
+        if code != 0:
+            return code
+    if pod.plan is None:
+        raise LaunchError(pod.plan_problem)
     if env.get("DDP_FABRIC_GATE", "1") != "0":
-        started = time.monotonic()
-        gate_argv = gate_launch_argv(launch_flags, run_dir, gate_port(plan.rendezvous.port), args.site,
-                                     trainer_backend(trainer_words))
-        code = children.run([sys.executable, "-m", "ddp_launch", *gate_argv]).returncode
-        try:
-            report_json = json.loads((Path(run_dir) / "gate.json").read_text())
-        except (OSError, ValueError):
-            report_json = None
-        verdict = gate_verdict(code, report_json, run_dir)
-        say((*verdict.lines, f"preflight: fabric gate (launch included): {time.monotonic() - started:.0f} s"))
-        if verdict.code != 0:
-            return verdict.code
+        code = timed("fabric gate (launch included)", lambda: gate_across_pods(pod, args.run_dir, args.site, children))
+        if code != 0:
+            return code
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "ddp_launch", *launch_words])
