@@ -227,3 +227,10 @@ def test_the_skips_and_a_launch_that_is_not_a_pods(pod):
     slurm = [*argv[:argv.index("--") + 1], "--mode", "local"]
     with pytest.raises(LaunchError, match=r"^ddp-launch preflight runs in a RunAI/Kubeflow pod"):
         run(slurm, POD_ENV, children)
+
+
+def test_ddp_launch_has_the_preflight_subcommand_and_its_missing_flags_are_one_line(capsys):
+    from ddp_launch import cli
+    assert cli.main(["preflight", "--site", "rcp"]) == EXIT_USAGE
+    assert capsys.readouterr().err == ("ddp-launch: error: preflight: the following arguments are required: "
+                                       "--data-dir, --run-dir\n")
