@@ -193,6 +193,9 @@ main() {
     # v2 "--annotation stringArray", "--extended-resource stringArray  resource_name=quantity".
     if [ "${RUNAI_RDMA:-1}" = 1 ]; then
         shared+=(--annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1)
+    else
+        # No RoCE: NCCL's own switch to IP sockets, which ddp-launch and doctor read as "no RDMA device expected".
+        shared+=(-e NCCL_IB_DISABLE=1)
     fi
     # Existing PVCs: --existing-pvc claimname=NAME,path=PATH in both (v2: "Mount an existing
     # persistent volume. Use the format: claimname=CLAIM_NAME,path=PATH"; --pvc in v1 instead

@@ -36,6 +36,12 @@ EXPECT_FABRIC_VAR = "DDP_EXPECT_FABRIC"     # slingshot | infiniband | ethernet:
 REQUIRE_FABRIC_VAR = "DDP_REQUIRE_FABRIC"   # "1": a fallback to sockets is an error
 LOG_DIR_VAR = "DDP_LAUNCH_LOG_DIR"          # where NCCL's log goes beside torchrun's
 ENV_SOURCES_VAR = "DDP_ENV_SOURCES"         # JSON {name: "who: why"} of what the launcher set
+# The job's identity, derived by the scheduler's module in ddp_launch/schedulers/ from that scheduler's
+# own variables, so that nothing else reads them: the job (the same on every node, across its requeues
+# and its containers' restarts) and this node's name in it (a SLURM node, a pod). The run-dir lock
+# names its owner's job with JOB_ID_VAR; a user may set it where no scheduler says (it is kept).
+JOB_ID_VAR = "DDP_JOB_ID"
+NODE_NAME_VAR = "DDP_NODE_NAME"
 # The index, among the GPUs this process sees, of its own: set where SLURM bound one GPU to each
 # task (srun --gpus-per-task=1), whose LOCAL_RANK (torch's: its index on the node) is then no index
 # into the one GPU it sees. Unset: the process's GPU is its LOCAL_RANK.

@@ -1,10 +1,11 @@
 """The scheduler variables read outside ddp_launch/schedulers/: the job, the node, the GPUs granted.
 
 The scheduler modules own every other name and build their tables on these. These few live in
-the contract because their readers cannot import the scheduler modules: the trainer (the run-dir
-lock's owner, the roll call's node names) and the host's Python 3.6 (the job scripts' run-dir
-lock check) never import the launcher, and gpus.py, which the scheduler modules call, would close
-an import cycle with them. Python 3.6, standard library.
+the contract because their readers cannot import the scheduler modules: the trainer (the roll
+call's node names, where ddp-launch's DDP_NODE_NAME is missing) never imports the launcher, and
+gpus.py, which the scheduler modules call, would close an import cycle with them. The run-dir lock
+reads none of them: the job's identity reaches it as DDP_JOB_ID (ddp_launch/job_identity.py).
+Python 3.6, standard library.
 """
 
 # SLURM: sbatch(1) and srun(1), "OUTPUT ENVIRONMENT VARIABLES" (https://slurm.schedmd.com/sbatch.html).

@@ -278,11 +278,13 @@ ddp::split_words() {
 
 # One job per run dir: the trainer holds <run-dir>/.ddp-run.lock while it runs
 # (entrypoints/ddp_contract/rundir_lock.py says why a file and not flock). A second job
-# stops here, exit 2 in one line, before its sampler or logs write anything there.
+# stops here, exit 2 in one line, before its sampler or logs write anything there. The lock names
+# its job by DDP_JOB_ID, which ddp-launch sets in the steps from the same SLURM job id
+# (ddp_launch/schedulers/slurm.py, identity): a requeue of this job finds its own lock.
 ddp::require_free_run_dir() {
     local -r run_dir="$1"
     local status=0
-    ddp::on_host ddp_contract run-dir-lock "${run_dir}" || status=$?
+    DDP_JOB_ID="${DDP_JOB_ID:-${SLURM_JOB_ID:-}}" ddp::on_host ddp_contract run-dir-lock "${run_dir}" || status=$?
     [ "${status}" -eq 0 ] || exit "${status}"
 }
 

@@ -164,7 +164,7 @@ EOF
     local -r name="$(_workload)"
     [[ "${name}" =~ ^wrn-20260101-120000-[a-z0-9]{4}$ ]]
     run _submit_calls
-    assert_output "runai submit-dist pytorch --name ${name} --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/${name} --run-as-uid 224954 --run-as-gid 11259 --node-pools a100 --project mlo-alice -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+    assert_output "runai submit-dist pytorch --name ${name} --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command -e NCCL_IB_DISABLE=1 --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/${name} --run-as-uid 224954 --run-as-gid 11259 --node-pools a100 --project mlo-alice -- /opt/ddp/runai/pod.sh --batch-size 1 024"
 }
 
 # RUNAI_EXTRA_ARGS is split as the SLURM job scripts split DDP_TRAIN_ARGS: the shell's quoting,
@@ -328,7 +328,7 @@ EOF
     assert_success
 }
 
-@test "pod: ddp-launch in kubeflow mode with the rcp site, torchrun logs on the run volume" {
+@test "pod: the preflight, then ddp-launch in kubeflow mode with the rcp site, torchrun logs on the run volume" {
     mkdir -p "${BATS_TEST_TMPDIR}/data/cifar-100-python"
     touch "${BATS_TEST_TMPDIR}/data/cifar-100-python/"{train,test,meta}
     DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RANK=1 PET_NNODES=2 \
@@ -337,8 +337,21 @@ EOF
     assert_success
     assert_output --partial "pod: pod ddp-train-worker-0: rank 1 of 2 pods"
     run grep '^ddp-launch' "${CALLS}"
-    assert_output "ddp-launch --mode kubeflow --site rcp --log-dir ${BATS_TEST_TMPDIR}/run/logs -- --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/run --epochs 5"
+    # ddp-launch preflight (entrypoints/ddp_launch/preflight.py) execs the launch after its `--` once it passed.
+    assert_output "ddp-launch preflight --site rcp --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/run -- --mode kubeflow --site rcp --log-dir ${BATS_TEST_TMPDIR}/run/logs -- --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/run --epochs 5"
     [ -d "${BATS_TEST_TMPDIR}/run/logs" ]
+}
+
+@test "pod: a run dir the pod's user cannot write is one line with the fix, exit 2, before ddp-launch" {
+    _stage_data
+    touch "${BATS_TEST_TMPDIR}/claim"  # not a directory: mkdir fails as it does on a claim of another uid
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/claim/run" run bash "${REPO}/runai/pod.sh"
+
+    assert_failure 2
+    [ "${#lines[@]}" -eq 2 ]  # the pod's line, then the error
+    assert_line --index 1 --regexp "^pod: error: cannot write the run dir ${BATS_TEST_TMPDIR}/claim/run \(mkdir: .*Not a directory\) as uid $(id -u) gid $(id -g): ${BATS_TEST_TMPDIR}/claim is uid $(id -u) gid $(id -g), mode [0-7]+; submit the pods as its owner \(runai submit ... --run-as-uid UID --run-as-gid GID, as RCP's csub.py does\) or make ${BATS_TEST_TMPDIR}/claim writable for uid $(id -u)$"
+    run grep -c '^ddp-launch' "${CALLS}"
+    assert_output "0"
 }
 
 @test "pod: without DDP_RUN_DIR the pod stops in one line, exit 2: it cannot tell a new job from its own restart" {
@@ -358,7 +371,9 @@ EOF
         run bash "${REPO}/runai/pod.sh"
 
     assert_failure 2
-    assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the PVC"
+    # In a pod: no Makefile, no login node; what stages the data from a pod (ddp_contract.place).
+    assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the claim once, from a pod that mounts it: python3 -m ddp_contract download ${BATS_TEST_TMPDIR}/partial (or ddp-train --download --data-dir ${BATS_TEST_TMPDIR}/partial; RunAI: runai submit ... --command -- python3 -m ddp_contract download ${BATS_TEST_TMPDIR}/partial)"
+    refute_output --partial "make data"
     run grep -c '^ddp-launch' "${CALLS}"
     assert_output "0"
 }

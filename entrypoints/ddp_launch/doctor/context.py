@@ -85,6 +85,12 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
 
 
 def fabric_expected(ctx: DoctorContext) -> Optional[str]:
+    """The high-speed fabric this node must have: the site's, unless the user turned InfiniBand/RoCE off
+    with NCCL_IB_DISABLE=1 ("NCCL will fall back to using IP sockets", NCCL's environment variables,
+    https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-disable), as the launcher
+    plans it then (fabric.ethernet_requested); runai/submit.sh sets it for RUNAI_RDMA=0."""
+    if ctx.profile and ctx.profile.fabric == "infiniband" and ctx.env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return None
     if ctx.profile and ctx.profile.fabric in ("slingshot", "infiniband"):
         return ctx.profile.fabric
     return ctx.fabric.fabric if ctx.fabric.fabric != "ethernet" else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
+from ddp_contract.place import in_a_pod
 from ddp_launch.doctor.context import DoctorContext, fabric_expected, library_dirs
 from ddp_launch.doctor.probes import is_executable_file
 from ddp_launch.doctor.report import FAIL, OK, SKIP, WARN, Check
@@ -22,8 +23,12 @@ def check_fabric_devices(ctx: DoctorContext) -> Check:
                      "run on a compute node; inside Apptainer /dev is shared, so check the node itself")
     if expected == "infiniband" and not rdma:
         status = FAIL if ctx.multi_node else WARN
-        return Check("fabric devices", status, "InfiniBand/RoCE expected but /sys/class/infiniband is empty",
-                     "on RunAI add --extended-resource rdma/rdma=1 and the roce network annotation")
+        fix = ("on RunAI add --extended-resource rdma/rdma=1 and the roce network annotation (runai/submit.sh adds "
+               "them by default), or set NCCL_IB_DISABLE=1 in the pods to train without RoCE (runai/submit.sh does "
+               "when asked for no RDMA)" if in_a_pod(ctx.env)
+               else "run on a node with an InfiniBand HCA (check the job's partition), or set NCCL_IB_DISABLE=1 "
+                    "to train over Ethernet sockets")
+        return Check("fabric devices", status, "InfiniBand/RoCE expected but /sys/class/infiniband is empty", fix)
     return Check("fabric devices", OK, f"fabric {ctx.fabric.fabric}; devices: {found}")
 
 

@@ -104,6 +104,23 @@ def test_a_command_given_without_runais_command_flag_names_that_flag(after):
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "add RunAI's --command (runai submit-dist pytorch ... --command -- " in done.stderr
     assert "unrecognized arguments" not in done.stderr
+    # Trainer flags after RunAI's `--` reach ddp-launch too: what trains is the pod script, with --command.
+    assert done.stderr.rstrip().endswith("to train, submit with --command -- /opt/ddp/runai/pod.sh and your trainer "
+                                         "flags (runai/submit.sh does)")
+
+
+def test_trainer_flags_given_without_runais_command_flag_say_how_a_pod_trains_not_to_put_them_after_dashes():
+    # They were after RunAI's `--` already: ddp-launch, the ENTRYPOINT, got them as its own flags.
+    argv = pod_argv(dockerfile_entrypoint(DOCKERFILE.read_text()), ["submit-dist", "pytorch", "--", "--epochs", "5"])
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO / "entrypoints"),
+           "KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": "2", "RANK": "0"}
+    done = subprocess.run([sys.executable, "-m", "ddp_launch", *argv[1:]], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith("ddp-launch: error: unrecognized arguments: --epochs 5 (in a pod ddp-launch is the "
+                                  "image's ENTRYPOINT, and RunAI hands it the words after its `--` unless --command "
+                                  "is given: to train, submit with --command -- /opt/ddp/runai/pod.sh")
+    assert "put workload arguments after --" not in done.stderr
 
 
 def test_outside_a_pod_a_stray_command_is_the_plain_flag_error():
