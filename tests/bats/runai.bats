@@ -349,7 +349,10 @@ EOF
 
     assert_failure 2
     [ "${#lines[@]}" -eq 2 ]  # the pod's line, then the error
-    assert_line --index 1 --regexp "^pod: error: cannot write the run dir ${BATS_TEST_TMPDIR}/claim/run \(mkdir: .*Not a directory\) as uid $(id -u) gid $(id -g): ${BATS_TEST_TMPDIR}/claim is uid $(id -u) gid $(id -g), mode [0-7]+; submit the pods as its owner \(runai submit ... --run-as-uid UID --run-as-gid GID, as RCP's csub.py does\) or make ${BATS_TEST_TMPDIR}/claim writable for uid $(id -u)$"
+    # The pod's user is what `id` says (the stub's 224954:11259); the claim's owner is what stat reads.
+    local owner
+    owner="$(stat -c 'uid %u gid %g' "${BATS_TEST_TMPDIR}/claim")"
+    assert_line --index 1 --regexp "^pod: error: cannot write the run dir ${BATS_TEST_TMPDIR}/claim/run \(mkdir: .*Not a directory\) as uid $(id -u) gid $(id -g): ${BATS_TEST_TMPDIR}/claim is ${owner}, mode [0-7]+; submit the pods as its owner \(runai submit ... --run-as-uid UID --run-as-gid GID, as RCP's csub.py does\) or make ${BATS_TEST_TMPDIR}/claim writable for uid $(id -u)$"
     run grep -c '^ddp-launch' "${CALLS}"
     assert_output "0"
 }
