@@ -12,10 +12,10 @@ import os
 import re
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from ddp_contract import fabrics
 from ddp_contract.data_files import SITE, SITES_DIR_VAR, check_header, find, read_json_file, search_path
 from ddp_contract.errors import LaunchError
 
-FABRICS = ("slingshot", "infiniband", "ethernet", "auto")
 LIBRARY_ORDERS = ("first", "prepend", "append")
 # The GPU vendors with data in containers/sites/accelerators (ddp_launch.accelerators); a profile
 # without "accelerator" means the first, so profiles written before AMD keep working.
@@ -132,8 +132,9 @@ def parse_profile(data: object, path: str) -> SiteProfile:
     check_header(SITE, data, path)
     name = data["name"]
     fabric = _string(data, "fabric", fail)
-    if fabric not in FABRICS:
-        raise fail(f"'fabric' must be one of {', '.join(FABRICS)}, got {fabric!r}")
+    known = fabrics.FABRICS + (fabrics.AUTO,)  # read here, not at import: the names are the fabrics' registry
+    if fabric not in known:
+        raise fail(f"'fabric' must be one of {', '.join(known)}, got {fabric!r}")
     gpu = data.get("gpu")
     if gpu is not None and not isinstance(gpu, str):
         raise fail("'gpu' must be a string or null")

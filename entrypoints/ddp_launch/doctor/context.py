@@ -4,8 +4,10 @@ launcher's own probe and plan, read once into a DoctorContext that every check r
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Mapping, Optional, Tuple
 
+from ddp_contract.fabrics import AUTO
 from ddp_contract.scheduler_names import SLURMD_NODENAME
 from ddp_launch import planner
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
@@ -14,6 +16,7 @@ from ddp_launch.envvars import Setting
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, plan_fabric
 from ddp_launch.fabric.defaults import FabricData, read_all_fabric_defaults
+from ddp_launch.fabric.registry import fabric_named
 from ddp_launch.facts import NodeFacts
 from ddp_launch.options import read_options
 from ddp_launch.plan import LAUNCHER, LaunchPlan
@@ -84,10 +87,13 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
                          problem, cpu_workers)
 
 
-def fabric_expected(ctx: DoctorContext) -> Optional[str]:
-    if ctx.profile and ctx.profile.fabric in ("slingshot", "infiniband"):
-        return ctx.profile.fabric
-    return ctx.fabric.fabric if ctx.fabric.fabric != "ethernet" else None
+def fabric_expected(ctx: DoctorContext) -> Optional[ModuleType]:
+    """The high-speed fabric this node must have (fabric.common.Fabric): the site profile's, else the
+    one the plan found; None where sockets are the fabric."""
+    if ctx.profile and ctx.profile.fabric != AUTO and fabric_named(ctx.profile.fabric).HIGH_SPEED:
+        return fabric_named(ctx.profile.fabric)
+    planned = fabric_named(ctx.fabric.fabric)
+    return planned if planned.HIGH_SPEED else None
 
 
 def container_runtime(ctx: DoctorContext) -> str:

@@ -15,11 +15,11 @@ from ddp_contract.data_files import FABRIC, check_header, find_or_fail, read_jso
 from ddp_contract.scheduler_names import SLURM_NETWORK
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.errors import LaunchError
+from ddp_launch.fabric import registry
 from ddp_launch.sites import SiteProfile, load_site
 
 FABRICS_DIRNAME = FABRIC.directory
-# The files plan_fabric may need: the fabric's own (Ethernet has none), then common.json for every fabric.
-FABRIC_FILES = ("slingshot", "infiniband", "common")
+COMMON = "common"   # every fabric's, Ethernet's too, applied after the fabric's own
 # What a value's "when" may name; plan_fabric works out each one for the job and node.
 CONDITIONS = (
     "multi_node",   # more than one node in the job step
@@ -172,10 +172,15 @@ def read_fabric_data(site: str | None, env: Mapping[str, str]) -> FabricData:
     return FabricData(profile, read_all_fabric_defaults(env), load_accelerator(vendor, env))
 
 
+def fabric_files() -> tuple[str, ...]:
+    """The files plan_fabric may need: each fabric's own (Ethernet has none), then common.json for every fabric."""
+    return tuple(fabric.NAME for fabric in registry.registered() if fabric.HAS_DEFAULTS) + (COMMON,)
+
+
 def read_all_fabric_defaults(env: Mapping[str, str]) -> dict[str, FabricDefaults | LaunchError]:
-    """The edge: each of FABRIC_FILES, or the error that says why it cannot be read."""
+    """The edge: each of fabric_files(), or the error that says why it cannot be read."""
     defaults: dict[str, FabricDefaults | LaunchError] = {}
-    for name in FABRIC_FILES:
+    for name in fabric_files():
         try:
             defaults[name] = load_fabric_defaults(name, env)
         except LaunchError as error:
