@@ -90,10 +90,10 @@ def _slingshot_cause(transport: Transport, env: Mapping[str, str]) -> str:
 
 
 # Each fabric's reading of a sockets fallback, by its name; a fabric not listed gets UNLISTED_CAUSE.
-SOCKETS_CAUSES = {
+SOCKETS_CAUSES: Dict[str, Callable[[Transport, Mapping[str, str]], str]] = {
     "slingshot": _slingshot_cause,
     "infiniband": _infiniband_cause,
-}  # type: Dict[str, Callable[[Transport, Mapping[str, str]], str]]
+}
 UNLISTED_CAUSE = "see the NET/ lines of the NCCL log for why NCCL chose sockets; ddp-launch doctor checks the fabric"
 
 

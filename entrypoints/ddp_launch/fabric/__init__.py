@@ -115,6 +115,18 @@ def _observe_transport(builder: EnvBuilder, request: FabricRequest, fabric: str)
         builder.default("NCCL_DEBUG_FILE", nccl_debug_file(request), "one NCCL log per process; NCCL warnings land here too")
 
 
+def _conditions(request: FabricRequest, facts: NodeFacts, profile: SiteProfile | None) -> dict[str, object]:
+    """What a fabric default's "when" may ask (fabric/defaults.py: CONDITIONS, FACTS)."""
+    return {
+        "multi_node": request.multi_node,
+        "roce": choose_roce_device(facts.rdma_devices) is not None,
+        "rdzv_get_disabled": rdzv_get_disabled(request.env),
+        "gpu": profile.gpu if profile else None,
+        "accelerator": profile.accelerator if profile else None,
+        "machine": facts.machine,
+    }
+
+
 def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> FabricPlan:
     profile = data.site_profile()
     fabric = fabric_named(profile.fabric if profile and profile.fabric != AUTO else detect_fabric(facts))
@@ -139,14 +151,7 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> F
             builder.default(item.name, item.value, f"site {profile.name}: {item.source}", SITE_PROFILE)
         builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs, facts.loader_dirs))
 
-    conditions = {  # what a fabric default's "when" may ask (fabric/defaults.py: CONDITIONS, FACTS)
-        "multi_node": request.multi_node,
-        "roce": choose_roce_device(facts.rdma_devices) is not None,
-        "rdzv_get_disabled": rdzv_get_disabled(request.env),
-        "gpu": profile.gpu if profile else None,
-        "accelerator": profile.accelerator if profile else None,
-        "machine": facts.machine,
-    }
+    conditions = _conditions(request, facts, profile)
     defaults = data.fabric_defaults(fabric.NAME) if fabric.HAS_DEFAULTS else None
     fabric.plan(builder, FabricJob(request, facts, profile, defaults, conditions))
 
