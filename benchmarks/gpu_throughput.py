@@ -354,8 +354,7 @@ def ratio_line(results: list[Result]) -> Optional[str]:
 
 def guide_baseline(args: argparse.Namespace, batch: int) -> float:
     """The guide's pipeline from trainer_throughput.py, one warm-up epoch and one timed."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from trainer_throughput import run_seed_pipeline
+    from trainer_throughput import run_seed_pipeline  # beside this script, first on sys.path
     from ddp_train.synthetic import write_dataset
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:

@@ -464,7 +464,8 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
 }
 
 @test "the stop request's file name is the trainer's (ddp_contract.STOP_REQUEST_FILE)" {
-    run python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ddp_contract; print(ddp_contract.STOP_REQUEST_FILE)' "${REPO}/entrypoints"
+    # The host's python3, with the package from this checkout as the job scripts give it (PYTHONPATH).
+    PYTHONPATH="${REPO}/entrypoints" run python3 -c 'import ddp_contract; print(ddp_contract.STOP_REQUEST_FILE)'
     assert_success
     local trainers="${output}"
     # What the job scripts see once they source the library, not how the line is spelled.

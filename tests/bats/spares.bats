@@ -31,7 +31,8 @@ _gate_names() {
 }
 
 @test "the roll call's report name is the trainer's (ddp_contract.ROLL_CALL_REPORT)" {
-    run python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ddp_contract; print(ddp_contract.ROLL_CALL_REPORT)' "${REPO}/entrypoints"
+    # The host's python3, with the package from this checkout as the job scripts give it (PYTHONPATH).
+    PYTHONPATH="${REPO}/entrypoints" run python3 -c 'import ddp_contract; print(ddp_contract.ROLL_CALL_REPORT)'
     assert_success
     local trainers="${output}"
     # What the job scripts see once they source the library, not how the line is spelled.

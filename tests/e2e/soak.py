@@ -1,7 +1,8 @@
 """The soak: N short 2-node jobs back to back on the namespace cluster, under load, each with a
 fault drawn from a seeded RNG, and the books kept on what was lost.
 
-Usage (root; `make soak N=50 SEED=1`): python tests/e2e/soak.py --jobs N --seed S [--load K] [--minutes M]
+Usage (root; `make soak N=50 SEED=1`):
+  PYTHONPATH=tests python tests/e2e/soak.py --jobs N --seed S [--load K] [--minutes M]
 The cluster, the images and the data are the e2e tests' (conftest.start_cluster, build_images,
 stage_data): the real Apptainer in the cluster's Debian root, jobs submitted by its test user.
 Faults: none; USR2 (to the batch shell, as SLURM sends it at the time limit for the job scripts'
@@ -36,12 +37,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-# A script, outside pytest: the shared fakes' directory, which pyproject.toml's pytest pythonpath
-# gives the tests (the e2e twins build their nodes with them); this script's own is sys.path[0].
-sys.path.insert(0, str(HERE.parent))
-import apptainer_root  # noqa: E402
-import conftest  # noqa: E402  (the e2e harness: cluster, images, data, job environment)
+# A script, outside pytest: tests/ (the shared fakes, which pyproject.toml's pytest pythonpath gives
+# the tests) comes from PYTHONPATH, as `make soak` sets it; this script's own directory is sys.path[0].
+import apptainer_root
+import conftest  # the e2e harness: cluster, images, data, job environment
 
 REPO = conftest.REPO
 FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "net-drop", "disk-full",

@@ -1,4 +1,4 @@
-"""HPE Slingshot (CXI) with NCCL's AWS OFI plugin: the rules that need the node or the job.
+"""HPE Slingshot (CXI) with NCCL's AWS OFI plugin: how a node shows it, and the rules that need the node or the job.
 
 The values themselves are data (containers/sites/fabrics/slingshot.json); here are
 NCCL_NET's conflict with a user's NCCL_NET_PLUGIN and the hsn* interface choice.
@@ -10,10 +10,25 @@ from collections.abc import Mapping
 
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts
-from ddp_launch.fabric.common import EnvBuilder
+from ddp_launch.fabric.common import EnvBuilder, FabricJob
 from ddp_launch.fabric.defaults import (DISABLE_RDZV_GET, SRUN_NETWORK_VAR, FabricDefault, FabricDefaults,
                                         when_holds)
 from ddp_launch.plan import SITE_PROFILE
+
+NAME = "slingshot"
+TITLE = "Slingshot"
+HIGH_SPEED = True
+HAS_DEFAULTS = True
+DEVICES = ("/dev/cxi*", "/sys/class/cxi")
+NCCL_IB_TRANSPORT = False   # NCCL reaches the CXI NICs through the OFI plugin and libfabric
+LIBFABRIC_PROVIDER = "cxi"  # libfabric's CXI provider (fi_cxi(7))
+MISSING = "no /dev/cxi* (found: {found})"
+MISSING_FIX = MISSING_FIX_IN_A_POD = "run on a compute node; inside Apptainer /dev is shared, so check the node itself"
+
+
+def detect(facts: NodeFacts) -> bool:
+    """CXI devices, or their sysfs class."""
+    return facts.slingshot_present
 
 
 def check_socket_ifname(value: str, interfaces: tuple[str, ...]) -> str | None:
@@ -112,3 +127,9 @@ def slingshot_defaults(
         if problem:
             # An error for doctor (NCCL will fail); the launcher keeps the user's value and says so.
             builder.note("interface", "error", problem)
+
+
+def plan(builder: EnvBuilder, job: FabricJob) -> None:
+    profile_ifname = job.profile.env_value("NCCL_SOCKET_IFNAME") if job.profile else None
+    slingshot_defaults(builder, job.defaults, job.facts, job.conditions, profile_ifname.value if profile_ifname else None,
+                       job.profile.name if job.profile else None)
