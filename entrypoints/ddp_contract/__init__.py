@@ -52,6 +52,12 @@ HARDWARE_CHECKS = ("gpu health",)
 # it, ddp_contract.quarantine reads it: `add --by roll-call`). Only a lost node makes one: a worker
 # killed on a live node does not.
 ROLL_CALL_REPORT = "roll-call.json"
+# In the run dir: written by a node's ddp-launch (its torchrun agent, ddp_launch/agent.py) when its own
+# workers were killed by a signal (not when they exited on their own: a node cut off the network
+# ends its ranks with exit 1). Every worker of a node killed at once is silent in the roll call as a lost node's
+# are, but a node whose launcher lived to say so is up: the quarantine reads these and leaves such a
+# node out (a crash, exit 1, not a lost node). The job script removes them before each training step.
+LAUNCHER_CRASH_REPORT = "launcher-crash-{node}.json"
 # Set by the job script for a training step that replaces nodes with spares (ddp_contract.spares):
 # JSON with the nodes swapped and the fault's times; the trainer records the recovery from it.
 RECOVERY_VAR = "DDP_RECOVERY"

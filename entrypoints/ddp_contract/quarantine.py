@@ -2,7 +2,8 @@
 
 A node that the fabric gate (gate.json), the preflight (`ddp-launch doctor --json`, one
 report per node) or the trainer's roll call after a failed collective (roll-call.json: a node lost
-mid-run) names goes into <run-dir>/quarantine.json with why; the batch script trains on a spare
+mid-run) names goes into <run-dir>/quarantine.json with why (a node the roll call found silent whose
+own launcher reported its workers' crash, launcher-crash-<node>.json, is up and stays out of it); the batch script trains on a spare
 node instead (ddp_contract.spares) or requeues the job with those nodes in ExcNodeList. A check that
 fails on every node is the setup's, not a node's: `add` names nothing then, prints one line with
 the fix and exits 2. Runs on the host's python3 (3.6 on SLES 15):
@@ -18,7 +19,7 @@ import os
 import sys
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ddp_contract import EXIT_BAD_NODE, EXIT_USAGE, HARDWARE_CHECKS
+from ddp_contract import EXIT_BAD_NODE, EXIT_USAGE, HARDWARE_CHECKS, LAUNCHER_CRASH_REPORT
 
 RECORD_NAME = "quarantine.json"
 DOCTOR_PREFIX = "doctor-"  # doctor-<node>.json, as the job script's srun --output=doctor-%N.json names them
@@ -103,6 +104,14 @@ def named_by_roll_call(report: object) -> Dict[str, str]:
         if isinstance(lost, dict) and lost.get("node"):
             named[str(lost["node"])] = "lost mid-run: none of its ranks answered the roll call after a collective failed"
     return named
+
+
+def up_by_launcher(run_dir: str, named: Iterable[str]) -> List[str]:
+    """The named nodes whose ddp-launch wrote that its workers crashed (ddp_launch/agent.py): the node
+    was up to say so, so the silence of its ranks was a crash (killed workers, out of memory), not a
+    lost node. The job script removes these records before each training step."""
+    return [node for node in named
+            if os.path.exists(os.path.join(run_dir, LAUNCHER_CRASH_REPORT.format(node=node)))]
 
 
 class Failed(NamedTuple):  # one FAIL of a doctor report (ddp_launch.doctor.render_json)
@@ -248,7 +257,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if problem:
                 print(problem)
                 return EXIT_USAGE
-        record, new = merge(known, collect(args.by, texts, args.job, args.restart))
+        named = collect(args.by, texts, args.job, args.restart)
+        if args.by == "roll-call":
+            up = up_by_launcher(args.run_dir, [e.node for e in named])
+            for node in up:
+                print("{} is up: its ddp-launch reported its workers' crash ({}): a crash, not a lost node".format(
+                    node, LAUNCHER_CRASH_REPORT.format(node=node)))
+            named = [e for e in named if e.node not in up]
+        record, new = merge(known, named)
         if new:
             write_record(args.run_dir, record)
         for entry in new:

@@ -9,14 +9,16 @@ This module imports torch: it runs only after the exec, never in the launcher.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE, RENDEZVOUS_STARTED_VAR
+from ddp_contract import (EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE, LAUNCHER_CRASH_REPORT, NODE_NAME_VAR,
+                          RENDEZVOUS_STARTED_VAR)
 from ddp_contract import free_bytes as contract_free_bytes
 from ddp_contract.heartbeat import HEARTBEAT_DIR_VAR
 from ddp_launch.watchdog import Watchdog, heartbeat_directory
@@ -120,6 +122,27 @@ def crash_summary(rank: int, host: str, exitcode: int, log_dir: str | None) -> s
     if log_dir:  # where the plan sets --log-dir, it also prefixes each worker's lines
         where += f" (lines starting '{host}:rank{rank}:') or its log under {log_dir}"
     return f"ddp-launch: error: worker rank {rank} on {host} {how} (crash): see {where}"
+
+
+def write_crash_report(env: Mapping[str, str], host: str, rank: int, exitcode: int, now: float) -> str | None:
+    """Say in the run dir that this node is up and its workers were killed (ddp_contract.LAUNCHER_CRASH_REPORT),
+    so that the roll call's silence of all its ranks is not taken for a lost node. Written aside and
+    renamed: the job script never reads half of one. None, or a warning line where it cannot be written."""
+    run_dir = env.get("DDP_RUN_DIR", "")
+    if not run_dir:  # a launcher started by hand, outside the job scripts: no quarantine reads it
+        return None
+    node = env.get(NODE_NAME_VAR) or host
+    path = os.path.join(run_dir, LAUNCHER_CRASH_REPORT.format(node=node))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    record = {"node": node, "rank": rank, "exitcode": exitcode, "at": round(now, 3)}
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        os.replace(tmp, path)
+    except OSError as error:
+        return (f"ddp-launch: warning: cannot write {path} ({error.strerror}): the job script may take "
+                f"{node} for a lost node")
+    return None
 
 
 def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> str:
@@ -316,6 +339,13 @@ def _run_torchrun(torchrun, argv: list[str] | None) -> int:
         elif code == EXIT_CRASH:
             rank, first = first_crash(failure.failures)
             print(crash_summary(rank, socket.gethostname(), first.exitcode, args.log_dir), file=sys.stderr)
+            # Killed by a signal (KILL by a user, the OOM killer or our hang watchdog; SEGV): it died here,
+            # on a node that is up. A worker that exited on its own may have lost its peers: on a node
+            # cut off the network its ranks' roll call cannot reach the store (PeerLost, exit 1).
+            warning = (write_crash_report(os.environ, socket.gethostname(), rank, first.exitcode, time.time())
+                       if first.exitcode < 0 else None)
+            if warning:
+                print(warning, file=sys.stderr)
         # EXIT_USAGE: the worker's own line says what to fix; nothing to add, unless a full
         # disk kept that line out of its log.
         note = full_log_dir_note(args.log_dir)

@@ -57,6 +57,8 @@ readonly DDP_STOP_REQUEST_FILE=.ddp-stop-request
 readonly DDP_STEP_IDS_FILE=.ddp-step-ids
 # ddp_contract.ROLL_CALL_REPORT: in the run dir, the nodes a failed collective's roll call found gone.
 readonly DDP_ROLL_CALL_REPORT=roll-call.json
+# ddp_contract.LAUNCHER_CRASH_REPORT: a node's ddp-launch saw its workers crash (the node is up).
+readonly DDP_LAUNCHER_CRASH_REPORTS='launcher-crash-*.json'
 
 ddp::log() {
     printf '%s: %s\n' "${DDP_LOG_TAG:-ddp}" "$*" >&2
@@ -834,7 +836,8 @@ ddp::step_nodes() {
 # (return 76, ddp::maybe_requeue, within DDP_MAX_REQUEUES). The scripts' --no-kill keeps slurmctld from
 # ending the job as NODE_FAIL (and requeueing it onto the same node where it is not marked DOWN yet), so
 # this is where a lost node's requeue happens; its late kills are harmless (ddp::skip_used_step_ids).
-# A report that names no node is a crash: return 1. The seconds from the fault to training again are
+# A report that names no node is a crash: return 1; so is one whose silent node's own ddp-launch wrote
+# that its workers crashed (launcher-crash-<node>.json): every worker of a live node killed at once. The seconds from the fault to training again are
 # the trainer's to say (DDP_RECOVERY).
 #   ddp::replace_lost_node STEP_ENDED_AT
 ddp::replace_lost_node() {
@@ -868,7 +871,8 @@ ddp::train_with_spares() {
     local status ended_at
     while true; do
         status=0
-        rm -f -- "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
+        # shellcheck disable=SC2086 # the crash reports' glob
+        rm -f -- "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" "${DDP_RUN_DIR}"/${DDP_LAUNCHER_CRASH_REPORTS}
         ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
         ddp::train "$@" || status=$?
         ended_at="$(ddp::now)"

@@ -174,6 +174,24 @@ def test_a_roll_call_names_the_lost_node(tmp_path):
                                "none of its ranks answered the roll call after a collective failed")
 
 
+def test_a_silent_node_whose_own_launcher_reported_a_crash_is_up_and_not_excluded(tmp_path, capsys):
+    # ddp_launch/agent.py writes launcher-crash-<node>.json when its workers crashed: all of a live
+    # node's workers killed at once are silent in the roll call as a lost node's are.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "launcher-crash-node2.json").write_text('{"node": "node2", "rank": 2, "exitcode": -9, "at": 3.0}')
+    report = _roll_call_json(tmp_path, ["node2", "node3"])
+    assert q.main(["add", "--by", "roll-call", "--job", "9", str(run_dir), report]) == EXIT_BAD_NODE
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("node2 is up: its ddp-launch reported its workers' crash (launcher-crash-node2.json): "
+                      "a crash, not a lost node")
+    assert out[1].startswith("excluded node3 (named by the roll call")
+    assert [e.node for e in q.read_record(str(run_dir))] == ["node3"]
+    # Only the up node named: nothing new, exit 0 (ddp.sh then ends the job as a crash, exit 1).
+    assert q.main(["add", "--by", "roll-call", "--job", "9", str(run_dir), _roll_call_json(tmp_path, ["node2"])]) == 0
+    assert [e.node for e in q.read_record(str(run_dir))] == ["node3"]
+
+
 def test_a_roll_call_report_that_is_not_one_names_nothing(tmp_path):
     (tmp_path / "roll-call.json").write_text("{not json")
     assert q.collect("roll-call", q.read_reports([str(tmp_path / "roll-call.json"), str(tmp_path / "absent.json")]), "7", 0) == []

@@ -3,6 +3,7 @@ stop signals forwarded (real torchrun runs of these are in test_launch_outcomes.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 from ddp_launch.agent import (EXIT_REQUEUE, StopRequest, child_pids, crash_summary,
                               first_crash, first_line, full_log_dir_note, is_retried, launcher_exit_code, rendezvous_failure,
-                              retry_crashes_only)
+                              retry_crashes_only, write_crash_report)
 
 
 def write_stat(proc: Path, pid: int, comm: str, ppid: int) -> None:
@@ -81,6 +82,44 @@ def test_usr2_to_the_launch_reaches_every_worker_and_the_job_exits_75(tmp_path):
     for rank in (0, 1):
         assert (tmp_path / f"signal-{rank}").read_text() == str(int(signal.SIGUSR2))
     assert "stopped on a signal" in output
+
+
+@pytest.mark.parametrize(("body", "how", "reported"), [
+    # Every worker of the node killed at once (the OOM killer, a user's pkill): the roll call of the
+    # other nodes hears none of its ranks, as for a lost node; this launcher lived to say so.
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "was killed by SIGKILL (crash)", True),
+    # A worker that exits on its own may have lost its peers (PeerLost on a node cut off the network).
+    ("raise SystemExit(1)\n", "exited with 1 (crash)", False),
+])
+def test_a_node_whose_workers_are_killed_says_in_the_run_dir_that_it_is_up(tmp_path, body, how, reported):
+    script = tmp_path / "worker.py"
+    script.write_text(body)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_"))}
+    env.update(DDP_RUN_DIR=str(run_dir), DDP_NODE_NAME="node2")
+    done = subprocess.run(
+        [sys.executable, "-m", "ddp_launch", "--mode", "local", "--cpu-workers", "2", "--script", str(script)],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr
+    assert how in done.stderr
+    if not reported:
+        assert list(run_dir.iterdir()) == []
+        return
+    record = json.loads((run_dir / "launcher-crash-node2.json").read_text())
+    assert record["node"] == "node2" and record["exitcode"] == -9 and record["rank"] in (0, 1)
+    assert list(run_dir.glob("*.tmp")) == []
+
+
+def test_a_crash_report_is_written_only_in_a_job_and_a_run_dir_it_cannot_write_is_a_warning(tmp_path):
+    assert write_crash_report({}, "host1", 0, 1, 10.0) is None
+    assert list(tmp_path.iterdir()) == []
+    assert write_crash_report({"DDP_RUN_DIR": str(tmp_path)}, "host1", 3, 1, 10.0) is None  # named by the host
+    assert json.loads((tmp_path / "launcher-crash-host1.json").read_text()) == {
+        "node": "host1", "rank": 3, "exitcode": 1, "at": 10.0}
+    warning = write_crash_report({"DDP_RUN_DIR": str(tmp_path / "absent")}, "host1", 0, 1, 10.0)
+    assert warning.startswith(f"ddp-launch: warning: cannot write {tmp_path}/absent/launcher-crash-host1.json (")
+    assert warning.endswith("the job script may take host1 for a lost node")
 
 
 def test_rendezvous_failures_name_the_endpoint_and_the_fix():
