@@ -7,7 +7,9 @@ training run in fp32 and bf16, seed by seed.
 
 step: the trainer's model (ddp_train.model, --width-scale and --batch-size, default the demo's
 1/16 and 128), forward + backward + SGD on one process, fp32 and bf16 autocast in alternating
-timed rounds (best of --rounds). Each row is a fresh process with ONEDNN_MAX_CPU_ISA set, which
+timed rounds (best of --rounds), as images per second of wall time and per CPU-second of the
+process (time.process_time, every thread): on a machine shared with other work the wall figures
+follow the load, the CPU ones much less. Each row is a fresh process with ONEDNN_MAX_CPU_ISA set, which
 makes oneDNN (torch's CPU convolutions) dispatch as on an older CPU
 (https://uxlfoundation.github.io/oneDNN/dev_guide_cpu_dispatcher_control.html): "as found" uses
 whatever this CPU has, AVX512_CORE stands for AVX-512 without BF16 (Intel Skylake to Ice Lake),
@@ -60,7 +62,8 @@ def parse_args() -> argparse.Namespace:
 # -- step: images/s of the training step, fp32 and bf16, under each ISA cap --
 
 def step_rates(width_scale: float, batch_size: int, rounds: int, round_s: float) -> dict[str, float]:
-    """In this process: best images/s of fp32 and of bf16 autocast over alternating rounds."""
+    """In this process: the best images per wall second and per CPU-second of fp32 and of bf16
+    autocast over alternating rounds ({"fp32": .., "bf16": .., "fp32_cpu": .., "bf16_cpu": ..})."""
     import torch
     import torch.nn as nn
     from ddp_train.model import WideResNet
@@ -80,14 +83,16 @@ def step_rates(width_scale: float, batch_size: int, rounds: int, round_s: float)
 
     for bf16 in (False, True):  # warm-up: oneDNN builds its kernels on first use
         step(bf16)
-    best = {precision: 0.0 for precision in PRECISIONS}
+    best = {f"{precision}{kind}": 0.0 for precision in PRECISIONS for kind in ("", "_cpu")}
     for i in range(rounds):
         for precision in (PRECISIONS if i % 2 == 0 else PRECISIONS[::-1]):
-            started, steps = time.perf_counter(), 0
+            started, cpu_started, steps = time.perf_counter(), time.process_time(), 0
             while time.perf_counter() - started < round_s:
                 step(precision == "bf16")
                 steps += 1
-            best[precision] = max(best[precision], steps * batch_size / (time.perf_counter() - started))
+            images = steps * batch_size
+            best[precision] = max(best[precision], images / (time.perf_counter() - started))
+            best[f"{precision}_cpu"] = max(best[f"{precision}_cpu"], images / (time.process_time() - cpu_started))
     return best
 
 
@@ -106,13 +111,15 @@ def step_part(args: argparse.Namespace) -> dict:
     rows = {}
     print(f"step: width {args.width_scale:g}, batch {args.batch_size}, one process, forward + backward + SGD, "
           f"best of {args.rounds} alternating rounds of {args.round_s:g} s")
-    print(f"  {'ONEDNN_MAX_CPU_ISA':<19} {'fp32 img/s':>11} {'bf16 img/s':>11} {'bf16/fp32':>10}  auto picks")
+    print(f"  {'ONEDNN_MAX_CPU_ISA':<19} {'fp32 img/s':>11} {'bf16 img/s':>11} {'bf16/fp32':>10} "
+          f"{'per CPU-s':>10}  auto picks")
     for cap in ISA_CAPS:
         rates = step_under_cap(args, cap)
         auto = read_cpu_bf16({"ONEDNN_MAX_CPU_ISA": cap} if cap else {})
         rows[cap or "as found"] = {**rates, "auto": "bf16" if auto.native else "fp32"}
         print(f"  {cap or '(as found)':<19} {rates['fp32']:>11,.1f} {rates['bf16']:>11,.1f} "
-              f"{rates['bf16'] / rates['fp32']:>9.2f}x  {'bf16' if auto.native else 'fp32'}")
+              f"{rates['bf16'] / rates['fp32']:>9.2f}x {rates['bf16_cpu'] / rates['fp32_cpu']:>9.2f}x  "
+              f"{'bf16' if auto.native else 'fp32'}")
     return rows
 
 

@@ -205,7 +205,7 @@ def main() -> int:
             if args.json:
                 print(json.dumps({"forensics": forensics}))
             return 0
-        ours, runs, seed = side_by_side(args, data_dir, Path(tmp))
+        ours, runs, seed, rounds = side_by_side(args, data_dir, Path(tmp))
     what = runs[args.precisions[0]]["gpu_model"] or f"CPU, {torch.get_num_threads()} threads"
     cpu_model = runs[args.precisions[0]]["cpu_model"]
     print(f"trainer_throughput: {args.device} ({what}, {cpu_model}), width scale {args.width_scale:g}, "
@@ -228,14 +228,15 @@ def main() -> int:
         print(json.dumps({"device": args.device, "model": what, "width_scale": args.width_scale,
                           "batch_size": args.batch_size, "ours_images_per_s": default,
                           "ours_by_precision": {runs[p]["precision"]: ours[p] for p in args.precisions},
-                          "seed_images_per_s": seed, "ratio": default / seed, "rounds": args.rounds,
+                          "seed_images_per_s": seed, "ratio": default / seed, "rounds": rounds,
                           "forensics": forensics}))
     return 0
 
 
-def side_by_side(args: argparse.Namespace, data_dir: Path, tmp: Path) -> tuple[dict, dict, float]:
+def side_by_side(args: argparse.Namespace, data_dir: Path, tmp: Path) -> tuple[dict, dict, float, dict]:
     """Every precision of ours and the seed, --rounds times in alternating order: (ours' median
-    images/s by requested precision, ours' run records, the seed's median images/s)."""
+    images/s by requested precision, ours' run records, the seed's median images/s, every round's
+    images/s by side)."""
     sides = [*args.precisions, "seed"]
     rates: dict[str, list[float]] = {side: [] for side in sides}
     runs: dict[str, dict] = {}
@@ -246,8 +247,10 @@ def side_by_side(args: argparse.Namespace, data_dir: Path, tmp: Path) -> tuple[d
             else:
                 rate, runs[side] = run_ours(args, data_dir, tmp / f"run-{side}-{i}", side)
                 rates[side].append(rate)
+            # As each side finishes, so that a run cut off early keeps its figures.
+            print(f"  round {i + 1}: {side} {rates[side][-1]:,.1f} images/s", file=sys.stderr, flush=True)
     ours = {p: statistics.median(rates[p]) for p in args.precisions}
-    return ours, runs, statistics.median(rates["seed"])
+    return ours, runs, statistics.median(rates["seed"]), rates
 
 
 def print_forensics(f: dict | None) -> None:
