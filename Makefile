@@ -73,7 +73,7 @@ test-e2e: venv sysdeps
 N    ?= 50
 SEED ?=
 soak: venv sysdeps
-	$(VPY) tests/e2e/soak.py --jobs $(N) $(if $(SEED),--seed $(SEED)) $(SOAK_ARGS)
+	PYTHONPATH=tests $(VPY) tests/e2e/soak.py --jobs $(N) $(if $(SEED),--seed $(SEED)) $(SOAK_ARGS)
 
 # The e2e RunAI pods' image (ch-image, from containers/Dockerfile on a cached Debian + torch
 # base); the tests build it themselves when needed, this only does it ahead of them.

@@ -106,5 +106,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path[:0] = [str(REPO / "src"), str(REPO / "entrypoints")]
     sys.exit(main())

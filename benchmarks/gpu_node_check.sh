@@ -5,11 +5,13 @@
 # step that overruns costs its own figures only; logs and JSON land in $OUT (default ./gpu-check).
 #
 #   GPU_CHECK_BUDGET_S=570 benchmarks/gpu_node_check.sh   # all it has time for, what matters most first
+#   GPU_CHECK_BUDGET_S=540 benchmarks/gpu_node_check.sh bn-fp16   # fp16 against bf16, our Triton BatchNorm
 #
 # It runs on the node's own python3 (no venv, no network): the checkout on PYTHONPATH, and wheels in
 # .whl/ (a package the node lacks, such as nvidia-cudnn-frontend) installed into a scratch directory.
 set -u
 phase="${1:-all}"
+case "${phase}" in all | bn-fp16) ;; *) echo "usage: $0 [all|bn-fp16]" >&2; exit 2 ;; esac
 budget_s="${GPU_CHECK_BUDGET_S:-420}"
 out="${OUT:-$PWD/gpu-check}"
 mkdir -p "${out}"
@@ -38,16 +40,33 @@ step() {  # step NAME CAP_S COMMAND...: run it capped, its output to $out/NAME.l
 } | tee "${out}/node.txt"
 
 data="/tmp/gpu-check-cifar"
-trainer() {  # trainer NAME LEVERS: the default GPU path through ddp-launch, 3 epochs of 50,000 images
-    step "trainer-$1" 80 python3 -m ddp_launch --mode local -- --data-dir "${data}" --run-dir "/tmp/gpu-check-run-$1" \
-        --epochs 3 --allow-unverified-data --no-resume --inductor-levers "$2"
-    grep -E "Warm-up|Throughput|CUDA graph|Setup" "${out}/trainer-$1.log" | tail -n 6
+trainer() {  # trainer NAME FLAGS...: the default GPU path through ddp-launch, 3 epochs of 50,000 images
+    local name="$1"
+    shift
+    step "trainer-${name}" 80 python3 -m ddp_launch --mode local -- --data-dir "${data}" \
+        --run-dir "/tmp/gpu-check-run-${name}" --epochs 3 --allow-unverified-data --no-resume "$@"
+    grep -E "Warm-up|Epoch [0-9]+/|Throughput|CUDA graph|Setup" "${out}/trainer-${name}.log" | tail -n 8
 }
 
-[ "${phase}" = all ] || { echo "usage: $0 [all]" >&2; exit 2; }
 # In the order of what matters most: a step cut by the budget loses its own figures only.
 python3 -m ddp_train.synthetic "${data}" --train 50000 --test 10000 --seed 0 >"${out}/data.log" 2>&1 &
 data_pid=$!
+if [ "${phase}" = bn-fp16 ]; then
+    # fp16 (loss-scaled on the device) against bf16, and our Triton BatchNorm against inductor's: the
+    # GPU tests, each kernel against a copy, the whole step alternating in one process, then the trainer.
+    step gpu-tests 120 python3 -m pytest -q -p no:cacheprovider -rs -k on_the_gpu \
+        tests/unit/train/test_loss_scale.py tests/unit/train/test_triton_bn.py
+    step bn-bandwidth 120 python3 benchmarks/bn_bandwidth.py --json "${out}/bn-bandwidth.json"
+    step fp16-triton 240 python3 benchmarks/gpu_throughput.py --variants graphs,triton-bn --precisions bf16,fp16 \
+        --steps 30 --baseline-images 0 --json "${out}/fp16-triton.json"
+    wait "${data_pid}"
+    trainer bf16 --precision bf16
+    trainer fp16 --precision fp16
+    trainer bf16-seed1 --precision bf16 --seed 1  # how far two bf16 runs differ: the yardstick for fp16's
+    trainer triton-bn --bn-kernels triton
+    echo "=== done in $((SECONDS - started)) s; logs in ${out}"
+    exit 0
+fi
 gpu_tests=(tests/unit/train/test_fused_blocks.py tests/unit/train/test_cuda_graph_report.py)
 [ -f tests/unit/train/test_cudnn_blocks.py ] && gpu_tests+=(tests/unit/train/test_cudnn_blocks.py)
 step gpu-tests 100 python3 -m pytest -q -p no:cacheprovider -rs -n 4 "${gpu_tests[@]}"
@@ -69,8 +88,8 @@ EOF
 )"
 echo "levers that won: ${winners}" | tee "${out}/winners.txt"
 wait "${data_pid}"
-trainer default auto
-[ "${winners}" != none ] && trainer levers "${winners}"
+trainer default --inductor-levers auto
+[ "${winners}" != none ] && trainer levers --inductor-levers "${winners}"
 cache=/tmp/gpu-check-cache
 step autotune-cold 120 python3 benchmarks/gpu_throughput.py --variants max-autotune --steps 30 \
     --baseline-images 0 --compile-cache-dir "${cache}" --json "${out}/autotune-cold.json"

@@ -21,9 +21,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from deffile import build_arguments, render, sections  # noqa: E402
+from deffile import build_arguments, render, sections  # beside this script, first on sys.path
 
 _SHELL_ONLY_EXPANSION = re.compile(r"\$\{\w+:[-+]")
 # `export NAME="${NAME:-value}"`: Apptainer's image environment overrides the host's, so a

@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
-# What runs in each RunAI / Kubeflow PyTorchJob pod: ddp-launch in kubeflow mode, which
-# reads PET_NNODES, RUNAI_NUM_OF_GPUS, the pod's RANK and MASTER_ADDR/PORT, waits for the
-# master's DNS name, applies the site's RoCE settings (device and IPv4 RoCE v2 GID index
-# found in sysfs) and execs torchrun. Per-rank logs: $DDP_RUN_DIR/logs (torchrun).
+# What runs in each RunAI / Kubeflow PyTorchJob pod: the checks a SLURM job's script runs before
+# training, then ddp-launch in kubeflow mode, which reads PET_NNODES, RUNAI_NUM_OF_GPUS (else
+# PET_NPROC_PER_NODE: auto, cpu, gpu or a count), the pod's RANK and MASTER_ADDR/PORT, waits for
+# the master's DNS name, applies the site's RoCE settings (device and IPv4 RoCE v2 GID index found
+# in sysfs) and execs torchrun. Per-rank logs: $DDP_RUN_DIR/logs (torchrun).
+#
+# The checks, in order: the run dir can be written, /dev/shm, the dataset (here); then `ddp-launch
+# preflight` (entrypoints/ddp_launch/preflight.py): the run dir is not another job's, `ddp-launch
+# doctor` on every pod with one verdict for all (a check that fails on every pod is the setup's:
+# one line, exit 2; a pod that fails alone is named, and every pod exits 76 so the operator's
+# restart policy acts, a pod being unable to requeue itself without its node as a SLURM job does),
+# the fabric gate across the pods (a pod it names: the same), and it execs the training.
+#   DDP_PREFLIGHT=0     skips doctor; DDP_FABRIC_GATE=0 skips the fabric gate (as on SLURM)
+#   NCCL_IB_DISABLE=1   no RoCE: IP sockets, and doctor expects no RDMA device (runai/submit.sh
+#                       sets it for RUNAI_RDMA=0)
 # DDP_RUN_DIR is required: runai/submit.sh gives each submission a run dir of its own. A pod
 # cannot tell a new submission from a restart of its own (the job name, and so the pod's
 # name, is the same), so a default would continue whatever run an earlier job left there.
@@ -11,6 +22,11 @@ set -euo pipefail
 
 pod::log() {
     printf 'pod: %s\n' "$*" >&2
+}
+
+pod::err() {
+    pod::log "error: $*"
+    exit 2
 }
 
 # NCCL's shared-memory transport between the GPUs of one pod needs more than the 64 MiB
@@ -25,27 +41,43 @@ pod::check_shm() {
     size_kib="$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { print $2 }')" || true
     [[ "${size_kib}" =~ ^[0-9]+$ ]] || { pod::log "warning: cannot read the size of /dev/shm"; return 0; }
     if [ "${size_kib}" -lt "${POD_MIN_SHM_KIB}" ]; then
-        pod::log "error: /dev/shm is $((size_kib / 1024)) MiB, and NCCL between the ${gpus} GPUs of this pod needs at least 1 GiB: submit with runai's --large-shm (runai/submit.sh adds it unless RUNAI_LARGE_SHM=0)"
-        exit 2
+        pod::err "/dev/shm is $((size_kib / 1024)) MiB, and NCCL between the ${gpus} GPUs of this pod needs at least 1 GiB: submit with runai's --large-shm (runai/submit.sh adds it unless RUNAI_LARGE_SHM=0)"
     fi
+}
+
+# The run dir on the claim, written by this pod's user: the image's unless the submission names
+# one (a pod's securityContext runAsUser; RunAI's --run-as-uid/--run-as-gid, which RCP's csub.py
+# passes). A claim's directory made by the user's own uid with mode 0755 refuses every other.
+pod::make_run_dir() {
+    local -r run_dir="$1"
+    local why
+    why="$(mkdir -p -- "${run_dir}/logs" 2>&1)" && [ -w "${run_dir}" ] && return 0
+    local existing="${run_dir}"
+    while [ ! -e "${existing}" ] && [ "${existing}" != / ]; do
+        existing="$(dirname -- "${existing}")"
+    done
+    local owner
+    owner="$(stat -c 'uid %u gid %g, mode %a' -- "${existing}" 2>/dev/null)" || owner="owner unknown"
+    pod::err "cannot write the run dir ${run_dir} (${why:-not writable}) as uid $(id -u) gid $(id -g): ${existing} is ${owner}; submit the pods as its owner (runai submit ... --run-as-uid UID --run-as-gid GID, as RCP's csub.py does) or make ${existing} writable for uid $(id -u)"
 }
 
 main() {
     local -r data_dir="${DDP_DATA_DIR:-/mnt/data}"
     local -r run_dir="${DDP_RUN_DIR:-}"
+    local -r site="${DDP_SITE:-rcp}"
     if [ -z "${run_dir}" ]; then
-        pod::log "error: DDP_RUN_DIR is unset: submit with runai/submit.sh (a run dir per submission), or set it in the pod spec to a new directory per run (an earlier run's to continue it)"
-        exit 2
+        pod::err "DDP_RUN_DIR is unset: submit with runai/submit.sh (a run dir per submission), or set it in the pod spec to a new directory per run (an earlier run's to continue it)"
     fi
     pod::log "pod ${HOSTNAME:-?}: rank ${RANK:-?} of ${PET_NNODES:-?} pods, ${RUNAI_NUM_OF_GPUS:-?} GPUs each," \
         "rendezvous ${MASTER_ADDR:-?}:${MASTER_PORT:-?}"
+    pod::make_run_dir "${run_dir}"
     pod::check_shm
     # The trainer's own list of files decides (ddp_contract.DATASET_FILES, on the image's PYTHONPATH).
     local missing
     missing="$(python3 -m ddp_contract dataset "${data_dir}")" \
-        || { pod::log "error: ${missing:-the dataset check failed (see above)}: stage it on the PVC (make data DATA_DIR=...) or set DDP_DATA_DIR"; exit 2; }
-    mkdir -p "${run_dir}/logs"
-    exec ddp-launch --mode kubeflow --site "${DDP_SITE:-rcp}" --log-dir "${run_dir}/logs" \
+        || pod::err "${missing:-the dataset check failed (see above)}: stage it on the claim once, from a pod that mounts it: python3 -m ddp_contract download ${data_dir} (or ddp-train --download --data-dir ${data_dir}; RunAI: runai submit ... --command -- python3 -m ddp_contract download ${data_dir}), or set DDP_DATA_DIR to where it is"
+    exec ddp-launch preflight --site "${site}" --data-dir "${data_dir}" --run-dir "${run_dir}" \
+        -- --mode kubeflow --site "${site}" --log-dir "${run_dir}/logs" \
         -- --data-dir "${data_dir}" --run-dir "${run_dir}" "$@"
 }
 

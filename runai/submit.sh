@@ -1,28 +1,73 @@
 #!/usr/bin/env bash
 # Submit a multi-node DDP job to RunAI (EPFL RCP style): PET_NNODES pods x RUNAI_GPUS GPUs,
 # RoCE through the kube-system/roce network and one rdma/rdma device per pod.
-# Needs the RunAI CLI v1 with submit-dist (2.13 or newer; this form is the one RCP
-# documents for runai 2.18.94). The newer "runai pytorch submit" (CLI v2) takes the
-# same values under other flag names.
+# Speaks the RunAI CLI that is installed: v1, `runai submit-dist pytorch` (2.13 or newer; the form
+# RCP documents for runai 2.18.94), or v2, `runai training pytorch submit NAME` (RunAI 2.18 or
+# newer, and NVIDIA Run:ai's self-hosted v3); RUNAI_CLI=v1 or v2 says which instead.
 # Usage: runai/submit.sh [trainer flags...]     e.g. RUNAI_WORKERS=3 runai/submit.sh --epochs 50
-# Settings (environment): RUNAI_JOB_NAME, RUNAI_IMAGE, RUNAI_WORKERS (pods besides the
-# master), RUNAI_GPUS (per pod), RUNAI_RDMA (1: RoCE annotation and rdma resource),
-# RUNAI_POD_SCRIPT (runai/pod.sh as the pod sees it: the image or a mounted checkout),
+# Each submission is a workload of its own, named RUNAI_JOB_NAME-<UTC time>-<4 random characters>
+# (a Kubernetes name, unique until the workload is deleted); a new run is named as its workload.
+# Settings (environment): RUNAI_JOB_NAME (the names' prefix, default ddp-train), RUNAI_IMAGE,
+# RUNAI_WORKERS (pods besides the master), RUNAI_GPUS (per pod), RUNAI_RDMA (1: RoCE annotation
+# and rdma resource), RUNAI_POD_SCRIPT (runai/pod.sh as the pod sees it: the image or a mounted
+# checkout),
 # RUNAI_DATA_PVC (required: the PVC that holds cifar-100-python/) mounted at RUNAI_DATA_DIR
 # (default /mnt/data), RUNAI_RUN_PVC (required: the PVC for checkpoints, metrics and logs;
 # it may be the same claim) mounted at RUNAI_RUN_DIR (default /mnt/runs; the same claim may
 # share one mount point with the data), RUNAI_DATA_SUBDIR and RUNAI_RUN_SUBDIR (where in
 # the claim the data and the runs are, relative to its root: homes/<user>/data on a shared
 # claim such as RCP's /mloscratch; default its root), RUNAI_RESUME (the name of an earlier
-# run to continue; default a new run, RUNAI_JOB_NAME-<UTC time>, in the runs directory),
-# RUNAI_EXTRA_ARGS (more runai flags, words with the shell's quoting:
+# run to continue, in a new workload; default a new run, named as its workload, in the runs
+# directory), RUNAI_EXTRA_ARGS (more runai flags, words with the shell's quoting:
 # RUNAI_EXTRA_ARGS="-e 'NOTE=two words'"; python3 splits them),
-# RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default).
+# RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default),
+# RUNAI_RUN_AS (UID:GID the pods run as; default your own, `id -u`:`id -g`, as RCP's recipe runs
+# them as the user; `image` keeps the image's user).
 set -euo pipefail
 
 runai_submit::err() {
     printf 'runai/submit.sh: error: %s\n' "$*" >&2
     exit 2
+}
+
+# A workload's name is a Kubernetes object name, and a PyTorchJob's must be a DNS-1035 label
+# (kubeflow/training-operator, pkg/webhooks/pytorch: NameIsDNS1035Label): lower-case letters,
+# digits and '-', starting with a letter, ending with a letter or digit. The RunAI CLI takes at
+# most 49 characters (run-ai/runai-cli, pkg/util/validate.go: JobMaxLength = 49); a pod's name
+# and its Service's add -master-0 or -worker-N to it, within a DNS label's 63.
+readonly RUNAI_SUBMIT_NAME_MAX=49
+# The name's tail: -<UTC time, to the second>-<4 characters>. The time sorts and dates the runs, as
+# RCP's csub.py names its jobs (epfml/getting-started, csub.py: %Y%m%d-%H%M%S); the 4 random
+# characters keep two submissions in one second apart (a loop of them, or two shells), where
+# Kubernetes would refuse the second name ("already exists") and both would share one run dir.
+readonly RUNAI_SUBMIT_TAIL_LENGTH=$((1 + 15 + 1 + 4))
+readonly RUNAI_SUBMIT_PREFIX_MAX=$((RUNAI_SUBMIT_NAME_MAX - RUNAI_SUBMIT_TAIL_LENGTH))
+
+# A new workload name: PREFIX-<UTC time>-<4 random lower-case letters or digits>.
+runai_submit::new_name() {
+    local -r prefix="$1" alphabet=abcdefghijklmnopqrstuvwxyz0123456789
+    local stamp random=""
+    stamp="$(date -u +%Y%m%d-%H%M%S)"
+    while [ "${#random}" -lt 4 ]; do
+        random+="${alphabet:RANDOM % ${#alphabet}:1}"
+    done
+    printf '%s-%s-%s\n' "${prefix}" "${stamp}" "${random}"
+}
+
+# Which CLI is installed: the one that has its PyTorch submit command. Version numbers do not tell
+# them apart (each follows the cluster's: 2.18 has both); their command trees do (the v1 reference
+# documents `runai submit-dist pytorch`, the v2 reference `runai training pytorch submit`, and
+# neither has the other's). Both are cobra programs, where `--help` on a command prints its help
+# and exits 0 and an unknown command is "Error: unknown command", exit 1 (run-ai/runai-cli). v1
+# first: it is RCP's documented form (epfml/getting-started, docs/multinode.md).
+runai_submit::cli() {
+    if runai submit-dist pytorch --help >/dev/null 2>&1; then
+        echo v1
+    elif runai training pytorch submit --help >/dev/null 2>&1; then
+        echo v2
+    else
+        runai_submit::err "$(command -v runai) has neither 'runai submit-dist pytorch' (RunAI CLI v1) nor 'runai training pytorch submit' (CLI v2): install the CLI from your RunAI cluster's web UI, or set RUNAI_CLI=v1 or v2"
+    fi
 }
 
 # A volume setting: the name of an existing PVC and its mount point in every pod.
@@ -63,17 +108,24 @@ runai_submit::split_words() {
 }
 
 main() {
-    local -r name="${RUNAI_JOB_NAME:-ddp-train}"
+    local -r prefix="${RUNAI_JOB_NAME:-ddp-train}"
     local -r image="${RUNAI_IMAGE:-}"
     local -r workers="${RUNAI_WORKERS:-1}"
     local -r gpus="${RUNAI_GPUS:-4}"
     local -r pod_script="${RUNAI_POD_SCRIPT:-/opt/ddp/runai/pod.sh}"
     local -r data_dir="${RUNAI_DATA_DIR:-/mnt/data}" run_dir="${RUNAI_RUN_DIR:-/mnt/runs}"
-    [ -n "${image}" ] || runai_submit::err "RUNAI_IMAGE is unset: push the image built by 'make dockerfile' and set RUNAI_IMAGE=registry/name:tag"
+    # The image: containers/Dockerfile, built for the cluster's x86_64 nodes (docker build
+    # --platform: https://docs.docker.com/reference/cli/docker/buildx/build/#platform; an arm64
+    # laptop would otherwise build an image the nodes cannot run) and pushed to the registry RCP's
+    # guide uses (epfml/getting-started README, "Creating Custom Docker Images": ic-registry.epfl.ch).
+    [ -n "${image}" ] || runai_submit::err "RUNAI_IMAGE is unset: build and push the image from the repository root, docker build --platform linux/amd64 -f containers/Dockerfile -t ic-registry.epfl.ch/<project>/ddp-train:<tag> . && docker push ic-registry.epfl.ch/<project>/ddp-train:<tag> (after docker login ic-registry.epfl.ch), then set RUNAI_IMAGE=ic-registry.epfl.ch/<project>/ddp-train:<tag>"
     [[ "${workers}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_WORKERS=${workers} is not a number of worker pods"
     [[ "${gpus}" =~ ^[0-9]+$ ]] || runai_submit::err "RUNAI_GPUS=${gpus} is not a number of GPUs per pod"
+    if ! [[ "${prefix}" =~ ^[a-z]([-a-z0-9]*[a-z0-9])?$ ]] || [ "${#prefix}" -gt "${RUNAI_SUBMIT_PREFIX_MAX}" ]; then
+        runai_submit::err "RUNAI_JOB_NAME=${prefix} is not a workload name's prefix: lower-case letters, digits and '-', starting with a letter, ending with a letter or digit, at most ${RUNAI_SUBMIT_PREFIX_MAX} characters (the RunAI CLI takes ${RUNAI_SUBMIT_NAME_MAX}, and the submit adds -<UTC time>-<4 characters>), e.g. RUNAI_JOB_NAME=wrn-cifar"
+    fi
     runai_submit::check_volume RUNAI_DATA_PVC "${RUNAI_DATA_PVC:-}" RUNAI_DATA_DIR "${data_dir}" \
-        "cifar-100-python/ (stage it with make data DATA_DIR=... from a pod that mounts it)"
+        "cifar-100-python/ (stage it with ddp-train --download --data-dir DIR, in the image, in a pod that mounts it)"
     runai_submit::check_volume RUNAI_RUN_PVC "${RUNAI_RUN_PVC:-}" RUNAI_RUN_DIR "${run_dir}" \
         "the runs: checkpoints, metrics, logs (it may be the data PVC)"
     # One claim may be mounted once for both; two claims cannot share a mount point (Kubernetes
@@ -83,54 +135,109 @@ main() {
     local data_subdir run_subdir
     data_subdir="$(runai_submit::subdir RUNAI_DATA_SUBDIR "${RUNAI_DATA_SUBDIR:-}" "homes/${USER:-me}/data")"
     run_subdir="$(runai_submit::subdir RUNAI_RUN_SUBDIR "${RUNAI_RUN_SUBDIR:-}" "homes/${USER:-me}/runs")"
-    # A new submission is a new run: a job name used before (RunAI frees it once the old job is
-    # deleted) would otherwise find the old run's checkpoint and continue it, or report it done.
-    # RUNAI_RESUME names the run to continue instead.
-    local run="${RUNAI_RESUME:-}"
+    # A new submission is a new run, named as its workload: a run dir named after the job alone
+    # would hold an earlier submission's run, which the trainer would continue or report done.
+    # RUNAI_RESUME names the run to continue instead; its workload still gets a name of its own,
+    # since the one that ran the run before may still exist (RunAI keeps a finished workload until
+    # it is deleted).
+    local name run="${RUNAI_RESUME:-}"
+    name="$(runai_submit::new_name "${prefix}")"
     if [ -n "${run}" ]; then
         [[ "${run}" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] \
-            || runai_submit::err "RUNAI_RESUME=${run} is not a run's name: give the directory name under the runs directory that the submit of that run printed (e.g. RUNAI_RESUME=${name}-20260101-120000)"
+            || runai_submit::err "RUNAI_RESUME=${run} is not a run's name: give the directory name under the runs directory that the submit of that run printed (e.g. RUNAI_RESUME=${prefix}-20260101-120000-k3x9)"
     else
-        run="${name}-$(date -u +%Y%m%d-%H%M%S)"
+        run="${name}"
     fi
     local -r data_path="${data_dir}${data_subdir:+/${data_subdir}}"
     local -r run_path="${run_dir}${run_subdir:+/${run_subdir}}/${run}"
-    command -v runai >/dev/null || runai_submit::err "runai CLI not found: install it from your RunAI cluster's web UI (version 2.13 or newer)"
-
-    # --command: without it RunAI appends what follows `--` to the image's ENTRYPOINT
-    # (ddp-launch), so every pod would run `ddp-launch /opt/ddp/runai/pod.sh ...` and exit 2;
-    # with it, what follows `--` replaces the ENTRYPOINT (Run:ai CLI reference, runai
-    # submit-dist pytorch: "--command: if set, overrides the image's entrypoint with the
-    # command supplied after '--'"; the Kubernetes rule for a container's command/args).
-    local -a args=(submit-dist pytorch --name "${name}" --workers="${workers}" -g "${gpus}" -i "${image}" --command)
-    # Kubernetes gives a pod a 64 MiB /dev/shm; NCCL's shared-memory transport between the
-    # GPUs of one pod needs far more and fails with "unhandled system error" (NCCL
-    # troubleshooting, "Docker/shared memory"). --large-shm mounts a memory-backed /dev/shm.
-    if [ "${RUNAI_LARGE_SHM:-1}" = 1 ]; then
-        args+=(--large-shm)
-    fi
-    if [ "${RUNAI_RDMA:-1}" = 1 ]; then
-        args+=(--annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1)
-    fi
-    # Existing PVCs: --existing-pvc claimname=NAME,path=PATH (Run:ai CLI reference, runai
-    # submit-dist pytorch; --pvc instead creates a new claim from a storage class). pod.sh
-    # reads DDP_DATA_DIR and DDP_RUN_DIR (-e NAME=VALUE: a variable in every pod).
-    args+=(--existing-pvc "claimname=${RUNAI_DATA_PVC},path=${data_dir}")
-    if [ "${run_dir}" != "${data_dir}" ]; then
-        args+=(--existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}")
-    fi
-    args+=(-e "DDP_DATA_DIR=${data_path}" -e "DDP_RUN_DIR=${run_path}")
+    # The pods' user. RCP's csub.py always passes --run-as-uid and --run-as-gid, the user's LDAP
+    # ids (epfml/getting-started, csub.py: LDAP_UID, LDAP_GID), with the scratch claim: its
+    # homes/<user>/ are the user's, and a pod running as the image's user may not write there.
+    # On a host with those ids (RCP's haas001.rcp.epfl.ch) `id` gives them; elsewhere (a laptop)
+    # RUNAI_RUN_AS names them.
+    local run_as="${RUNAI_RUN_AS:-}"
+    [ -n "${run_as}" ] || run_as="$(id -u):$(id -g)"
+    [[ "${run_as}" =~ ^[0-9]+:[0-9]+$ || "${run_as}" = image ]] \
+        || runai_submit::err "RUNAI_RUN_AS=${run_as} is neither UID:GID nor image: give the numeric user and group the pods run as (on RCP your LDAP ids, from id on haas001.rcp.epfl.ch), or image to keep the image's user"
     local -a extra=()
     runai_submit::split_words extra RUNAI_EXTRA_ARGS
+    case "${RUNAI_CLI:-}" in
+        ""|v1|v2) ;;
+        *) runai_submit::err "RUNAI_CLI=${RUNAI_CLI} is neither v1 (runai submit-dist pytorch) nor v2 (runai training pytorch submit); leave it unset to use the installed CLI's" ;;
+    esac
+    command -v runai >/dev/null || runai_submit::err "runai CLI not found: install it from your RunAI cluster's web UI (CLI v1 2.13 or newer, or v2)"
+    local cli="${RUNAI_CLI:-}"
+    [ -n "${cli}" ] || cli="$(runai_submit::cli)" || exit 2
+
+    # What both CLIs take under the same names (each reference's flag below: v1, runai submit-dist
+    # pytorch, https://docs.run.ai/v2.18/Researcher/cli-reference/runai-submit-dist-pytorch/ and
+    # RCP's use of it, epfml/getting-started docs/multinode.md and csub.py; v2, runai training
+    # pytorch submit, run-ai/docs docs/Researcher/cli-reference/new-cli/runai_training_pytorch_submit.md,
+    # now https://docs.nvidia.com/run-ai/self-hosted/reference/cli/runai/training/runai-training-pytorch-submit).
+    # -i IMAGE: v1 "-i | --image", v2 "-i, --image string".
+    # --command: without it RunAI appends what follows `--` to the image's ENTRYPOINT
+    # (ddp-launch), so every pod would run `ddp-launch /opt/ddp/runai/pod.sh ...` and exit 2;
+    # with it, what follows `--` replaces the ENTRYPOINT (v1: "--command: Overrides the image's
+    # entry point with the command supplied after '--'"; v2: "-c, --command  If true, override the
+    # image's entrypoint with the command supplied after '--'"; Kubernetes' command/args).
+    local -a shared=(-i "${image}" --command)
+    # Kubernetes gives a pod a 64 MiB /dev/shm; NCCL's shared-memory transport between the
+    # GPUs of one pod needs far more and fails with "unhandled system error" (NCCL
+    # troubleshooting, "Docker/shared memory"). --large-shm mounts a memory-backed /dev/shm
+    # (v1 "--large-shm: Mount a large /dev/shm device", v2 "--large-shm").
+    if [ "${RUNAI_LARGE_SHM:-1}" = 1 ]; then
+        shared+=(--large-shm)
+    fi
+    # RCP's RoCE: the pods join kube-system/roce and get an RDMA device (epfml/getting-started,
+    # docs/multinode.md); v1 "-a | --annotation", "--extended-resource <resource-name>=<quantity>",
+    # v2 "--annotation stringArray", "--extended-resource stringArray  resource_name=quantity".
+    if [ "${RUNAI_RDMA:-1}" = 1 ]; then
+        shared+=(--annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1)
+    else
+        # No RoCE: NCCL's own switch to IP sockets, which ddp-launch and doctor read as "no RDMA device expected".
+        shared+=(-e NCCL_IB_DISABLE=1)
+    fi
+    # Existing PVCs: --existing-pvc claimname=NAME,path=PATH in both (v2: "Mount an existing
+    # persistent volume. Use the format: claimname=CLAIM_NAME,path=PATH"; --pvc in v1 instead
+    # creates a claim from a storage class). pod.sh reads DDP_DATA_DIR and DDP_RUN_DIR
+    # (-e NAME=VALUE: v1 "-e | --environment", v2 "-e, --environment stringArray  Set environment
+    # variables in the container").
+    shared+=(--existing-pvc "claimname=${RUNAI_DATA_PVC},path=${data_dir}")
+    if [ "${run_dir}" != "${data_dir}" ]; then
+        shared+=(--existing-pvc "claimname=${RUNAI_RUN_PVC},path=${run_dir}")
+    fi
+    shared+=(-e "DDP_DATA_DIR=${data_path}" -e "DDP_RUN_DIR=${run_path}")
+    # v2 "--run-as-uid int  The user ID the container will run with", "--run-as-gid int"; v1 takes
+    # the same two, as csub.py passes them to runai submit-dist pytorch.
+    if [ "${run_as}" != image ]; then
+        shared+=(--run-as-uid "${run_as%%:*}" --run-as-gid "${run_as#*:}")
+    fi
+    # Where the two differ: v1 names the workload with --name and counts GPUs with -g (a float,
+    # "-g | --gpu"); v2 takes the name as its argument and GPU devices as -g, --gpu-devices-request
+    # (int32). Both count --workers as the pods besides the master (v2 has --no-master to drop it).
+    local -a args logs
+    if [ "${cli}" = v1 ]; then
+        args=(submit-dist pytorch --name "${name}" --workers="${workers}" -g "${gpus}" "${shared[@]}")
+        logs=(runai logs "${name}" --follow)
+    else
+        args=(training pytorch submit "${name}" --workers "${workers}" --gpu-devices-request "${gpus}" "${shared[@]}")
+        logs=(runai training pytorch logs "${name}" --follow)
+    fi
     # The trainer's --resume: with it, a run dir without a checkpoint (a mistyped name) is an error
     # in one line rather than a new run (src/ddp_train/checkpoint.py).
     local -a resume=()
     if [ -n "${RUNAI_RESUME:-}" ]; then
         resume=(--resume)
-        printf 'runai/submit.sh: continuing run %s in %s\n' "${run}" "${run_path}" >&2
+        printf 'runai/submit.sh: continuing run %s in %s, as workload %s\n' "${run}" "${run_path}" "${name}" >&2
     else
         printf 'runai/submit.sh: a new run, %s, in %s (RUNAI_RESUME=%s continues it)\n' "${run}" "${run_path}" "${run}" >&2
     fi
+    # The logs: v1 "runai logs JOB_NAME", -f/--follow (run-ai/runai-cli cmd/logs/logs.go); v2
+    # "runai training pytorch logs WORKLOAD_NAME --follow" (run-ai/docs new-cli/runai_pytorch_logs.md).
+    if [ "${run_as}" != image ]; then
+        printf "runai/submit.sh: its pods run as %s (RUNAI_RUN_AS=UID:GID changes it, RUNAI_RUN_AS=image keeps the image's user)\n" "${run_as}" >&2
+    fi
+    printf 'runai/submit.sh: follow it with: %s\n' "${logs[*]}" >&2
     exec runai "${args[@]}" "${extra[@]}" -- "${pod_script}" "${resume[@]}" "$@"
 }
 

@@ -20,6 +20,7 @@ source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" |
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-cpu.sif"
 ddp::default DDP_SITE generic
+ddp::default DDP_TRAIN_NODES 6  # as #SBATCH --nodes; spares (DDP_SPARE_NODES) come on top
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/ethernet-gloo-%j"
 ddp::default DDP_TRAIN_ARGS "--epochs 10 --batch-size 384 --base-lr 0.01"

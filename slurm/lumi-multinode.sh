@@ -32,6 +32,7 @@ source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" |
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-lumi-x86_64.sif"
 ddp::default DDP_SITE lumi
+ddp::default DDP_TRAIN_NODES 2  # as #SBATCH --nodes; spares (DDP_SPARE_NODES) come on top
 ddp::default DDP_CONTAINER_RUNTIME singularity
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/lumi-multinode-%j"

@@ -14,6 +14,10 @@
 #SBATCH --no-kill
 #SBATCH --open-mode=append
 # Olivia (Sigma2), one GH200: the single-GPU baseline of the scaling table.
+# Recipe: the improved one (--recipe improved, docs/benchmarks.md), not the Sigma2 guide's. Its LR
+# follows the global batch (--lr-scaling batch) from the guide's train_ddp.py default of 0.01 at 512
+# images: peak LR 0.005 at batch 256, 256 images per GPU as in the 4- and 8-GPU scripts. The guide's
+# code at its own single-GPU batch and LR (512, 0.01): sbatch slurm/olivia-1gpu.sh --recipe guide --batch-size 512
 # Submit from the repository root: sbatch slurm/olivia-1gpu.sh [trainer flags...]
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
@@ -23,8 +27,9 @@ source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" |
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-olivia-arm64.sif"
 ddp::default DDP_SITE olivia
+ddp::default DDP_TRAIN_NODES 1  # as #SBATCH --nodes; spares (DDP_SPARE_NODES) come on top
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-1gpu-%j"
-ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 256 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
+ddp::default DDP_TRAIN_ARGS "--recipe improved --epochs 100 --batch-size 256 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
 
 ddp::run_job node "$@"

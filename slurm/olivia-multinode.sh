@@ -16,6 +16,10 @@
 # Olivia (Sigma2), 2 or more nodes x 4 GH200 over Slingshot: one task per node,
 # torchrun per node with c10d rendezvous on the first node (found by ddp-launch, no
 # scontrol in the image); host libfabric/NCCL/CXI bound in from the olivia site profile.
+# Recipe: the improved one (--recipe improved, docs/benchmarks.md), not the Sigma2 guide's. Its LR
+# follows the global batch (--lr-scaling batch) from the guide's train_ddp.py default of 0.01 at 512
+# images: peak LR 0.04 at batch 2048. The guide's own 2-node run (PyTorchMultiNode.html) is --recipe
+# guide --batch-size 2048 --base-lr 0.04, its LR unscaled: sbatch slurm/olivia-multinode.sh --recipe guide --base-lr 0.04
 # Submit from the repository root: sbatch [--nodes=4] slurm/olivia-multinode.sh [trainer flags...]
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
@@ -24,8 +28,9 @@ source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" |
 
 ddp::default DDP_IMAGE "${DDP_REPO}/train-olivia-arm64.sif"
 ddp::default DDP_SITE olivia
+ddp::default DDP_TRAIN_NODES 2  # as #SBATCH --nodes; spares (DDP_SPARE_NODES) come on top
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-multinode-%j"
-ddp::default DDP_TRAIN_ARGS "--epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
+ddp::default DDP_TRAIN_ARGS "--recipe improved --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
 
 ddp::run_job node "$@"

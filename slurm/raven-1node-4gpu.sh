@@ -28,6 +28,7 @@ source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" |
 ddp::default DDP_IMAGE "${DDP_REPO}/train-x86_64.sif"
 ddp::default DDP_APPTAINER_MODULE apptainer  # MPCDF: Apptainer is a module on Raven
 ddp::default DDP_SITE raven
+ddp::default DDP_TRAIN_NODES 1  # as #SBATCH --nodes; spares (DDP_SPARE_NODES) come on top
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/raven-1node-%j"
 ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 128 --base-lr 0.01"

@@ -144,7 +144,9 @@ def setup_problem(failures: Mapping[str, Optional[Tuple[Failed, ...]]], nodes: i
     like it, it counts the only node of a 1-node job as every node: one node cannot tell a node's
     fault from the setup's, and a requeue cannot either, while it costs up to DDP_MAX_REQUEUES waits
     in the queue for a setup fault. The exception is a check of the node's own hardware
-    (HARDWARE_CHECKS: an uncorrectable ECC error is that GPU's), which on one node is the node's.
+    (HARDWARE_CHECKS: an uncorrectable ECC error, a pending repair, a slowdown that held in two
+    readings is that GPU's), which on one node is the node's: requeued without it, the job runs on
+    a healthy one, while exit 2 would leave the user to find and exclude the node by hand.
     The line names the node, for an --exclude when it is the node."""
     reports = sorted(failures.items())
     if not reports or len(reports) < nodes or any(found is None for _, found in reports):

@@ -13,10 +13,20 @@ expires. O_EXCL creation is atomic on NFSv3+ (open(2), "O_EXCL") and on Lustre a
 and the file says who holds it, so the refusal can name the job.
 
 A lock is not in the way when (decide(), in this order):
-- it names this job (SLURM_JOB_ID): a requeue, or a restart of the workers, of the same job;
-- it names this host and a pid that is gone: a local run that was killed;
+- it names this job (DDP_JOB_ID, which ddp-launch sets from the scheduler's own variables,
+  ddp_launch/job_identity.py, and the job scripts from SLURM's job id): a requeue, a restart of
+  the workers, or a new container of a pod of the same job, whose old one is gone: Kubernetes
+  restarts a container after it exited, in the same pod, which keeps its name (the host name here)
+  and starts PID 1 again, so the old owner's pid may well be alive here as another process;
+- it names this host, the same PID namespace, and a pid that is gone: a local run that was killed;
 - its mtime is STALE_AFTER_S older than the file system's clock (a new file's mtime, so no
   clock skew between nodes): its owner stopped refreshing it, e.g. a node that died.
+A pid says something only in the PID namespace it was taken in: a container of its own (a pod's,
+`apptainer run --pid`) numbers its processes from 1, on the same host name. The owner names its
+namespace by the boot and the start of that namespace's PID 1 (pid_space(): the kernel's boot_id,
+proc(5) /proc/sys/kernel/random/boot_id, and field 22 of /proc/1/stat, "the time the process
+started after system boot"); a lock from another namespace on this host is judged by job and age
+alone, never by a pid that may be another process's here.
 Taking over a stale lock is a rename, not an O_EXCL create: two jobs that both find it stale
 at the same instant could both take it (a narrow race this file does not close).
 Python 3.6, standard library: the job scripts run it with the node's python3.
@@ -30,35 +40,56 @@ import threading
 import time
 from typing import Mapping, NamedTuple, Optional
 
-from ddp_contract.scheduler_names import SLURM_JOB_ID
+from ddp_contract import JOB_ID_VAR
 
 LOCK_NAME = ".ddp-run.lock"
 HEARTBEAT_S = 20.0
 STALE_AFTER_S = 120.0  # six missed heartbeats
-JOB_VARIABLES = (SLURM_JOB_ID, "DDP_JOB_ID")  # DDP_JOB_ID: any other scheduler's job name
 
 
 class Owner(NamedTuple):
     job: str  # "" outside a scheduler
     host: str
     pid: int
+    pid_space: str = ""  # the PID namespace the pid is in ("" unknown: an older lock, /proc unreadable)
 
 
 class LockHeld(Exception):
     """The run dir belongs to another live job; the message is the one line to print."""
 
 
-def owner_here(env: Mapping[str, str], pid: Optional[int] = None) -> Owner:
-    job = next((env[name] for name in JOB_VARIABLES if env.get(name)), "")
-    return Owner(job, socket.gethostname(), os.getpid() if pid is None else pid)
+def pid_space(proc: str = "/proc") -> str:
+    """This PID namespace, as "<boot id>/<start of its PID 1 in clock ticks after boot>"; "" when
+    /proc does not say (a hidepid mount, no /proc)."""
+    try:
+        with open(os.path.join(proc, "sys/kernel/random/boot_id")) as handle:
+            boot = handle.read().strip()
+        with open(os.path.join(proc, "1/stat")) as handle:
+            fields = handle.read().rpartition(")")[2].split()  # the command name may hold spaces
+        return "{}/{}".format(boot, fields[19]) if boot and len(fields) > 19 else ""  # field 22 of stat
+    except OSError:
+        return ""
+
+
+def owner_here(env: Mapping[str, str], pid: Optional[int] = None, proc: str = "/proc") -> Owner:
+    return Owner(env.get(JOB_ID_VAR, "").strip(), socket.gethostname(), os.getpid() if pid is None else pid,
+                 pid_space(proc))
 
 
 def parse_owner(text: str) -> Optional[Owner]:
     try:
         data = json.loads(text)
-        return Owner(str(data["job"]), str(data["host"]), int(data["pid"]))
-    except (ValueError, KeyError, TypeError):
+        return Owner(str(data["job"]), str(data["host"]), int(data["pid"]), str(data.get("pid_space") or ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None  # half-written or foreign: judged by its age alone
+
+
+def same_pid_space(held_by: Owner, me: Owner) -> bool:
+    """Whether held_by's pid can be looked up here: this host, and this PID namespace where both
+    say which (a lock written before they did is taken to be from the host's, as it was)."""
+    if held_by.host != me.host:
+        return False
+    return not (held_by.pid_space and me.pid_space) or held_by.pid_space == me.pid_space
 
 
 def decide(held_by: Optional[Owner], age_s: float, me: Owner, pid_alive: bool) -> Optional[str]:
@@ -67,7 +98,7 @@ def decide(held_by: Optional[Owner], age_s: float, me: Owner, pid_alive: bool) -
         return None if age_s > STALE_AFTER_S else "a lock file that is being written"
     if held_by.job and held_by.job == me.job:
         return None
-    if held_by.host == me.host and not pid_alive:
+    if same_pid_space(held_by, me) and not pid_alive:
         return None
     if age_s > STALE_AFTER_S:
         return None
@@ -121,7 +152,7 @@ def check(run_dir: str, me: Owner) -> None:
         return
     held_by, mtime = found
     why = decide(held_by, _fs_now(run_dir) - mtime, me,
-                 _pid_alive(held_by.pid) if held_by is not None else False)
+                 _pid_alive(held_by.pid) if held_by is not None and same_pid_space(held_by, me) else False)
     if why is not None:
         raise LockHeld(refusal(run_dir, why))
 

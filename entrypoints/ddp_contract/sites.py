@@ -10,12 +10,14 @@ launcher's (ddp_launch.sites).
 
 import os
 import re
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from ddp_contract import fabrics
 from ddp_contract.data_files import SITE, SITES_DIR_VAR, check_header, find, read_json_file, search_path
 from ddp_contract.errors import LaunchError
+from ddp_contract.records import (ENV_TABLE, FLAG, LIST, STRING, TEXT, Field, Reader, exactly, is_text, must_be,
+                                  object_of, one_of, optional, rule, showing_value)
 
-FABRICS = ("slingshot", "infiniband", "ethernet", "auto")
 LIBRARY_ORDERS = ("first", "prepend", "append")
 # The GPU vendors with data in containers/sites/accelerators (ddp_launch.accelerators); a profile
 # without "accelerator" means the first, so profiles written before AMD keep working.
@@ -125,195 +127,141 @@ def read_profile(path: str) -> SiteProfile:
 
 def parse_profile(data: object, path: str) -> SiteProfile:
     """Validate the JSON document; every problem names the file and the key."""
-
-    def fail(what: str) -> LaunchError:
-        return LaunchError(f"bad site profile {path}: {what}")
-
     check_header(SITE, data, path)
-    name = data["name"]
-    fabric = _string(data, "fabric", fail)
-    if fabric not in FABRICS:
-        raise fail(f"'fabric' must be one of {', '.join(FABRICS)}, got {fabric!r}")
-    gpu = data.get("gpu")
-    if gpu is not None and not isinstance(gpu, str):
-        raise fail("'gpu' must be a string or null")
-    accelerator = data.get("accelerator", ACCELERATORS[0])
-    if accelerator not in ACCELERATORS:
-        raise fail(f"'accelerator' must be one of {', '.join(ACCELERATORS)}, got {accelerator!r}")
-    binds = tuple(_bind(item, index, fail) for index, item in enumerate(_list(data, "binds", fail)))
+    reader = Reader(SITE.what, path)
+    profile = reader.record(data, _PROFILE)
+    binds = tuple(_bind(reader, item, index) for index, item in enumerate(profile.pop("binds")))
     targets = [b.target for b in binds]
     duplicates = sorted({t for t in targets if targets.count(t) > 1})
     if duplicates:
-        raise fail(f"two binds share the target {duplicates[0]}")
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise fail("'description' must be a string")
-    env_data = data.get("env", {})
-    if not isinstance(env_data, dict):
-        raise fail("'env' must be an object of NAME: {\"value\": ..., \"source\": ...}")
-    env = tuple(_env_default(key, value, fail) for key, value in sorted(env_data.items()))
+        raise reader.error(f"two binds share the target {duplicates[0]}")
+    env = tuple(EnvDefault(name, entry["value"], entry["source"])
+                for name, entry in sorted(reader.env_table(profile.pop("env"))))
     return SiteProfile(
-        name=name,
-        description=description,
-        fabric=fabric,
-        gpu=gpu,
+        name=data["name"],
         binds=binds,
         env=env,
         path=path,
-        closure=_closure(data.get("closure"), binds, fail),
-        fabric_gate=_fabric_gate(data.get("fabric_gate"), fail),
-        accelerator=accelerator,
-        srun_args=tuple(_srun_arg(item, index, fail) for index, item in enumerate(_list(data, "srun_args", fail))),
-        container_runtime=_container_runtime(data.get("container_runtime"), fail),
+        closure=_closure(reader, profile.pop("closure"), binds),
+        fabric_gate=_fabric_gate(reader, profile.pop("fabric_gate")),
+        srun_args=tuple(_srun_arg(reader, item, index) for index, item in enumerate(profile.pop("srun_args"))),
+        container_runtime=_container_runtime(reader, profile.pop("container_runtime")),
+        **profile,
     )
 
 
-def _srun_arg(item: object, index: int, fail) -> SrunArg:
-    """One srun option, one word ("--network=disable_rdzv_get"), with its source."""
-    if not isinstance(item, dict) or set(item) != {"value", "source"}:
-        raise fail(f"srun_args[{index}] must be an object with exactly 'value' and 'source'")
-    value, source = item["value"], item["source"]
-    if not isinstance(value, str) or not value.startswith("--") or any(c.isspace() for c in value):
-        raise fail(f"srun_args[{index}].value must be one srun option word starting with '--', got {value!r}")
-    if not isinstance(source, str) or not source:
-        raise fail(f"srun_args[{index}].source must say where the option comes from")
-    return SrunArg(value, source)
+def _known_fabric(value: object) -> Optional[str]:
+    """One of the fabrics' registry, read at each call (a test may register one), or auto."""
+    return one_of(fabrics.FABRICS + (fabrics.AUTO,))(value)
 
 
-def _container_runtime(item: object, fail) -> str:
-    """{"command": "singularity", "source": "..."}: the site's runtime, with where that is said."""
+_PROFILE = (
+    Field("fabric", (TEXT, _known_fabric)),
+    Field("gpu", (must_be("a string or null", lambda value: value is None or isinstance(value, str)),), None),
+    Field("accelerator", (one_of(ACCELERATORS),), ACCELERATORS[0]),
+    Field("binds", (LIST,), []),
+    Field("description", (STRING,), ""),
+    Field("env", (ENV_TABLE,), {}),
+    Field("closure", (optional(exactly(("target", "source"), '{"target": "/container/dir", "source": "..."}')),),
+          None),
+    Field("fabric_gate", (), None),  # _fabric_gate
+    Field("srun_args", (LIST,), []),
+    Field("container_runtime", (optional(exactly(
+        ("command", "source"), '{"command": "apptainer" or "singularity", "source": "..."}')),), None),
+)
+
+# An option the site's steps give srun, one word ("--network=disable_rdzv_get"), with its source.
+_SRUN_ARG_SHAPE = exactly(("value", "source"), "an object with exactly 'value' and 'source'")
+_SRUN_ARG = (
+    Field("value", (showing_value("must be one srun option word starting with '--'", lambda value: isinstance(
+        value, str) and value.startswith("--") and not any(c.isspace() for c in value)),)),
+    Field("source", (rule("must say where the option comes from", is_text),)),
+)
+# {"command": "singularity", "source": "..."}: the site's runtime, with where that is said.
+_RUNTIME = (
+    Field("command", (one_of(CONTAINER_RUNTIMES),)),
+    Field("source", (rule("must say where the site's runtime is documented", is_text),)),
+)
+
+
+def _srun_arg(reader: Reader, item: object, index: int) -> SrunArg:
+    reader.check(item, (_SRUN_ARG_SHAPE,), f"srun_args[{index}]")
+    return SrunArg(**reader.record(item, _SRUN_ARG, f"srun_args[{index}].{{}}"))
+
+
+def _container_runtime(reader: Reader, item: object) -> str:
     if item is None:
         return CONTAINER_RUNTIMES[0]
-    if not isinstance(item, dict) or set(item) != {"command", "source"}:
-        raise fail("'container_runtime' must be {\"command\": \"apptainer\" or \"singularity\", \"source\": \"...\"}")
-    if item["command"] not in CONTAINER_RUNTIMES:
-        raise fail(f"'container_runtime'.command must be one of {', '.join(CONTAINER_RUNTIMES)}, got {item['command']!r}")
-    if not isinstance(item["source"], str) or not item["source"]:
-        raise fail("'container_runtime'.source must say where the site's runtime is documented")
-    return item["command"]
+    return reader.record(item, _RUNTIME, "'container_runtime'.{}")["command"]
 
 
 # The fabric gate's expectation: a published all-reduce bus bandwidth at one size, the share of it
 # below which the gate fails, and where the figure comes from (src/ddp_train/gate/judge.py).
-_GATE_NUMBERS = ("size_bytes", "busbw_gbps", "floor_fraction")
+_positive_number = showing_value("must be a positive number", lambda value: not isinstance(value, bool) and isinstance(
+    value, (int, float)) and value > 0)
+
+
 # The figure judges only a gate run with the backend and device it was measured with (nccl-tests:
 # nccl on cuda, which is RCCL on ROCm's torch); torch.distributed's names.
-_GATE_MEASURED_WITH = {"backend": ("nccl", "gloo"), "device": ("cuda", "cpu")}
+_MEASURED_WITH = "must say what the figure was measured with, one of {choices}; got {value!r}"
+_GATE = (
+    Field("size_bytes", (_positive_number,)),
+    Field("busbw_gbps", (_positive_number,)),
+    Field("floor_fraction", (_positive_number, showing_value("must be in (0, 1]", lambda value: value <= 1))),
+    Field("sockets_busbw_gbps", (optional(_positive_number),), None),
+    Field("source", (rule("must say where the figure comes from", is_text),)),
+    Field("backend", (one_of(("nccl", "gloo"), _MEASURED_WITH),)),
+    Field("device", (one_of(("cuda", "cpu"), _MEASURED_WITH),)),
+)
 
 
-def _fabric_gate(item: object, fail) -> Optional[Dict[str, object]]:
+def _fabric_gate(reader: Reader, item: object) -> Optional[Dict[str, object]]:
     if item is None:
         return None
-    if not isinstance(item, dict):
-        raise fail("'fabric_gate' must be an object with size_bytes, busbw_gbps, floor_fraction, source, "
-                   "backend and device")
-    allowed = set(_GATE_NUMBERS) | set(_GATE_MEASURED_WITH) | {"source", "sockets_busbw_gbps"}
-    unknown = sorted(set(item) - allowed)
-    if unknown:
-        raise fail(f"fabric_gate has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    for key in _GATE_NUMBERS + ("sockets_busbw_gbps",):
-        value = item.get(key)
-        if key in _GATE_NUMBERS or value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise fail(f"fabric_gate.{key} must be a positive number, got {value!r}")
-    if not 0 < item["floor_fraction"] <= 1:
-        raise fail(f"fabric_gate.floor_fraction must be in (0, 1], got {item['floor_fraction']!r}")
-    if not isinstance(item.get("source"), str) or not item["source"]:
-        raise fail("fabric_gate.source must say where the figure comes from")
-    for key, choices in _GATE_MEASURED_WITH.items():
-        if item.get(key) not in choices:
-            raise fail(f"fabric_gate.{key} must say what the figure was measured with, one of "
-                       f"{', '.join(choices)}; got {item.get(key)!r}")
+    shape = "an object with size_bytes, busbw_gbps, floor_fraction, source, backend and device"
+    reader.check(item, (object_of(shape),), "'fabric_gate'")
+    reader.known_keys(item, _GATE, "fabric_gate")
+    reader.record(item, _GATE, "fabric_gate.{}")
     return dict(item)
 
 
-def _closure(item: object, binds: Sequence[BindSpec], fail) -> Optional[ClosureSpec]:
+def _closure(reader: Reader, item: object, binds: Sequence[BindSpec]) -> Optional[ClosureSpec]:
     if item is None:
         return None
-    if not isinstance(item, dict) or set(item) != {"target", "source"}:
-        raise fail("'closure' must be {\"target\": \"/container/dir\", \"source\": \"...\"}")
-    def field(what: str) -> LaunchError:
-        return fail(f"'closure': {what}")
-
-    target = _string(item, "target", field)
-    source = _string(item, "source", field)
+    closure = ClosureSpec(**reader.record(item, (Field("target", (TEXT,)), Field("source", (TEXT,))),
+                                          "'closure': '{}'"))
     searched = {path for spec in binds for path in spec.library_path}
-    if target not in searched:
-        raise fail(f"'closure' target {target} is on no bind's library_path, so nothing would find the libraries there")
-    return ClosureSpec(target, source)
+    if closure.target not in searched:
+        raise reader.error(f"'closure' target {closure.target} is on no bind's library_path, so nothing would find "
+                           f"the libraries there")
+    return closure
 
 
-def _string(data: Mapping[str, object], key: str, fail) -> str:
-    value = data.get(key)
-    if not isinstance(value, str) or not value:
-        raise fail(f"'{key}' must be a non-empty string")
-    return value
+_PATHS = must_be("a list of absolute container paths", lambda value: isinstance(value, list) and all(
+    isinstance(v, str) and v.startswith("/") for v in value))
+# A bind's fields: those named by the bind's place until its name is read, then by its name.
+_BIND_TEXTS = (Field("name", (TEXT,)), Field("target", (TEXT,)), Field("source", (TEXT,)))
+_BIND = (
+    Field("target", (must_be("an absolute path without ',' or ':'",
+                             lambda value: value.startswith("/") and "," not in value and ":" not in value),)),
+    Field("env", (optional(must_be("the name of a variable (a string)", lambda value: isinstance(value, str))),), None,
+          lambda value: value or None),
+    Field("glob", (optional(must_be("an absolute host path pattern",
+                                    lambda value: isinstance(value, str) and value.startswith("/"))),), None),
+    Field("order", (one_of(LIBRARY_ORDERS),), "prepend"),
+    Field("hint", (STRING,), ""),
+    Field("required", (FLAG,), True),
+    Field("library_path", (_PATHS,), [], tuple),
+    Field("include_path", (_PATHS,), [], tuple),
+)
 
 
-def _list(data: Mapping[str, object], key: str, fail) -> List[object]:
-    value = data.get(key, [])
-    if not isinstance(value, list):
-        raise fail(f"'{key}' must be a list")
-    return value
-
-
-def _paths(item: Mapping[str, object], key: str, fail) -> Tuple[str, ...]:
-    values = item.get(key, [])
-    if not isinstance(values, list) or not all(isinstance(v, str) and v.startswith("/") for v in values):
-        raise fail(f"bind {item.get('name')!r}: '{key}' must be a list of absolute container paths")
-    return tuple(values)
-
-
-def _bind(item: object, index: int, fail) -> BindSpec:
-    if not isinstance(item, dict):
-        raise fail(f"binds[{index}] must be an object")
-    allowed = {"name", "env", "glob", "target", "required", "library_path", "include_path", "order", "source", "hint"}
-    unknown = sorted(set(item) - allowed)
-    if unknown:
-        raise fail(f"binds[{index}] has unknown key(s) {', '.join(unknown)}")
-    def field(what: str) -> LaunchError:
-        return fail(f"binds[{index}]: {what}")
-
-    name = _string(item, "name", field)
-    target = _string(item, "target", field)
-    if not target.startswith("/") or "," in target or ":" in target:
-        raise fail(f"bind {name!r}: 'target' must be an absolute path without ',' or ':'")
+def _bind(reader: Reader, item: object, index: int) -> BindSpec:
+    where = f"binds[{index}]"
+    reader.check(item, (object_of("an object"),), where)
+    reader.known_keys(item, _BIND_TEXTS + _BIND, where)
+    texts = reader.record(item, _BIND_TEXTS, where + ": '{}'")
+    named = f"bind {texts['name']!r}"
     if not item.get("env") and not item.get("glob"):
-        raise fail(f"bind {name!r} needs 'env' (a module root variable) or 'glob' (host path pattern)")
-    module_root = item.get("env")
-    if module_root is not None and not isinstance(module_root, str):
-        raise fail(f"bind {name!r}: 'env' must be the name of a variable (a string)")
-    host_glob = item.get("glob")
-    if host_glob is not None and (not isinstance(host_glob, str) or not host_glob.startswith("/")):
-        raise fail(f"bind {name!r}: 'glob' must be an absolute host path pattern")
-    order = item.get("order", "prepend")
-    if order not in LIBRARY_ORDERS:
-        raise fail(f"bind {name!r}: 'order' must be one of {', '.join(LIBRARY_ORDERS)}")
-    hint = item.get("hint", "")
-    if not isinstance(hint, str):
-        raise fail(f"bind {name!r}: 'hint' must be a string")
-    required = item.get("required", True)
-    if not isinstance(required, bool):
-        raise fail(f"bind {name!r}: 'required' must be true or false")
-    return BindSpec(
-        name=name,
-        target=target,
-        source=_string(item, "source", field),
-        env=module_root or None,
-        glob=host_glob,
-        required=required,
-        library_path=_paths(item, "library_path", fail),
-        include_path=_paths(item, "include_path", fail),
-        order=order,
-        hint=hint,
-    )
-
-
-def _env_default(key: str, value: object, fail) -> EnvDefault:
-    if not re.match(r"^[A-Z_][A-Z0-9_]*$", key):
-        raise fail(f"env name {key!r} is not a valid variable name")
-    if not isinstance(value, dict) or set(value) != {"value", "source"}:
-        raise fail(f"env {key} must be {{\"value\": \"...\", \"source\": \"...\"}}")
-    if not isinstance(value["value"], str) or not isinstance(value["source"], str) or not value["source"]:
-        raise fail(f"env {key}: 'value' and 'source' must be strings (source non-empty)")
-    return EnvDefault(key, value["value"], value["source"])
+        raise reader.error(f"{named} needs 'env' (a module root variable) or 'glob' (host path pattern)")
+    return BindSpec(**{**texts, **reader.record(item, _BIND, named + ": '{}'")})

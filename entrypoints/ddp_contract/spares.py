@@ -6,10 +6,16 @@ the allocation's order, the rest are spares. A node is unhealthy while the run d
 record names it (quarantine.json: the preflight, the fabric gate or a roll call named it). Taking the
 first N healthy nodes again after a fault keeps every surviving node where it was and adds the next
 healthy spare, so a recovery moves nothing but the bad node's ranks. Fewer than N healthy nodes:
-the job script falls back to what it does without spares (a requeue, or exit 1 for a lost node).
+the job script falls back to what it does without spares (the requeue without the bad nodes).
+Each job script states the nodes it trains on (DDP_TRAIN_NODES, its #SBATCH --nodes); spares come on
+top, so an allocation with no room for them beside those nodes is a usage mistake, said before any
+step (`check`), not a job that silently trains on fewer nodes with the same global batch.
 Runs on the host's python3 (3.6 on SLES 15):
+    python3 -m ddp_contract.spares check ALLOCATED SPARES TRAIN_NODES [--job ID]
     python3 -m ddp_contract.spares place RUN_DIR SPARES [--previous CSV] [--named-at T]
         [--step-ended-at T] [--roll-call REPORT] NODE...
+check: the settings as the job script has them (DDP_SPARE_NODES, DDP_TRAIN_NODES) against the job's
+node count; exit 2 with one line when they do not fit, else nothing.
 NODE...: the allocation in SLURM's order (scontrol show hostnames "$SLURM_JOB_NODELIST"); CSV: the
 nodes the training used before (default: the first N, where it would have run); T: seconds since
 the epoch. It prints four lines: train=CSV, healthy=CSV, recovery=JSON (empty when no training node
@@ -25,6 +31,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ddp_contract import EXIT_USAGE
 from ddp_contract import quarantine
+from ddp_contract.scheduler_names import SLURM_JOB_NUM_NODES
 
 
 class Placement(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login nodes
@@ -44,9 +51,50 @@ def training_count(allocation: Sequence[str], spares: int) -> int:
     """N = the allocation minus the spares; a usage mistake (ValueError) unless 0 <= S < allocation."""
     if spares < 0 or spares >= len(allocation):
         raise ValueError("DDP_SPARE_NODES={} leaves no node to train on in an allocation of {} node(s): ask for "
-                         "more nodes (sbatch --nodes=N+S, N training nodes plus S spares) or fewer spares".format(
+                         "more nodes (sbatch --nodes=N+S, N training nodes plus S spares; DDP_TRAIN_NODES=N makes the "
+                         "job check it) or fewer spares".format(
                              spares, len(allocation)))
     return len(allocation) - spares
+
+
+def node_count(name: str, value: str, least: int, fix: str) -> int:
+    """A setting that counts nodes, as the job script passes it (a string); ValueError names it and the fix."""
+    text = value.strip()
+    if not text.isdigit() or int(text) < least:
+        raise ValueError("{}={} is not a number of nodes{}: {}".format(
+            name, value, " of at least {}".format(least) if least else "", fix))
+    return int(text)
+
+
+def allocation_problem(allocated: int, spares: int, train_nodes: int, job: str = "?") -> Optional[str]:
+    """Why the job's allocation has no room for the spares beside the nodes its script trains on, or
+    None. The spares come on top (sbatch --nodes=N+S): forgetting the +S would otherwise train on N-S
+    nodes with the global batch meant for N, and leave the rest idle. More nodes than N+S train on
+    more, as sbatch --nodes=K without spares trains on K."""
+    if spares == 0 or allocated >= train_nodes + spares:
+        return None
+    fewer = allocated - spares
+    alternative = ", or set DDP_TRAIN_NODES={} to train on {} node(s) with this allocation".format(
+        fewer, fewer) if fewer >= 1 else ""
+    return ("DDP_SPARE_NODES={}: job {} has {} node(s), too few for the {} the job script trains on "
+            "(DDP_TRAIN_NODES={}) plus {} spare(s): submit with sbatch --nodes={}{}".format(
+                spares, job, allocated, train_nodes, train_nodes, spares, train_nodes + spares, alternative))
+
+
+def check(allocated: str, spares: str, train_nodes: str, job: str = "?") -> Optional[str]:
+    """check's answer: one line when the settings are malformed or the allocation lacks room, else None."""
+    try:
+        count = node_count("DDP_SPARE_NODES", spares, 0, "set it to 0 (no spares) or to the spare nodes' count, "
+                           "and submit with sbatch --nodes=N+S")
+        have = node_count(SLURM_JOB_NUM_NODES, allocated, 1, "run the job script under sbatch")
+        if not train_nodes.strip():  # a job script of one's own that does not say: at least one node trains
+            training_count(range(have), count)
+            return None
+        train = node_count("DDP_TRAIN_NODES", train_nodes, 1, "set it to the nodes the training runs on "
+                           "(the job script's #SBATCH --nodes)")
+    except ValueError as error:
+        return str(error)
+    return allocation_problem(have, count, train, job)
 
 
 def place(allocation: Sequence[str], spares: int, bad: Sequence[str]) -> Optional[Placement]:
@@ -123,6 +171,10 @@ def read_report(path: Optional[str]) -> Optional[dict]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m ddp_contract.spares")
     sub = parser.add_subparsers(dest="command")
+    checking = sub.add_parser("check")
+    for name in ("allocated", "spares", "train_nodes"):
+        checking.add_argument(name)
+    checking.add_argument("--job", default="?")
     placing = sub.add_parser("place")
     placing.add_argument("run_dir")
     placing.add_argument("spares", type=int)
@@ -135,6 +187,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:
         parser.print_usage(sys.stderr)
         return EXIT_USAGE
+    if args.command == "check":
+        problem = check(args.allocated, args.spares, args.train_nodes, args.job)
+        if problem:
+            print(problem)
+            return EXIT_USAGE
+        return 0
     allocation: List[str] = list(args.nodes)
     try:
         need = training_count(allocation, args.spares)

@@ -14,6 +14,8 @@ import sys
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 from ddp_contract.data_files import ACCELERATOR, check_header, find_or_fail, read_json_file, search_path
+from ddp_contract.records import (FLAG, OBJECTS, POSITIVE_INTEGER, TEXT, WORDS, Field, Reader, object_of, one_of,
+                                  regular_expression, rule, when_given)
 from ddp_launch.errors import LaunchError, run_main
 from ddp_launch.flags import FlagParser
 from ddp_launch.sites import ACCELERATORS, SITES_DIR_VAR, load_site
@@ -34,6 +36,13 @@ FAILS_WHEN = ("above_zero", "yes", "active", "entries")
 # When a temperature is over its slowdown limit: an absolute reading at or above it, or a
 # headroom (NVIDIA's T.Limit temperatures) at or below it.
 SLOW_WHEN = ("at_or_above", "at_or_below")
+# What a health rule's finding is: a fault stays until a reset or a repair (an ECC count, a pending
+# remap), so one reading fails the node; a state may pass within seconds (a clock slowdown, a
+# temperature at its limit), so the doctor reads again and fails only what holds in both.
+RULE_KINDS = ("fault", "state")
+# The placeholders a health.tool_missing_fix may hold: the command that runs the image, and its
+# environment prefix (APPTAINERENV_, SINGULARITYENV_: Apptainer's "Environment and Metadata").
+FIX_PLACEHOLDERS = {"runtime": "apptainer", "runtime_env": "APPTAINERENV_"}
 
 
 class Sampler(NamedTuple):
@@ -61,6 +70,7 @@ class HealthRule(NamedTuple):
     name: str                       # "uncorrectable ECC errors": what the doctor's message calls it
     signals: Tuple[HealthSignal, ...]
     source: str
+    kind: str                       # one of RULE_KINDS
 
 
 class TemperatureLimit(NamedTuple):
@@ -76,9 +86,13 @@ class Health(NamedTuple):
     format: str                     # one of HEALTH_FORMATS
     partitions: Optional[str]       # a GPU's parts the scheduler grants one by one (MIG devices)
     rules: Tuple[HealthRule, ...]
-    temperatures: Tuple[TemperatureLimit, ...]
+    temperatures: Tuple[TemperatureLimit, ...]     # a state: the GPU cools down or it does not
     temperature_source: str
+    tool_missing_fix: str           # what to do when the tool is not on the container's PATH (FIX_PLACEHOLDERS)
     source: str
+
+    def missing_tool_fix(self, runtime: str) -> str:
+        return self.tool_missing_fix.format(runtime=runtime, runtime_env=runtime.upper() + "ENV_")
 
 
 class Accelerator(NamedTuple):
@@ -135,163 +149,117 @@ def site_accelerator(site: Optional[str], env: Mapping[str, str]) -> Accelerator
 
 def parse_accelerator(data: object, path: str) -> Accelerator:
     """Validate the JSON document; every problem names the file and the key."""
-
-    def fail(what: str) -> LaunchError:
-        return LaunchError(f"bad accelerator data {path}: {what}")
-
     check_header(ACCELERATOR, data, path)
-    name = data["name"]
-    sections = {key: _section(data, key, fail) for key in _SECTIONS}
+    reader = Reader(ACCELERATOR.what, path)
+    runtime = reader.value(data, Field("runtime", (TEXT,)))
+    sections = {key: reader.value(data, Field(key, (object_of("an object (with a 'source')"),))) for key in _SECTIONS}
+    values: Dict[str, object] = {}
+    for section, fields in _VALUES:
+        values.update(reader.record(sections[section], fields, "'" + section + ".{}'"))
+    sampler = reader.record(sections["sampler"], _SAMPLER, "'sampler.{}'")
+    if sampler["repeats"] and not any(INTERVAL_PLACEHOLDER in word for word in sampler["command"]):
+        raise reader.error(f"'sampler.command' repeats by itself, so one word must hold {INTERVAL_PLACEHOLDER}")
+    sources = {key: reader.value(sections[key], _SOURCE, "'" + key + ".{}'") for key in _SECTIONS}
+    return Accelerator(name=data["name"], runtime=runtime, sampler=Sampler(**sampler),
+                       health=_health(reader, sections["health"]), sources=sources, path=path, **values)
 
-    def text(section: str, key: str) -> str:
-        value = sections[section].get(key)
-        if not isinstance(value, str) or not value:
-            raise fail(f"'{section}.{key}' must be a non-empty string")
-        return value
 
-    def words(section: str, key: str) -> Tuple[str, ...]:
-        value = sections[section].get(key)
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise fail(f"'{section}.{key}' must be a non-empty list of strings")
-        return tuple(value)
+_SOURCE = Field("source", (TEXT,))
+_NUMBERED = rule("must map status codes (\"100\") to names", lambda value: isinstance(value, dict) and all(
+    k.isdigit() and isinstance(v, str) for k, v in value.items()))
+_MAJORS = rule("must map runtime majors (\"12\") to driver majors (525)", lambda value: isinstance(
+    value, dict) and all(k.isdigit() and type(v) is int for k, v in value.items()))
+_NAMES = rule("must be a list of non-empty strings when given", lambda value: isinstance(value, list) and all(
+    isinstance(v, str) and v for v in value))
 
-    runtime = data.get("runtime")
-    if not isinstance(runtime, str) or not runtime:
-        raise fail("'runtime' must be a non-empty string")
-    pattern = text("device_files", "pattern")
+
+def _by_number(table: Mapping[str, object]) -> Dict[int, object]:
+    return {int(key): value for key, value in table.items()}
+
+
+# Each section's values, as Accelerator names them. Three optional ones are named without their
+# section in messages, as they always were.
+_VALUES = (
+    ("visible_devices", (Field("variables", (WORDS,), convert=tuple, attribute="visible_variables"),)),
+    ("device_files", (Field("directory", (TEXT,), attribute="device_directory"),
+                      Field("pattern", (TEXT, regular_expression), attribute="device_pattern"),
+                      Field("label", (TEXT,), attribute="device_label"))),
+    ("driver", (Field("library", (TEXT,), attribute="driver_library"),
+                Field("init", (TEXT,), attribute="driver_init"),
+                Field("count", (TEXT,), attribute="driver_count"),
+                Field("errors", (_NUMBERED,), {}, _by_number, "driver_errors"),
+                Field("version_file", (TEXT,), attribute="driver_version_file"),
+                Field("minimum_for_runtime_major", (_MAJORS,), {}, _by_number, "driver_minimum"),
+                Field("too_old_fix", (when_given(TEXT),), None, attribute="driver_too_old_fix",
+                      label="'too_old_fix'"))),
+    ("apptainer", (Field("flag", (TEXT,), attribute="apptainer_flag"),)),
+    ("kubernetes", (Field("resource", (TEXT,), attribute="kubernetes_resource"),
+                    Field("device_plugin", (TEXT,)))),
+    ("collective", (Field("name", (TEXT,), attribute="collective"),
+                    Field("library", (TEXT,), attribute="collective_library"),
+                    Field("net_plugin", (TEXT,)),
+                    Field("ofi_plugin", (TEXT,)),
+                    Field("plugin_dlopens", (when_given(TEXT),), None, label="'plugin_dlopens'"),
+                    Field("plugin_dlopens_dirs", (_NAMES,), [], tuple, label="'plugin_dlopens_dirs'"))),
+)
+_SAMPLER = (
+    Field("command", (WORDS,), convert=tuple),
+    Field("repeats", (FLAG,)),
+    Field("columns", (rule(f"must name a column for each of {', '.join(SAMPLER_COLUMNS)}",
+                           lambda value: isinstance(value, dict) and set(value) == set(SAMPLER_COLUMNS)
+                           and all(isinstance(v, str) and v for v in value.values())),), convert=dict),
+    Field("memory_unit_bytes", (POSITIVE_INTEGER,)),
+    _SOURCE,
+)
+
+
+def _fills(text: str) -> bool:
     try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise fail(f"'device_files.pattern' is not a regular expression ({exc})") from None
-    errors = sections["driver"].get("errors", {})
-    if not isinstance(errors, dict) or not all(k.isdigit() and isinstance(v, str) for k, v in errors.items()):
-        raise fail("'driver.errors' must map status codes (\"100\") to names")
-    minimum = sections["driver"].get("minimum_for_runtime_major", {})
-    if not isinstance(minimum, dict) or not all(k.isdigit() and type(v) is int for k, v in minimum.items()):
-        raise fail("'driver.minimum_for_runtime_major' must map runtime majors (\"12\") to driver majors (525)")
-    return Accelerator(
-        name=name,
-        runtime=runtime,
-        visible_variables=words("visible_devices", "variables"),
-        device_directory=text("device_files", "directory"),
-        device_pattern=pattern,
-        device_label=text("device_files", "label"),
-        driver_library=text("driver", "library"),
-        driver_init=text("driver", "init"),
-        driver_count=text("driver", "count"),
-        driver_errors={int(k): v for k, v in errors.items()},
-        driver_version_file=text("driver", "version_file"),
-        driver_minimum={int(k): v for k, v in minimum.items()},
-        driver_too_old_fix=_optional_text(sections["driver"], "too_old_fix", fail),
-        apptainer_flag=text("apptainer", "flag"),
-        kubernetes_resource=text("kubernetes", "resource"),
-        device_plugin=text("kubernetes", "device_plugin"),
-        collective=text("collective", "name"),
-        collective_library=text("collective", "library"),
-        net_plugin=text("collective", "net_plugin"),
-        ofi_plugin=text("collective", "ofi_plugin"),
-        plugin_dlopens=_optional_text(sections["collective"], "plugin_dlopens", fail),
-        plugin_dlopens_dirs=_optional_words(sections["collective"], "plugin_dlopens_dirs", fail),
-        sampler=_sampler(sections["sampler"], words("sampler", "command"), fail),
-        health=_health(sections["health"], fail),
-        sources={key: text(key, "source") for key in _SECTIONS},
-        path=path,
-    )
+        text.format(**FIX_PLACEHOLDERS)
+    except (KeyError, IndexError, ValueError):
+        return False
+    return True
 
 
-def _section(data: Mapping[str, object], key: str, fail) -> Dict[str, object]:
-    value = data.get(key)
-    if not isinstance(value, dict):
-        raise fail(f"'{key}' must be an object (with a 'source')")
-    return value
+_HEALTH = (
+    Field("format", (one_of(HEALTH_FORMATS),)),
+    Field("partitions", (when_given(TEXT),), None, label="'partitions'"),
+    Field("tool_missing_fix", (TEXT, rule("may hold only {{{}}}".format("}, {".join(FIX_PLACEHOLDERS)), _fills))),
+    _SOURCE,
+)
+_COMMANDS = Field("commands", (OBJECTS,))
+_COMMAND = (Field("argv", (WORDS,), convert=tuple), Field("required", (FLAG,)))
+_RULES = Field("rules", (rule("must map each rule's name to its signals and source",
+                              lambda value: isinstance(value, dict) and bool(value)),))
+_RULE = (_SOURCE, Field("kind", (one_of(RULE_KINDS),)))
+_SIGNALS = Field("signals", (OBJECTS,))
+_SIGNAL = (Field("path", (TEXT,)), Field("fails_when", (one_of(FAILS_WHEN),)))
+_TEMPERATURE = Field("temperature", (object_of("an object with 'limits' and 'source'"),))
+_LIMITS = Field("limits", (OBJECTS,))
+_LIMIT = (Field("current", (TEXT,)), Field("limit", (TEXT,)), Field("slow_when", (one_of(SLOW_WHEN),)))
 
 
-def _optional_text(section: Mapping[str, object], key: str, fail) -> Optional[str]:
-    value = section.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise fail(f"'{key}' must be a non-empty string when given")
-    return value
-
-
-def _optional_words(section: Mapping[str, object], key: str, fail) -> Tuple[str, ...]:
-    value = section.get(key, [])
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise fail("'{}' must be a list of non-empty strings when given".format(key))
-    return tuple(value)
-
-
-def _sampler(section: Mapping[str, object], command: Tuple[str, ...], fail) -> Sampler:
-    repeats = section.get("repeats")
-    if not isinstance(repeats, bool):
-        raise fail("'sampler.repeats' must be true or false")
-    if repeats and not any(INTERVAL_PLACEHOLDER in word for word in command):
-        raise fail(f"'sampler.command' repeats by itself, so one word must hold {INTERVAL_PLACEHOLDER}")
-    columns = section.get("columns")
-    if not isinstance(columns, dict) or set(columns) != set(SAMPLER_COLUMNS) or \
-            not all(isinstance(v, str) and v for v in columns.values()):
-        raise fail(f"'sampler.columns' must name a column for each of {', '.join(SAMPLER_COLUMNS)}")
-    unit = section.get("memory_unit_bytes")
-    if isinstance(unit, bool) or not isinstance(unit, int) or unit <= 0:
-        raise fail("'sampler.memory_unit_bytes' must be a positive integer")
-    return Sampler(command, repeats, dict(columns), unit, str(section.get("source")))
-
-
-def _health(section: Mapping[str, object], fail) -> Health:
-    def text_in(where: Mapping[str, object], key: str, name: str) -> str:
-        value = where.get(key)
-        if not isinstance(value, str) or not value:
-            raise fail("'{}' must be a non-empty string".format(name))
-        return value
-
-    def objects(value: object, name: str) -> List[Mapping[str, object]]:
-        if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
-            raise fail("'{}' must be a non-empty list of objects".format(name))
-        return value
-
-    def choice(where: Mapping[str, object], key: str, allowed: Sequence[str], name: str) -> str:
-        value = where.get(key)
-        if value not in allowed:
-            raise fail("'{}' must be one of {}, got {!r}".format(name, ", ".join(allowed), value))
-        return str(value)
-
-    commands = []
-    for index, command in enumerate(objects(section.get("commands"), "health.commands")):
-        argv = command.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(w, str) and w for w in argv):
-            raise fail("'health.commands[{}].argv' must be a non-empty list of strings".format(index))
-        if not isinstance(command.get("required"), bool):
-            raise fail("'health.commands[{}].required' must be true or false".format(index))
-        commands.append(HealthCommand(tuple(argv), bool(command["required"])))
+def _health(reader: Reader, section: Mapping[str, object]) -> Health:
+    commands = tuple(HealthCommand(**reader.record(command, _COMMAND, f"'health.commands[{index}].{{}}'"))
+                     for index, command in enumerate(reader.value(section, _COMMANDS, "'health.{}'")))
     if not commands[0].required:
-        raise fail("'health.commands[0]' must be required: it is the one that lists the GPUs")
-    rules_data = section.get("rules")
-    if not isinstance(rules_data, dict) or not rules_data:
-        raise fail("'health.rules' must map each rule's name to its signals and source")
-    rules = []
-    for name, rule in rules_data.items():
-        where = "health.rules.{}".format(name)
-        if not isinstance(rule, dict):
-            raise fail("'{}' must be an object with 'signals' and 'source'".format(where))
-        signals = tuple(HealthSignal(text_in(s, "path", where + ".signals[].path"),
-                                     choice(s, "fails_when", FAILS_WHEN, where + ".signals[].fails_when"))
-                        for s in objects(rule.get("signals"), where + ".signals"))
-        rules.append(HealthRule(name, signals, text_in(rule, "source", where + ".source")))
-    temperature = section.get("temperature")
-    if not isinstance(temperature, dict):
-        raise fail("'health.temperature' must be an object with 'limits' and 'source'")
-    limits = tuple(TemperatureLimit(text_in(t, "current", "health.temperature.limits[].current"),
-                                    text_in(t, "limit", "health.temperature.limits[].limit"),
-                                    choice(t, "slow_when", SLOW_WHEN, "health.temperature.limits[].slow_when"))
-                   for t in objects(temperature.get("limits"), "health.temperature.limits"))
-    return Health(
-        commands=tuple(commands),
-        format=choice(section, "format", HEALTH_FORMATS, "health.format"),
-        partitions=_optional_text(section, "partitions", fail),
-        rules=tuple(rules),
-        temperatures=limits,
-        temperature_source=text_in(temperature, "source", "health.temperature.source"),
-        source=text_in(section, "source", "health.source"),
-    )
+        raise reader.error("'health.commands[0]' must be required: it is the one that lists the GPUs")
+    rules = tuple(_health_rule(reader, name, found)
+                  for name, found in reader.value(section, _RULES, "'health.{}'").items())
+    temperature = reader.value(section, _TEMPERATURE, "'health.{}'")
+    limits = tuple(TemperatureLimit(**reader.record(limit, _LIMIT, "'health.temperature.limits[].{}'"))
+                   for limit in reader.value(temperature, _LIMITS, "'health.temperature.{}'"))
+    return Health(commands=commands, rules=rules, temperatures=limits,
+                  temperature_source=reader.value(temperature, _SOURCE, "'health.temperature.{}'"),
+                  **reader.record(section, _HEALTH, "'health.{}'"))
+
+
+def _health_rule(reader: Reader, name: str, found: object) -> HealthRule:
+    where = f"'health.rules.{name}"
+    reader.check(found, (object_of("an object with 'signals' and 'source'"),), where + "'")
+    signals = tuple(HealthSignal(**reader.record(signal, _SIGNAL, where + ".signals[].{}'"))
+                    for signal in reader.value(found, _SIGNALS, where + ".{}'"))
+    return HealthRule(name=name, signals=signals, **reader.record(found, _RULE, where + ".{}'"))
 
 
 # -- the job scripts' questions: python3 -m ddp_launch.accelerators --site SITE QUESTION ------

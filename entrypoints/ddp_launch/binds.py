@@ -1,10 +1,12 @@
-"""`ddp-launch binds --site NAME`: print the APPTAINER_BIND value for this host.
+"""`ddp-launch binds --site NAME`: print the APPTAINER_BIND (or SINGULARITY_BIND) value for this host.
 
 Job scripts run it on the HOST before `apptainer run`, as `python3 -m ddp_launch.binds`,
 with whatever python3 the node has (3.6 on SLES 15): it and everything it imports
 are stdlib only, Python 3.6 compatible and listed in entrypoints/host-modules.txt,
 which `make lint` checks with vermin. stdout carries only the value; what was
 chosen, and why, goes to stderr so `export APPTAINER_BIND="$(...)"` works.
+The binds the user had already set come first, read as the runtime that takes the value reads them
+(user_binds), so exporting it loses none of them.
 """
 
 import argparse
@@ -15,11 +17,29 @@ from typing import List, Mapping, Optional, Sequence, TextIO
 from ddp_launch.errors import LaunchError, run_main
 from ddp_launch.flags import FlagParser
 from ddp_launch.libclosure import Closure, closure_binds
-from ddp_launch.sites import apptainer_bind_value, load_site, resolve_binds
+from ddp_launch.sites import CONTAINER_RUNTIMES, apptainer_bind_value, load_site, resolve_binds
 
 PROG = "ddp-launch binds"
 
 SITE_VAR = "DDP_LAUNCH_SITE"
+RUNTIME_VAR = "DDP_CONTAINER_RUNTIME"  # slurm/lib/ddp.sh's setting: the command its steps run
+
+
+def user_binds(env: Mapping[str, str], runtime: str) -> str:
+    """The binds already set for runtime, as it reads them, which the printed value replaces.
+    SingularityCE reads SINGULARITY_BIND (SingularityCE user guide, "Bind Paths and Mounts":
+    "the $SINGULARITY_BIND (or $SINGULARITY_BINDPATH) environment variable",
+    https://docs.sylabs.io/guides/latest/user-guide/bind_paths_and_mounts.html). Apptainer reads
+    APPTAINER_BIND, and SINGULARITY_BIND only "when their respective APPTAINER_ ... counterparts
+    are not set" (Apptainer user guide, "Singularity Compatibility",
+    https://apptainer.org/docs/user/main/singularity_compatibility.html): once the job exports
+    APPTAINER_BIND, a user's SINGULARITY_BIND would no longer be read, so its entries are kept here.
+    The *_BINDPATH variables are read beside these and are never replaced, so they need nothing."""
+    if runtime == "singularity":
+        return env.get("SINGULARITY_BIND", "")
+    if "APPTAINER_BIND" in env:
+        return env["APPTAINER_BIND"]
+    return env.get("SINGULARITY_BIND", "")
 
 
 def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespace:
@@ -31,8 +51,13 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
     parser.add_argument("--root", default="/", help="probe host paths under this directory (for tests)")
     parser.add_argument("--quiet", action="store_true", help="do not explain the choices on stderr")
     parser.add_argument(
+        "--runtime", choices=CONTAINER_RUNTIMES, default=None,
+        help=f"the command that will read the value: its binds already set are kept (default: ${RUNTIME_VAR}, "
+             "else the site profile's container_runtime)",
+    )
+    parser.add_argument(
         "--no-existing", action="store_true",
-        help="ignore the APPTAINER_BIND already set (by default its entries are kept first)",
+        help="ignore the binds already set (by default their entries are kept first)",
     )
     return parser.parse_args(list(argv))
 
@@ -68,7 +93,9 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, err: TextIO) -
         explain(binds, err)
         explain_closure(extra, err)
     warn_closure(found, err)
-    existing = "" if args.no_existing else env.get("APPTAINER_BIND", "")
+    chosen = env.get(RUNTIME_VAR, "")
+    runtime = args.runtime or (chosen if chosen in CONTAINER_RUNTIMES else profile.container_runtime)
+    existing = "" if args.no_existing else user_binds(env, runtime)
     print(apptainer_bind_value(binds + extra, existing), file=out)
     return 0
 

@@ -19,7 +19,7 @@ from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.options import read_options
 from ddp_launch.plan import LaunchPlan
 
-SUBCOMMANDS = ("doctor", "binds")
+SUBCOMMANDS = ("doctor", "binds", "preflight")
 EXIT_CANNOT_EXEC = 127
 
 
@@ -61,6 +61,8 @@ def _subcommand(name: str) -> Callable[[list[str]], int | None]:
     try:
         if name == "doctor":
             from ddp_launch.doctor import main as sub_main
+        elif name == "preflight":
+            from ddp_launch.preflight import main as sub_main
         else:
             from ddp_launch.binds import main as sub_main
     except ModuleNotFoundError as missing:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp_contract.scheduler_names import RUNAI_NUM_OF_GPUS, SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, SLURM_JOB_GPUS
+from ddp_contract.scheduler_names import (RUNAI_NUM_OF_GPUS, SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, SLURM_JOB_GPUS,
+                                         SLURM_STEP_GPUS)
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import integer, is_digits
 from ddp_launch.errors import LaunchError
@@ -100,6 +101,36 @@ def granted_gpus(env: Mapping[str, str], accelerator: Accelerator) -> GpuGrant |
             count = visible_devices(value)
         if count > 0:
             return GpuGrant(count, f"{name}={value}", accelerator)
+    return None
+
+
+# Which GPUs were granted, by name, where a tool lists more than the grant (a node shared with other
+# jobs): SLURM's GPU IDs first, the step's before the job's, because they are the node's own numbering
+# whatever the process sees ("The GPU IDs are not relative to any device cgroup, even if devices are
+# constrained with task/cgroup": srun(1) and sbatch(1), OUTPUT ENVIRONMENT VARIABLES), then the
+# runtime's visible-device variables, whose indices are relative to the devices the process sees, or
+# UUIDs (CUDA C Programming Guide, CUDA Environment Variables; ROCm docs, GPU isolation techniques).
+DEVICE_GRANT_VARIABLES = (SLURM_STEP_GPUS, SLURM_JOB_GPUS)
+
+
+@dataclass(frozen=True)
+class GrantedDevices:
+    variable: str                   # where the names came from: "SLURM_STEP_GPUS"
+    names: tuple[str, ...]          # as written there: indices ("3"), UUIDs ("GPU-8932f937-..."), MIG ids
+
+    @property
+    def source(self) -> str:
+        return f"{self.variable}={','.join(self.names)}"
+
+
+def granted_devices(env: Mapping[str, str], accelerator: Accelerator) -> GrantedDevices | None:
+    """The granted GPUs by name, from the first variable that names any (none: nothing names them)."""
+    for name in DEVICE_GRANT_VARIABLES + accelerator.visible_variables:
+        value = env.get(name, "").strip()
+        if value and value.lower() not in _NO_DEVICES:
+            names = tuple(entry.strip() for entry in value.split(",") if entry.strip())
+            if names:
+                return GrantedDevices(name, names)
     return None
 
 

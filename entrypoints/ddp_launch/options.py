@@ -10,6 +10,7 @@ import argparse
 import shlex
 from collections.abc import Mapping, Sequence
 
+from ddp_contract.place import TRAIN_IN_A_POD, WORDS_TO_THE_ENTRYPOINT, in_a_pod
 from ddp_launch import __version__
 from ddp_launch.envvars import Setting, first_set, integer, port
 from ddp_launch.errors import LaunchError
@@ -31,7 +32,7 @@ ENV_OVERRIDES = {
 }
 
 
-USAGE = "ddp-launch [options] [-- workload arguments]\n       ddp-launch doctor|binds [...]"
+USAGE = "ddp-launch [options] [-- workload arguments]\n       ddp-launch doctor|binds|preflight [...]"
 
 
 def mode_lines(modes: Mapping[str, str]) -> str:
@@ -134,8 +135,12 @@ def _help_formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.RawDescriptionHelpFormatter(prog, width=100)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = FlagParser(prog="ddp-launch", usage=USAGE, epilog=EPILOG, hint="put workload arguments after --",
+WORKLOAD_HINT = "put workload arguments after --"
+
+
+def build_parser(hint: str = WORKLOAD_HINT) -> argparse.ArgumentParser:
+    """ddp-launch's flags; hint: what an unknown word's error adds (in a pod, where RunAI's words went)."""
+    parser = FlagParser(prog="ddp-launch", usage=USAGE, epilog=EPILOG, hint=hint,
                         formatter_class=_help_formatter,
                         description="Turn a scheduler's environment into a correct torchrun launch.")
     add = parser.add_argument
@@ -175,14 +180,14 @@ def command_given_to_the_entrypoint(launcher_argv: Sequence[str], env: Mapping[s
     the command is overridden (Kubernetes, "Define a Command and Arguments for a Container":
     args alone keep the image's ENTRYPOINT), and RunAI passes what follows `--` as args
     unless --command is given (Run:ai CLI reference, runai submit-dist pytorch, --command).
-    KUBERNETES_SERVICE_HOST is set in every pod (Kubernetes, "Accessing the Service").
+    KUBERNETES_SERVICE_HOST is set in every pod (ddp_contract.place).
     """
-    if not launcher_argv or launcher_argv[0].startswith("-") or "KUBERNETES_SERVICE_HOST" not in env:
+    if not launcher_argv or launcher_argv[0].startswith("-") or not in_a_pod(env):
         return None
     command = shlex.join(launcher_argv)
     return (f"`{command}` reached ddp-launch, the image's ENTRYPOINT, as its arguments: to run it in the pod "
             f"add RunAI's --command (runai submit-dist pytorch ... --command -- {command}); "
-            f"to train, give only trainer flags after RunAI's --")
+            f"{TRAIN_IN_A_POD}")
 
 
 def read_options(argv: Sequence[str], env: Mapping[str, str]) -> LaunchOptions:
@@ -191,4 +196,5 @@ def read_options(argv: Sequence[str], env: Mapping[str, str]) -> LaunchOptions:
     problem = command_given_to_the_entrypoint(launcher_argv, env)
     if problem:
         raise LaunchError(problem)
-    return merge_options(build_parser().parse_args(launcher_argv), workload_args, env)
+    parser = build_parser(WORDS_TO_THE_ENTRYPOINT if in_a_pod(env) else WORKLOAD_HINT)
+    return merge_options(parser.parse_args(launcher_argv), workload_args, env)

@@ -67,6 +67,7 @@ class LaunchPlan:
     # One line for the job's output, printed before exec by the node (or rank) that hosts the
     # rendezvous only: which node is the head and at what address, as job scripts echo it.
     announcement: str | None = None
+    min_nodes: int | None = None            # an elastic job's fewest nodes (--nnodes=MIN:MAX; nodes is MAX)
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
         """The full environment for exec: base with this plan's changes applied."""

@@ -20,12 +20,13 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, directories_to_probe, plan_fabric
 from ddp_launch.fabric.defaults import FabricData
 from ddp_launch.facts import NodeFacts, ProbeQuestions
+from ddp_launch.job_identity import identity_env
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
 from ddp_launch.rendezvous import lookup_ipv4, waiting_resolver
 from ddp_launch.schedulers import scheduler_for
 
-__all__ = ("Launch", "ProbeQuestions", "parse", "questions", "probe", "plan")
+__all__ = ("Launch", "NodeFacts", "ProbeQuestions", "parse", "questions", "probe", "plan")
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
         raise LaunchError(f"--script {script!r} is not a file: give the path of a Python file "
                           f"(relative paths are taken from {facts.cwd})")
     planned = launch.scheduler.plan(launch.job, options, env, facts)
+    planned = replace(planned, changes=planned.changes + identity_env(launch.scheduler.identity(launch.job, facts), env))
     head = planned.rendezvous
     fabric = plan_fabric(FabricRequest(
         env=env,

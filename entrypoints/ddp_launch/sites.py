@@ -13,13 +13,12 @@ import sys
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 from ddp_contract.data_files import SITES_DIR_VAR, read_json_file, sites_dirs
-from ddp_contract.sites import (ACCELERATORS, CONTAINER_RUNTIMES, FABRICS, LIBRARY_ORDERS, BindSpec, ClosureSpec,
-                                EnvDefault, SiteProfile, SrunArg, available_sites, load_site, parse_profile,
-                                read_profile)
+from ddp_contract.sites import (ACCELERATORS, CONTAINER_RUNTIMES, LIBRARY_ORDERS, BindSpec, ClosureSpec, EnvDefault,
+                                SiteProfile, SrunArg, available_sites, load_site, parse_profile, read_profile)
 from ddp_launch.errors import LaunchError, run_main
 from ddp_launch.flags import FlagParser
 
-__all__ = ("ACCELERATORS", "CONTAINER_RUNTIMES", "FABRICS", "LIBRARY_ORDERS", "SITES_DIR_VAR", "BindSpec",
+__all__ = ("ACCELERATORS", "CONTAINER_RUNTIMES", "LIBRARY_ORDERS", "SITES_DIR_VAR", "BindSpec",
            "ClosureSpec", "EnvDefault", "SiteProfile", "SrunArg", "available_sites", "load_site", "parse_profile",
            "read_json_file", "read_profile", "sites_dirs", "version_key", "host_path", "ResolvedBind",
            "resolve_bind", "resolve_binds", "apptainer_bind_value", "container_search_paths", "run", "main")

@@ -27,16 +27,19 @@
 #   DDP_GPU         1 runs apptainer with the site's GPU flag (default: --nv, --rocm for an
 #                   AMD site; python3 -m ddp_launch.accelerators), 0 without
 #   DDP_MONITOR_INTERVAL  GPU sampling period in seconds (0 disables the sampler)
-#   DDP_MAX_REQUEUES      requeues after a stop signal, counted by SLURM_RESTART_COUNT
+#   DDP_MAX_REQUEUES      requeues after a stop signal or without a bad node, counted by SLURM_RESTART_COUNT (3)
 #   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
 #   DDP_PREFLIGHT         1 runs `ddp-launch doctor` on every node first (default), 0 skips it
 #   DDP_FABRIC_GATE       1 runs the fabric gate before training (default), 0 skips it
-#   DDP_SPARE_NODES       S spare nodes in the allocation (default 0). Ask SLURM for N + S nodes:
+#   DDP_TRAIN_NODES       N, the nodes the training runs on: each script's default is its #SBATCH --nodes
+#   DDP_SPARE_NODES       S spare nodes in the allocation (default 0), on top of the N. Ask SLURM for N + S nodes:
 #                   DDP_SPARE_NODES=1 sbatch --nodes=3 slurm/olivia-multinode.sh   (2 train, 1 spare)
-#                   The training runs on N; a node the preflight, the fabric gate or a lost node's
-#                   roll call names is replaced by a spare inside the allocation, and the training
-#                   resumes from the last checkpoint with the same global batch. With no spare left:
-#                   the requeue without the node (exit 76) or, for a lost node, exit 1, as with S=0.
+#                   An allocation without room for them (sbatch --nodes=N+S forgotten) stops in one line, exit 2,
+#                   before any step; more than N + S nodes train on all but S, as sbatch --nodes=K does without
+#                   spares. The training runs on the first healthy nodes; a node the preflight, the fabric gate or
+#                   a lost node's roll call names is replaced by a spare inside the allocation, and the training
+#                   resumes from the last checkpoint with the same global batch. With no spare left (S=0 too):
+#                   the requeue without the node (exit 76, within DDP_MAX_REQUEUES).
 #                   The scripts' `#SBATCH --no-kill` keeps the job when a node fails (sbatch(1)).
 set -euo pipefail
 
@@ -45,7 +48,8 @@ set -euo pipefail
 readonly DDP_EXIT_USAGE=2
 # ddp_contract.EXIT_REQUEUE (entrypoints/ddp_contract): every worker checkpointed on a stop signal.
 readonly DDP_EXIT_REQUEUE=75
-# ddp_contract.EXIT_BAD_NODE: the preflight or the fabric gate named a node; requeue without it.
+# ddp_contract.EXIT_BAD_NODE: the preflight, the fabric gate or a lost node's roll call named a node;
+# requeue without it.
 readonly DDP_EXIT_BAD_NODE=76
 # ddp_contract.STOP_REQUEST_FILE: in the run dir, a stop the batch script asks of the trainer.
 readonly DDP_STOP_REQUEST_FILE=.ddp-stop-request
@@ -87,8 +91,10 @@ ddp::export_binds() {
     local -r site="$1"
     shift
     local binds path
-    binds="$(ddp::on_host ddp_launch.binds --site "${site}")" \
-        || ddp::err "ddp-launch binds --site ${site} failed (see above)"
+    # The user's own binds come first, read as DDP_RUNTIME reads them: SingularityCE's SINGULARITY_BIND;
+    # Apptainer's APPTAINER_BIND, or SINGULARITY_BIND where that is unset (ddp_launch.binds, user_binds).
+    binds="$(ddp::on_host ddp_launch.binds --site "${site}" --runtime "${DDP_RUNTIME}")" \
+        || ddp::err "ddp-launch binds --site ${site} --runtime ${DDP_RUNTIME} failed (see above)"
     for path in "$@"; do
         binds="${binds:+${binds},}${path}:${path}"
     done
@@ -111,16 +117,23 @@ ddp::gpu_flag() {
 
 # The site's options for the srun of its training and gate steps, from the site profile's
 # "srun_args" (Slingshot: --network=disable_rdzv_get, which HPE's FI_CXI_RDZV_PROTO=alt_read needs),
-# so a job script never writes them. Sets the array DDP_SITE_SRUN_ARGS.
+# so a job script never writes them. Sets the array DDP_SITE_SRUN_ARGS, and DDP_SITE_NETWORK to the
+# value of its --network (ddp::launch_step passes it on to ddp-launch).
 ddp::site_srun_args() {
     local -r site="$1"
-    local words
+    local words word
     words="$(ddp::on_host ddp_launch.sites --site "${site}" srun-args)" \
         || ddp::err "python3 -m ddp_launch.sites --site ${site} srun-args failed (see above)"
     DDP_SITE_SRUN_ARGS=()
     if [ -n "${words}" ]; then
         mapfile -t DDP_SITE_SRUN_ARGS <<< "${words}"
     fi
+    DDP_SITE_NETWORK=""
+    for word in "${DDP_SITE_SRUN_ARGS[@]}"; do
+        case "${word}" in
+            --network=*) DDP_SITE_NETWORK="${word#--network=}" ;;
+        esac
+    done
 }
 
 # Apptainer comes from a module on most clusters (MPCDF Raven: `module load apptainer`);
@@ -206,9 +219,27 @@ ddp::job_ref() {
     fi
 }
 
+# The make target that builds an image of this name: the Makefile's OLIVIA_SIF, LUMI_SIF, X86_SIF and
+# CPU_SIF, the images the job scripts name (tests/bats/job_scripts.bats checks the two agree).
+ddp::image_target() {
+    case "$(basename -- "$1")" in
+        train-olivia-arm64.sif) printf 'build-olivia\n' ;;
+        train-lumi-x86_64.sif) printf 'build-lumi\n' ;;
+        train-x86_64.sif) printf 'build-x86\n' ;;
+        train-cpu.sif) printf 'build-cpu\n' ;;
+    esac
+}
+
 ddp::require_image() {
     local -r image="$1"
-    [ -f "${image}" ] || ddp::err "image ${image} not found: build it (make build-olivia) or set DDP_IMAGE"
+    [ ! -f "${image}" ] || return 0
+    local -r target="$(ddp::image_target "${image}")" dir="$(dirname -- "${image}")"
+    local where=""
+    [ "${dir}" -ef "${DDP_REPO}" ] || where=" SIF_DIR=${dir}"
+    if [ -n "${target}" ]; then
+        ddp::err "image ${image} not found: build it in the checkout (make ${target}${where}; containers/README.md) or set DDP_IMAGE"
+    fi
+    ddp::err "image ${image} not found: build it in the checkout (make build-olivia, build-lumi, build-x86 or build-cpu, whichever fits the site; containers/README.md) or set DDP_IMAGE"
 }
 
 # Compute nodes are often offline: the data must be staged before the job starts.
@@ -226,6 +257,7 @@ DDP_LAUNCH_WORDS=()
 DDP_TRAIN_WORDS=()
 DDP_APPTAINER_ARGS=(run)
 DDP_SITE_SRUN_ARGS=()  # the site profile's srun options (ddp::site_srun_args)
+DDP_SITE_NETWORK=""    # the value of their --network, if any
 DDP_RUNTIME=apptainer  # DDP_CONTAINER_RUNTIME, checked by ddp::require_runtime
 
 # A settings variable's words, by the shell's quoting rules but with no expansion or command
@@ -246,11 +278,13 @@ ddp::split_words() {
 
 # One job per run dir: the trainer holds <run-dir>/.ddp-run.lock while it runs
 # (entrypoints/ddp_contract/rundir_lock.py says why a file and not flock). A second job
-# stops here, exit 2 in one line, before its sampler or logs write anything there.
+# stops here, exit 2 in one line, before its sampler or logs write anything there. The lock names
+# its job by DDP_JOB_ID, which ddp-launch sets in the steps from the same SLURM job id
+# (ddp_launch/schedulers/slurm.py, identity): a requeue of this job finds its own lock.
 ddp::require_free_run_dir() {
     local -r run_dir="$1"
     local status=0
-    ddp::on_host ddp_contract run-dir-lock "${run_dir}" || status=$?
+    DDP_JOB_ID="${DDP_JOB_ID:-${SLURM_JOB_ID:-}}" ddp::on_host ddp_contract run-dir-lock "${run_dir}" || status=$?
     [ "${status}" -eq 0 ] || exit "${status}"
 }
 
@@ -441,9 +475,9 @@ ddp::show_quarantine() {
 
 # The preflight: `ddp-launch doctor --json` on every node at once, one report per node
 # (preflight/<job>/doctor-<node>.json); a node with a FAIL goes into the quarantine record. A check
-# that fails on every node (the only node of a 1-node job included) is the setup's: the job stops
-# in one line with the fix, exit 2, and nothing is excluded or requeued (ddp_contract.quarantine,
-# setup_problem, says why).
+# that fails on every node (the only node of a 1-node job included, except for GPU health: a GPU's
+# fault is its node's) is the setup's: the job stops in one line with the fix, exit 2, and nothing
+# is excluded or requeued (ddp_contract.quarantine, setup_problem, says why).
 ddp::preflight() {
     if [ "${DDP_PREFLIGHT:-1}" = 0 ]; then
         ddp::log "preflight skipped (DDP_PREFLIGHT=0)"
@@ -554,6 +588,13 @@ ddp::launch_step() {
         "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}"
         "${launch_args[@]}" "${DDP_LAUNCH_WORDS[@]}" "${extra_args[@]}"
         -- "$@")
+    # The site's --network also in the step's environment: srun reads SLURM_NETWORK as --network (srun(1),
+    # INPUT ENVIRONMENT VARIABLES: "Same as --network"), so the two agree, and the step's tasks inherit it,
+    # where ddp-launch reads it: HPE's FI_CXI_RDZV_PROTO=alt_read only in a step with
+    # --network=disable_rdzv_get (fabric defaults, rdzv_get_disabled; libfabric's fi_cxi(7)).
+    if [ -n "${DDP_SITE_NETWORK}" ]; then
+        local -x SLURM_NETWORK="${DDP_SITE_NETWORK}"
+    fi
     local status=0
     ddp::take_step_id
     if [ "${mode}" = task ]; then
@@ -665,8 +706,8 @@ ddp::first_node() {
 # failed node node2 from JobId=..." and the job runs on). Neither `scontrol show job` nor its --json
 # shows the flag (SLURM 26.05), so the library cannot check it: a script of one's own needs the line.
 DDP_ALLOCATION=()     # the allocation's nodes in SLURM's order (scontrol show hostnames), with spares
-DDP_TRAIN_NODES=""    # the training step's nodes, comma-separated; empty: the whole allocation
-DDP_GATE_NODES=""     # the fabric gate's: every healthy node; empty: the whole allocation
+DDP_TRAIN_NODELIST="" # the training step's nodes, comma-separated; empty: the whole allocation
+DDP_GATE_NODELIST=""  # the fabric gate's: every healthy node; empty: the whole allocation
 DDP_OVERLAP_STEP=0    # 1 once a node was lost mid-run (ddp::placement says why)
 DDP_FAULT_AT=""       # when the preflight or the gate first named a node, in seconds since the epoch
 DDP_PLACEMENT_SAID="" # the last placement line said
@@ -675,30 +716,31 @@ ddp::now() {
     date +%s.%N
 }
 
-# DDP_SPARE_NODES checked and the allocation read, before any step. A user's mistake: one line, exit 2
-# (ddp_contract.EXIT_USAGE).
+# DDP_SPARE_NODES and DDP_TRAIN_NODES against the job's node count, first thing in the job: an allocation
+# without room for the spares beside the nodes the script trains on (sbatch --nodes=N+S forgotten) stops
+# here in one line, exit 2 (ddp_contract.EXIT_USAGE), before any step or file (ddp_contract.spares, check).
+ddp::check_spares() {
+    local said status=0
+    said="$(ddp::on_host ddp_contract.spares check "${SLURM_JOB_NUM_NODES:-1}" "${DDP_SPARE_NODES:-0}" \
+        "${DDP_TRAIN_NODES:-}" --job "${SLURM_JOB_ID:-local}")" || status=$?
+    [ "${status}" -eq 0 ] || ddp::err "${said:-python3 -m ddp_contract.spares check failed (exit ${status}; see above)}"
+    export DDP_SPARE_NODES="$((10#${DDP_SPARE_NODES:-0}))"
+}
+
+# The allocation read when there are spares (checked by ddp::check_spares), before any step.
 ddp::spares_setup() {
-    local -r spares="${DDP_SPARE_NODES:-0}" allocated="${SLURM_JOB_NUM_NODES:-1}"
-    if ! [[ "${spares}" =~ ^[0-9]+$ ]]; then
-        ddp::log "error: DDP_SPARE_NODES=${spares} is not a number of nodes: set it to 0 (no spares) or to the spare nodes' count, and submit with sbatch --nodes=N+S"
-        exit 2
-    fi
-    export DDP_SPARE_NODES="$((10#${spares}))"
+    local -r allocated="${SLURM_JOB_NUM_NODES:-1}"
     [ "${DDP_SPARE_NODES}" -gt 0 ] || return 0
-    if [ "${DDP_SPARE_NODES}" -ge "${allocated}" ]; then
-        ddp::log "error: DDP_SPARE_NODES=${DDP_SPARE_NODES} leaves no node to train on in job ${SLURM_JOB_ID:-?}'s ${allocated} node(s): submit with sbatch --nodes=N+${DDP_SPARE_NODES} (N training nodes plus the spares), or ask for fewer spares"
-        exit 2
-    fi
     mapfile -t DDP_ALLOCATION < <(scontrol show hostnames "${SLURM_JOB_NODELIST:-}")
     if [ "${#DDP_ALLOCATION[@]}" -ne "${allocated}" ]; then
         ddp::err "scontrol show hostnames ${SLURM_JOB_NODELIST:-} gave ${#DDP_ALLOCATION[@]} node(s), not the job's ${allocated}: cannot place spares"
     fi
-    ddp::log "spares: ${DDP_SPARE_NODES} of the job's ${allocated} nodes wait as spares, the training runs on $((allocated - DDP_SPARE_NODES)) (DDP_SPARE_NODES=${DDP_SPARE_NODES})"
+    ddp::log "spares: ${DDP_SPARE_NODES} of the job's ${allocated} nodes wait as spares, the training runs on $((allocated - DDP_SPARE_NODES)) (DDP_SPARE_NODES=${DDP_SPARE_NODES}, DDP_TRAIN_NODES=${DDP_TRAIN_NODES:-?})"
 }
 
 # Which nodes train and which gate, from the quarantine record (python3 -m ddp_contract.spares place,
-# its options: --previous, --named-at, --step-ended-at, --roll-call). Sets DDP_TRAIN_NODES and
-# DDP_GATE_NODES, exports DDP_RECOVERY for the training step when a spare replaces a training node
+# its options: --previous, --named-at, --step-ended-at, --roll-call). Sets DDP_TRAIN_NODELIST and
+# DDP_GATE_NODELIST, exports DDP_RECOVERY for the training step when a spare replaces a training node
 # (the trainer records the recovery from it), and says the placement in one line. Returns 1 with one
 # line when too few healthy nodes are left.
 ddp::place() {
@@ -712,8 +754,8 @@ ddp::place() {
     fi
     while IFS= read -r line; do
         case "${line}" in
-            train=*) DDP_TRAIN_NODES="${line#train=}" ;;
-            healthy=*) DDP_GATE_NODES="${line#healthy=}" ;;
+            train=*) DDP_TRAIN_NODELIST="${line#train=}" ;;
+            healthy=*) DDP_GATE_NODELIST="${line#healthy=}" ;;
             recovery=*) recovery="${line#recovery=}" ;;
             say=*)  # said once, and again only when it changes (after the preflight, after the gate)
                 [ "${line}" = "${DDP_PLACEMENT_SAID}" ] || ddp::log "spares: ${line#say=}"
@@ -722,7 +764,7 @@ ddp::place() {
         esac
     done <<< "${out}"
     # Every node healthy: the gate runs on the whole allocation, as without spares.
-    [ "${DDP_GATE_NODES}" != "$(IFS=,; printf '%s' "${DDP_ALLOCATION[*]}")" ] || DDP_GATE_NODES=""
+    [ "${DDP_GATE_NODELIST}" != "$(IFS=,; printf '%s' "${DDP_ALLOCATION[*]}")" ] || DDP_GATE_NODELIST=""
     if [ -n "${recovery}" ]; then
         export DDP_RECOVERY="${recovery}"
     else
@@ -779,28 +821,38 @@ ddp::placement() {
 #   ddp::step_nodes NAME      (train | gate | sampler)
 ddp::step_nodes() {
     case "$1" in
-        train | sampler) printf '%s\n' "${DDP_TRAIN_NODES}" ;;
-        gate) printf '%s\n' "${DDP_GATE_NODES}" ;;
+        train | sampler) printf '%s\n' "${DDP_TRAIN_NODELIST}" ;;
+        gate) printf '%s\n' "${DDP_GATE_NODELIST}" ;;
         *) printf '\n' ;;
     esac
 }
 
-# After a failed training step: when the roll call named the lost node(s) (<run-dir>/roll-call.json,
-# src/ddp_train/safety/peers.py), they go into the quarantine record, and a spare takes each one's place
-# (return 0: train again); with no spare left, one line and return 1 (the job's exit 1 for a lost
-# node). The seconds from the fault to training again are the trainer's to say (DDP_RECOVERY).
+# After a failed training step whose roll call named the lost node(s) (<run-dir>/roll-call.json,
+# src/ddp_train/safety/peers.py): they go into the quarantine record, and a spare takes each one's place
+# (return 0: train again). A lost node is a bad node: with no spare (DDP_SPARE_NODES=0, or all used up)
+# the job is requeued without it from the last checkpoint, as for a node the preflight or the gate names
+# (return 76, ddp::maybe_requeue, within DDP_MAX_REQUEUES). The scripts' --no-kill keeps slurmctld from
+# ending the job as NODE_FAIL (and requeueing it onto the same node where it is not marked DOWN yet), so
+# this is where a lost node's requeue happens; its late kills are harmless (ddp::skip_used_step_ids).
+# A report that names no node is a crash: return 1. The seconds from the fault to training again are
+# the trainer's to say (DDP_RECOVERY).
 #   ddp::replace_lost_node STEP_ENDED_AT
 ddp::replace_lost_node() {
     local -r ended_at="$1" report="${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
+    local status=0
     ddp::on_host ddp_contract.quarantine add --by roll-call --job "${SLURM_JOB_ID:-local}" \
-        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${report}" >&2 || true
-    if [ "${DDP_SPARE_NODES:-0}" = 0 ]; then
-        ddp::log "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): exit 1; the checkpoint is kept: resubmit to resume from it"
+        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${report}" >&2 || status=$?
+    if [ "${status}" -ne "${DDP_EXIT_BAD_NODE}" ]; then  # 76: a node new to the record
+        ddp::log "the failed step's roll call named no node to exclude (${report}): exit 1"
         return 1
     fi
-    if ! ddp::place --previous "${DDP_TRAIN_NODES}" --step-ended-at "${ended_at}" --roll-call "${report}"; then
-        ddp::log "spares: none left for the lost node: exit 1; the checkpoint is kept: resubmit to resume from it"
-        return 1
+    if [ "${DDP_SPARE_NODES:-0}" = 0 ]; then
+        ddp::log "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): requeuing without it, to resume from the last checkpoint (exit ${DDP_EXIT_BAD_NODE})"
+        return "${DDP_EXIT_BAD_NODE}"
+    fi
+    if ! ddp::place --previous "${DDP_TRAIN_NODELIST}" --step-ended-at "${ended_at}" --roll-call "${report}"; then
+        ddp::log "spares: none left for the lost node: falling back to a requeue without it (exit ${DDP_EXIT_BAD_NODE})"
+        return "${DDP_EXIT_BAD_NODE}"
     fi
     if [ -z "${DDP_RECOVERY:-}" ]; then  # the node named is none of the training's: nothing to replace
         ddp::log "spares: the roll call named no training node (${report}): exit 1"
@@ -828,7 +880,7 @@ ddp::train_with_spares() {
             return "${status}"
         fi
         ddp::monitor_stop later
-        ddp::replace_lost_node "${ended_at}" || return 1
+        ddp::replace_lost_node "${ended_at}" || return "$?"
     done
 }
 
@@ -837,6 +889,7 @@ ddp::train_with_spares() {
 # node) or exit.
 #   ddp::run_job MODE TRAIN_ARGS...     (MODE: node | task, see ddp::train)
 ddp::run_job() {
+    ddp::check_spares
     ddp::split_words DDP_LAUNCH_WORDS DDP_LAUNCH_ARGS
     ddp::split_words DDP_TRAIN_WORDS DDP_TRAIN_ARGS
     ddp::expand_run_dir
@@ -878,7 +931,7 @@ ddp::run_job() {
         exit 0
     fi
     if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
-        ddp::log "stopped before training: bad node(s) named above (exit ${status})"
+        ddp::log "not requeued: bad node(s) named above (exit ${status}); the run dir keeps the checkpoint and the quarantine record"
     elif [ "${status}" -ne 0 ]; then
         ddp::log "job failed with exit status ${status}; per-rank logs are in ${DDP_RUN_DIR}/logs"
     fi

@@ -20,6 +20,10 @@ from ddp_train import levers
 from ddp_train.errors import TrainError
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+# What --precision auto takes on a GPU with bf16. fp16 (loss-scaled on the device: loss_scale.py) takes
+# its place only if benchmarks/gpu_throughput.py --precisions bf16,fp16 measures it 2% or more faster
+# and it trains as well (docs/benchmarks.md, "fp16 against bf16").
+CUDA_AUTO_PRECISION = "bf16"
 # Derived seeds (seed * 1_000_003 + epoch, per rank) must stay inside torch's 64-bit seeds.
 MAX_SEED = 2**32 - 1
 MAX_WIDTH_SCALE = 16.0  # 16x the guide's widths is ~4 G parameters: no GPU holds it
@@ -111,6 +115,11 @@ class TrainConfig:
     inductor_levers: str = option(
         "auto", "inductor options for a compiled step, comma-separated: coop-reductions, no-split-reductions, "
                 "conv1x1-mm, pdl, combo-kernels; auto (default): those measured to win on CUDA; none")
+    # levers.py: our Triton BatchNorm kernels (bn_blocks.py), or torch's.
+    bn_kernels: str = option(
+        "auto", "BatchNorm+ReLU(+add) in training: torch (nn.BatchNorm2d, inductor's kernels when compiled) or "
+                "triton (our own kernels, CUDA only); auto (default): torch until a GPU measurement says otherwise",
+        choices=levers.BN_KERNELS)
     # "bf16": DDP's bf16_compress_hook for slow fabrics.
     grad_compression: str = option("none", "bf16: halve the gradient all-reduce bytes (slow fabrics; NCCL or gloo)",
                                    choices=GRAD_COMPRESSIONS)
@@ -381,7 +390,7 @@ def resolve_precision(requested: str, device_type: str, bf16_supported: bool) ->
     if requested == "auto":
         if device_type != "cuda":
             return "bf16" if bf16_supported else "fp32"
-        return "bf16" if bf16_supported else "fp16"
+        return CUDA_AUTO_PRECISION if bf16_supported else "fp16"
     if requested not in PRECISIONS:
         raise TrainError(f"unknown precision {requested!r}: use one of {', '.join(PRECISIONS)}")
     if requested == "bf16" and device_type == "cuda" and not bf16_supported:

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
-from ddp_contract import EXPECT_FABRIC_VAR, TASK_DEVICE_VAR, check_nccl_transport
+from ddp_contract import EXPECT_FABRIC_VAR, TASK_DEVICE_VAR
+from ddp_contract.nccl_log import check_nccl_transport
 
 from ddp_train import console
 from ddp_train.errors import Seen, TrainError

@@ -25,10 +25,13 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import distributed
+from ddp_train.bn_blocks import block_for
 from ddp_train.config import TrainConfig, batch_per_rank, peak_lr
 from ddp_train.data import memory_format_for
 from ddp_train.distributed import DistEnv
 from ddp_train.layout import NUM_CLASSES
+from ddp_train.levers import resolve_bn_kernels
+from ddp_train.loss_scale import LossScaler
 from ddp_train.model import WideResNet
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -39,7 +42,7 @@ class Learner:
     model: nn.Module
     ema: Optional[nn.Module]  # None without --ema-decay
     optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler  # enabled for fp16 only
+    scaler: LossScaler  # enabled for fp16 only
     criterion: nn.Module
     autocast_dtype: Optional[torch.dtype]  # None: fp32, no autocast
     lr_peak: float
@@ -59,14 +62,15 @@ class Learner:
 
 def build_learner(config: TrainConfig, dist_env: DistEnv, device: torch.device, precision: str) -> Learner:
     torch.manual_seed(config.seed)  # identical initial weights on every rank
-    model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout)
+    model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout,
+                       block=block_for(resolve_bn_kernels(config.bn_kernels, device.type)))
     model = model.to(device, memory_format=memory_format_for(device))
     ema = make_ema(model, config.ema_decay)
     lr_peak = peak_lr(config, dist_env.world_size)
     optimizer = torch.optim.SGD(
         model.parameters(), lr=lr_peak, momentum=config.momentum, nesterov=config.nesterov,
-        weight_decay=config.weight_decay, fused=device.type == "cuda")
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        weight_decay=config.weight_decay, fused=device.type == "cuda" or precision == "fp16")
+    scaler = LossScaler(device, enabled=precision == "fp16")  # skips on the device: needs the fused SGD
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
     torch.manual_seed(config.seed * 1_000_003 + dist_env.rank + 1)  # per-rank dropout masks
     return Learner(model, ema, optimizer, scaler, criterion, AUTOCAST_DTYPES[precision], lr_peak)

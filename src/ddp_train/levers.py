@@ -1,6 +1,7 @@
 """Inductor's options for the memory-bound part of a compiled step (BatchNorm statistics and
 normalisation, ReLU, the residual add), by name: what `--inductor-levers` takes and what
-benchmarks/gpu_throughput.py measures one by one.
+benchmarks/gpu_throughput.py measures one by one; and `--bn-kernels`, which runs that part on our
+own Triton kernels instead (ddp_train/bn_kernels.py).
 
 Each lever is a set of `torch._inductor.config` options (names and meanings:
 torch/_inductor/config.py). They are set for the whole process before the model compiles, since
@@ -14,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from ddp_train.errors import TrainError
+from ddp_train.errors import Seen, TrainError
 
 Options = tuple[tuple[str, Any], ...]
 
@@ -83,3 +84,24 @@ def apply(names: tuple[str, ...]) -> None:
     for name, value in opts:
         *parents, leaf = name.split(".")
         setattr(functools.reduce(getattr, parents, inductor_config), leaf, value)
+
+
+# --bn-kernels: who computes BatchNorm (+ReLU, +residual add) in training. torch: nn.BatchNorm2d,
+# which inductor turns into its own kernels when the model compiles; triton: our kernels
+# (ddp_train/bn_blocks.py), CUDA only. auto is torch on every device until benchmarks/gpu_throughput.py's
+# triton-bn variant beats the graphs variant on a GPU (docs/benchmarks.md): then BN_CUDA_DEFAULT = "triton".
+BN_KERNELS = (AUTO, "torch", "triton")
+BN_CUDA_DEFAULT = "torch"
+
+
+def resolve_bn_kernels(requested: str, device_type: str) -> str:
+    """torch or triton for this device; triton where there is no CUDA GPU is a one-line error."""
+    if requested == AUTO:
+        return BN_CUDA_DEFAULT if device_type == "cuda" else "torch"
+    if requested not in BN_KERNELS:
+        raise TrainError(f"--bn-kernels {requested!r}: use {', '.join(BN_KERNELS)}")
+    if requested == "triton" and device_type != "cuda":
+        raise TrainError(f"--bn-kernels triton needs a CUDA GPU and this run is on {device_type} (Triton compiles "
+                         f"for GPUs; on a CPU it only interprets, for tests): use --bn-kernels torch",
+                         Seen.BY_EVERY_RANK_OF_NODE)  # the node's device, alike for its ranks
+    return requested

@@ -21,6 +21,7 @@ from ddp_train.checkpoint import rng_state, set_rng_state
 from ddp_train.config import TrainConfig, compile_by_default, resolve_compile_mode
 from ddp_train.cudagraph_report import CUDA_GRAPH_MODES
 from ddp_train.errors import Seen, TrainError
+from ddp_train.loss_scale import LossScaler
 
 COMPILE_CACHE_DIRNAME = "compile-cache"
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
@@ -103,10 +104,12 @@ class FastModel:
     cuda_graphs: bool  # asked for; whether inductor kept them is graph_state's answer
     skips: Optional[cudagraph_report.SkipWatch] = None  # inductor's skip messages, from before the compile
     levers: tuple[str, ...] = ()  # inductor levers set before the compile (levers.py)
+    bn_kernels: str = "torch"  # who computes BatchNorm in training (--bn-kernels, resolved)
 
     def describe(self) -> str:
-        """The compile mode and its levers, as the warm-up line says them."""
-        return " + ".join((self.compile_mode, *self.levers))
+        """The compile mode, its levers and our BatchNorm kernels, as the warm-up line says them."""
+        ours = ("triton BatchNorm",) if self.bn_kernels == "triton" else ()
+        return " + ".join((self.compile_mode, *self.levers, *ours))
 
     def graph_state(self, device: torch.device) -> cudagraph_report.GraphState:
         """Whether the compiled step runs as a CUDA graph here: ask after the warm-up."""
@@ -126,7 +129,8 @@ def accelerate(model: nn.Module, config: TrainConfig, device: torch.device,
     levers.apply(chosen)
     skips = cudagraph_report.SkipWatch.start() if compiled else None
     forward = torch.compile(ddp, mode=compile_mode) if compiled else ddp
-    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs, skips, chosen)
+    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs, skips, chosen,
+                     levers.resolve_bn_kernels(config.bn_kernels, device.type))
 
 
 def bucket_layout(ddp: nn.Module) -> Optional[dict[str, Any]]:
@@ -153,7 +157,7 @@ def check_compression_backend(grad_compression: str, device: torch.device) -> No
 
 
 def warm_up(step: Callable[[], Any], passes: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-            scaler: torch.amp.GradScaler, device: torch.device,
+            scaler: LossScaler, device: torch.device,
             ema: Optional[nn.Module] = None) -> float:
     """Run `step` (a full training step on a real batch) `passes` times, then put the weights,
     BatchNorm statistics, optimizer, scaler, EMA and RNG back as they were: the run trains exactly

@@ -23,7 +23,7 @@ _gate_report_naming() {
     run grep '^srun .* apptainer ' "${CALLS}"
     assert_line --index 0 "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --output=${DDP_RUN_DIR}/preflight/42/doctor-%N.json --error=${DDP_RUN_DIR}/preflight/42/doctor-%N.err apptainer run --nv ${DDP_IMAGE} doctor --json --site olivia --data-dir ${DDP_DATA_DIR}"
     assert_line --index 1 "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/gate-42 --module ddp_train.gate -- --run-dir ${DDP_RUN_DIR} --site olivia --backend auto"
-    assert_line --index 2 --partial " -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100"
+    assert_line --index 2 --partial " -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --recipe improved --epochs 100"
 }
 
 @test "the gate runs on the backend the trainer was given (--backend gloo on GPU nodes)" {

@@ -12,7 +12,7 @@ setup() {
 
     assert_success
     run _train_call
-    assert_output "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
+    assert_output "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --recipe improved --epochs 100 --batch-size 2048 --base-lr 0.01 --target-accuracy 0.95 --patience 2 --epochs 3"
 }
 
 @test "olivia multi-node: binds come from the olivia site profile plus the data and run directories" {
@@ -20,7 +20,7 @@ setup() {
 
     assert_success
     run grep '^python3 -m ddp_launch' "${CALLS}"
-    assert_output "python3 -m ddp_launch.binds --site olivia
+    assert_output "python3 -m ddp_launch.binds --site olivia --runtime apptainer
 python3 -m ddp_launch.accelerators --site olivia apptainer-flag
 python3 -m ddp_launch.sites --site olivia srun-args"
     run grep '^srun-env' "${CALLS}"
@@ -58,11 +58,17 @@ python3 -m ddp_launch.sites --site olivia srun-args"
     assert_output "2"  # the fabric gate and the training
     run grep -c -- '--network' "${CALLS}"
     assert_output "2"  # not the preflight's doctor, nor the sampler
+    # The same value in those steps' environment, where ddp-launch reads it (FI_CXI_RDZV_PROTO=alt_read
+    # only with the flag: libfabric's fi_cxi(7)); srun reads SLURM_NETWORK as --network (srun(1)).
+    run grep -c '^srun-env SLURM_NETWORK=disable_rdzv_get$' "${CALLS}"
+    assert_output "2"
+    run grep -c '^srun-env SLURM_NETWORK=' "${CALLS}"
+    assert_output "2"
 
     : > "${CALLS}"
     DDP_SITE=generic run bash "${REPO}/slurm/olivia-multinode.sh"
     assert_success
-    run grep -c -- '--network' "${CALLS}"
+    run grep -c -- '--network\|SLURM_NETWORK' "${CALLS}"
     assert_output "0"
 }
 
@@ -86,7 +92,7 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
     run bash "${REPO}/slurm/olivia-1gpu.sh"
     assert_success
     run _train_call
-    assert_output --partial "--site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 100 --batch-size 256 "
+    assert_output --partial "--site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --recipe improved --epochs 100 --batch-size 256 "
 
     : > "${CALLS}"
     run bash "${REPO}/slurm/olivia-1node-4gpu.sh"
@@ -302,7 +308,38 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_failure 2
-    assert_output --partial "image ${DDP_IMAGE} not found"
+    assert_output "ddp: error: image ${DDP_IMAGE} not found: build it in the checkout (make build-olivia, build-lumi, build-x86 or build-cpu, whichever fits the site; containers/README.md) or set DDP_IMAGE"
+}
+
+@test "each script's missing image names the make target that builds it, as the Makefile says" {
+    local script image target count=0
+    for script in "${REPO}"/slurm/*.sh; do
+        image="$(sed -n 's|^ddp::default DDP_IMAGE "${DDP_REPO}/\(.*\)"$|\1|p' "${script}")"
+        [ -n "${image}" ] || continue  # not a job script (gpu-sampler.sh)
+        # The target whose recipe writes that file (make -n prints it, runs nothing).
+        target=""
+        for candidate in build-olivia build-lumi build-x86 build-cpu; do
+            if make -n -C "${REPO}" "${candidate}" SIF_DIR=/sifdir 2>/dev/null | grep -q "/sifdir/${image}\b"; then
+                target="${candidate}"
+            fi
+        done
+        [ -n "${target}" ] || { echo "no make target builds ${image}"; false; }
+        # The script's image under its own name, where none was built (the checkout may hold one).
+        DDP_IMAGE="${BATS_TEST_TMPDIR}/sifs/${image}" run bash "${script}"
+        assert_failure 2
+        assert_output "ddp: error: image ${BATS_TEST_TMPDIR}/sifs/${image} not found: build it in the checkout (make ${target} SIF_DIR=${BATS_TEST_TMPDIR}/sifs; containers/README.md) or set DDP_IMAGE"
+        count=$((count + 1))
+    done
+    [ "${count}" -eq 9 ]
+}
+
+@test "an image elsewhere than the checkout is built there with SIF_DIR" {
+    export DDP_IMAGE="${BATS_TEST_TMPDIR}/sifs/train-x86_64.sif"
+
+    run bash "${REPO}/slurm/raven-task-per-gpu.sh"
+
+    assert_failure 2
+    assert_output "ddp: error: image ${DDP_IMAGE} not found: build it in the checkout (make build-x86 SIF_DIR=${BATS_TEST_TMPDIR}/sifs; containers/README.md) or set DDP_IMAGE"
 }
 
 @test "a checkout that is not this project is refused" {
@@ -427,7 +464,8 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
 }
 
 @test "the stop request's file name is the trainer's (ddp_contract.STOP_REQUEST_FILE)" {
-    run python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ddp_contract; print(ddp_contract.STOP_REQUEST_FILE)' "${REPO}/entrypoints"
+    # The host's python3, with the package from this checkout as the job scripts give it (PYTHONPATH).
+    PYTHONPATH="${REPO}/entrypoints" run python3 -c 'import ddp_contract; print(ddp_contract.STOP_REQUEST_FILE)'
     assert_success
     local trainers="${output}"
     # What the job scripts see once they source the library, not how the line is spelled.

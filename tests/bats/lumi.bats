@@ -26,7 +26,7 @@ LUMI_MASKS="0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000f
     assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get --output=${DDP_RUN_DIR}/logs/%j-%N-rank%t.out singularity run --rocm ${DDP_IMAGE} "
     assert_output --partial " ${DDP_IMAGE} --site lumi --mode slurm-task -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --epochs 50 --batch-size 512 --base-lr 0.01 --epochs 3"
     run grep '^python3 -m ddp_launch.binds' "${CALLS}"
-    assert_output "python3 -m ddp_launch.binds --site lumi"
+    assert_output "python3 -m ddp_launch.binds --site lumi --runtime singularity"
 }
 
 @test "lumi: SingularityCE runs the image, with the binds in SINGULARITY_BIND, the variable it reads" {
@@ -41,6 +41,38 @@ LUMI_MASKS="0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000f
     assert_line "srun-env SINGULARITY_BIND=/host/lumi:/opt/lumi,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
     run grep -c -E '^srun .* apptainer ' "${CALLS}"
     assert_output "0"
+}
+
+@test "a user's SINGULARITY_BIND is kept first in the SINGULARITY_BIND that singularity steps get" {
+    # SingularityCE reads SINGULARITY_BIND (SingularityCE user guide, "Bind Paths and Mounts",
+    # https://docs.sylabs.io/guides/latest/user-guide/bind_paths_and_mounts.html); the generic site has no
+    # host binds, so the real python3 -m ddp_launch.binds answers.
+    export DDP_SITE=generic DDP_CONTAINER_RUNTIME=singularity SINGULARITY_BIND=/cluster/projects/x:/x,/scratch/me
+
+    run bash "${REPO}/slurm/lumi-multinode.sh"
+
+    assert_success
+    run grep '^srun-env SINGULARITY_BIND=' "${CALLS}"
+    assert_line "srun-env SINGULARITY_BIND=/cluster/projects/x:/x,/scratch/me,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
+}
+
+@test "with apptainer, a user's SINGULARITY_BIND, which Apptainer reads only while APPTAINER_BIND is unset, is kept in APPTAINER_BIND" {
+    # Apptainer user guide, "Singularity Compatibility" (https://apptainer.org/docs/user/main/singularity_compatibility.html):
+    # SINGULARITY_-prefixed variables count "when their respective APPTAINER_ ... counterparts are not set".
+    export DDP_SITE=generic SINGULARITY_BIND=/cluster/projects/x:/x
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    run grep '^srun-env NCCL_IB_DISABLE' "${CALLS}"
+    assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=/cluster/projects/x:/x,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
+
+    : > "${CALLS}"
+    export APPTAINER_BIND=/work/mine  # set: Apptainer reads it alone, and so do the job's steps
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_success
+    run grep '^srun-env NCCL_IB_DISABLE' "${CALLS}"
+    assert_line "srun-env NCCL_IB_DISABLE=unset APPTAINER_BIND=/work/mine,${DDP_DATA_DIR}:${DDP_DATA_DIR},${DDP_RUN_DIR}:${DDP_RUN_DIR}"
 }
 
 @test "lumi: the script leaves the GPU flag to ddp.sh and the site profile, never writing --rocm or --nv" {

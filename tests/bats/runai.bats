@@ -1,35 +1,170 @@
 #!/usr/bin/env bats
 # RunAI: the exact `runai submit-dist pytorch` line, and what each pod runs, with
-# runai and ddp-launch stubbed on PATH.
+# runai (the CLI's stand-in, tests/bats/stubs/runai) and ddp-launch stubbed on PATH.
 
 setup() {
     load 'test_helper/common-setup'
     _common_setup
-    # runai and ddp-launch accept anything; date gives the UTC time that names a new run ($NOW).
-    _stub runai ddp-launch date
-    unset RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
+    # runai takes what the CLI v1 takes, ddp-launch anything; date gives the UTC time that names a
+    # new run ($NOW), id the submitting user's ids.
+    _stub runai ddp-launch date id
+    export RUNAI_FAKE_CLI=v1 RUNAI_FAKE_STATE="${BATS_TEST_TMPDIR}/runai"
+    unset RUNAI_CLI RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
         RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME KUBERNETES_SERVICE_HOST NOW SHM_KB
     export RUNAI_IMAGE=registry.example/ddp-train:0.1 RUNAI_DATA_PVC=scratch RUNAI_RUN_PVC=scratch
     export PYTHONPATH="${REPO}/entrypoints"  # as the image's: pod.sh checks the data with ddp_contract
 }
 
+# The last submission's argv, one word per line (the stand-in keeps it NUL-terminated).
+_runai_argv() {
+    tr '\0' '\n' < "${RUNAI_FAKE_STATE}/argv"
+}
+
+# The name of the last workload the stand-in took.
+_workload() {
+    tail -n 1 "${RUNAI_FAKE_STATE}/workloads"
+}
+
+# The submissions in $CALLS (not the CLI's --help probes).
+_submit_calls() {
+    grep '^runai ' "${CALLS}" | grep -v -- ' --help$'
+}
+
+# CLI v1, as its reference gives each flag (runai submit-dist pytorch,
+# https://docs.run.ai/v2.18/Researcher/cli-reference/runai-submit-dist-pytorch/; RCP's form,
+# epfml/getting-started docs/multinode.md): --name NAME, --workers=N (pods besides the master),
+# -g GPUs per pod ("-g | --gpu"), -i IMAGE, --command (what follows `--` replaces the
+# ENTRYPOINT), --large-shm, --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce and
+# --extended-resource rdma/rdma=1 (RCP's RoCE), --existing-pvc claimname=NAME,path=PATH,
+# -e NAME=VALUE; --run-as-uid and --run-as-gid as RCP's csub.py passes them to submit-dist pytorch
+# (epfml/getting-started, csub.py); logs: "runai logs JOB_NAME" with -f/--follow (run-ai/runai-cli
+# cmd/logs/logs.go). The stand-in takes only the flags of the CLI's reference.
 @test "runai submit: one master plus workers, GPUs per pod, the pod script as the command, large shm, RoCE" {
     run bash "${REPO}/runai/submit.sh" --epochs 5
 
     assert_success
-    assert_output "runai/submit.sh: a new run, ddp-train-20260101-120000, in /mnt/runs/ddp-train-20260101-120000 (RUNAI_RESUME=ddp-train-20260101-120000 continues it)"
+    local -r name="$(_workload)"
+    [[ "${name}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
+    assert_line --index 0 "runai/submit.sh: a new run, ${name}, in /mnt/runs/${name} (RUNAI_RESUME=${name} continues it)"
+    assert_line --index 1 "runai/submit.sh: its pods run as 224954:11259 (RUNAI_RUN_AS=UID:GID changes it, RUNAI_RUN_AS=image keeps the image's user)"
+    assert_line --index 2 "runai/submit.sh: follow it with: runai logs ${name} --follow"
+    run _submit_calls
+    assert_output "runai submit-dist pytorch --name ${name} --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} --run-as-uid 224954 --run-as-gid 11259 -- /opt/ddp/runai/pod.sh --epochs 5"
+}
+
+# CLI v2, as its reference gives each flag (runai training pytorch submit, run-ai/docs
+# docs/Researcher/cli-reference/new-cli/runai_training_pytorch_submit.md; now
+# https://docs.nvidia.com/run-ai/self-hosted/reference/cli/runai/training/runai-training-pytorch-submit):
+# the workload's name as the argument ("runai training pytorch submit <name> -p <project_name> -i
+# ..."), --workers int32, -g, --gpu-devices-request int32, -i, --image, -c, --command, --large-shm,
+# --annotation, --extended-resource resource_name=quantity, --existing-pvc
+# claimname=CLAIM_NAME,path=PATH, -e, --environment, --run-as-uid int, --run-as-gid int; logs:
+# "runai training pytorch logs WORKLOAD_NAME --follow" (new-cli/runai_pytorch_logs.md). The
+# stand-in takes only the flags of the CLI's reference.
+@test "runai submit, CLI v2: runai training pytorch submit NAME with v2's flag names" {
+    export RUNAI_FAKE_CLI=v2
+    run bash "${REPO}/runai/submit.sh" --epochs 5
+
+    assert_success
+    local -r name="$(_workload)"
+    [[ "${name}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
+    assert_line --index 0 "runai/submit.sh: a new run, ${name}, in /mnt/runs/${name} (RUNAI_RESUME=${name} continues it)"
+    assert_line --index 2 "runai/submit.sh: follow it with: runai training pytorch logs ${name} --follow"
+    run _submit_calls
+    assert_output "runai training pytorch submit ${name} --workers 1 --gpu-devices-request 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/${name} --run-as-uid 224954 --run-as-gid 11259 -- /opt/ddp/runai/pod.sh --epochs 5"
+
+    # A second submission in the same second is a workload and a run of its own under v2 too.
+    run bash "${REPO}/runai/submit.sh" --epochs 5
+    assert_success
+    [ "$(_workload)" != "${name}" ]
+    run grep -c . "${RUNAI_FAKE_STATE}/workloads"
+    assert_output 2
+}
+
+# The installed CLI is the one with its PyTorch submit command (v1's reference documents
+# `runai submit-dist pytorch`, v2's `runai training pytorch submit`); an unknown command is cobra's
+# "unknown command", exit 1. v1, RCP's documented form, is asked first.
+@test "runai submit: the CLI is told by its command tree, v1 first; RUNAI_CLI says which instead" {
+    run bash "${REPO}/runai/submit.sh"
+    assert_success
     run grep '^runai ' "${CALLS}"
-    assert_output "runai submit-dist pytorch --name ddp-train --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 -- /opt/ddp/runai/pod.sh --epochs 5"
+    assert_line --index 0 "runai submit-dist pytorch --help"
+    assert_line --index 1 --regexp "^runai submit-dist pytorch --name "
+    [ "${#lines[@]}" -eq 2 ]
+
+    : > "${CALLS}"
+    RUNAI_FAKE_CLI=v2 run bash "${REPO}/runai/submit.sh"
+    assert_success
+    run grep '^runai ' "${CALLS}"
+    assert_line --index 0 "runai submit-dist pytorch --help"
+    assert_line --index 1 "runai training pytorch submit --help"
+    assert_line --index 2 --regexp "^runai training pytorch submit ddp-train-"
+    [ "${#lines[@]}" -eq 3 ]
+
+    : > "${CALLS}"
+    RUNAI_FAKE_CLI=v2 RUNAI_CLI=v2 run bash "${REPO}/runai/submit.sh"
+    assert_success
+    run grep '^runai ' "${CALLS}"
+    assert_output --regexp "^runai training pytorch submit ddp-train-[^ ]+ --workers 1 "
+}
+
+@test "runai submit: a runai with neither CLI's submit command, or a RUNAI_CLI of neither, is one line, exit 2, nothing submitted" {
+    cat > "${STUBS}/runai" <<'EOF'
+#!/bin/sh
+printf "%s\n" "runai $*" >> "${CALLS}"
+echo "Error: unknown command \"$1\" for \"runai\"" >&2
+exit 1
+EOF
+    run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output "runai/submit.sh: error: ${STUBS}/runai has neither 'runai submit-dist pytorch' (RunAI CLI v1) nor 'runai training pytorch submit' (CLI v2): install the CLI from your RunAI cluster's web UI, or set RUNAI_CLI=v1 or v2"
+    run _submit_calls
+    assert_output ""
+
+    RUNAI_CLI=v3 run bash "${REPO}/runai/submit.sh"
+    assert_failure 2
+    assert_output "runai/submit.sh: error: RUNAI_CLI=v3 is neither v1 (runai submit-dist pytorch) nor v2 (runai training pytorch submit); leave it unset to use the installed CLI's"
+}
+
+# RCP's csub.py runs every pod as the user, --run-as-uid and --run-as-gid from the user's LDAP ids
+# (epfml/getting-started, csub.py), with the scratch claim whose homes/<user>/ are the user's.
+# Both CLIs take the two flags (v2: "--run-as-uid int", "--run-as-gid int").
+@test "runai submit: the pods run as the submitting user by default, as RUNAI_RUN_AS says, or as the image's user" {
+    RUNAI_RUN_AS=1000:2000 RUNAI_FAKE_CLI=v2 run bash "${REPO}/runai/submit.sh"
+    assert_success
+    assert_line --index 1 "runai/submit.sh: its pods run as 1000:2000 (RUNAI_RUN_AS=UID:GID changes it, RUNAI_RUN_AS=image keeps the image's user)"
+    run grep -A 3 -x -- --run-as-uid <(_runai_argv)
+    assert_output "$(printf '%s\n' --run-as-uid 1000 --run-as-gid 2000)"
+    run grep -c '^id ' "${CALLS}"
+    assert_output 0
+
+    RUNAI_RUN_AS=image run bash "${REPO}/runai/submit.sh"
+    assert_success
+    refute_output --partial "run as"
+    run grep -c -e --run-as-uid -e --run-as-gid <(_runai_argv)
+    assert_output 0
+}
+
+@test "runai submit: a RUNAI_RUN_AS that is neither UID:GID nor image is one line, exit 2, nothing submitted" {
+    for bad in 1000 alice:mlo 1000: :1000 1000:2000:3000 root; do
+        RUNAI_RUN_AS="${bad}" run bash "${REPO}/runai/submit.sh"
+        assert_failure 2
+        assert_output "runai/submit.sh: error: RUNAI_RUN_AS=${bad} is neither UID:GID nor image: give the numeric user and group the pods run as (on RCP your LDAP ids, from id on haas001.rcp.epfl.ch), or image to keep the image's user"
+    done
+    run grep -c '^runai ' "${CALLS}"
+    assert_output 0
 }
 
 @test "runai submit: settings from the environment, no RDMA, extra flags as words" {
-    RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--node-pools a100 --preemptible" \
+    RUNAI_WORKERS=3 RUNAI_GPUS=2 RUNAI_RDMA=0 RUNAI_LARGE_SHM=0 RUNAI_JOB_NAME=wrn RUNAI_EXTRA_ARGS="--node-pools a100 --project mlo-alice" \
         RUNAI_DATA_PVC=cifar RUNAI_DATA_DIR=/data RUNAI_RUN_PVC=home.user RUNAI_RUN_DIR=/home/u/runs \
         run bash "${REPO}/runai/submit.sh" --batch-size "1 024"
 
     assert_success
-    run grep '^runai ' "${CALLS}"
-    assert_output "runai submit-dist pytorch --name wrn --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/wrn-20260101-120000 --node-pools a100 --preemptible -- /opt/ddp/runai/pod.sh --batch-size 1 024"
+    local -r name="$(_workload)"
+    [[ "${name}" =~ ^wrn-20260101-120000-[a-z0-9]{4}$ ]]
+    run _submit_calls
+    assert_output "runai submit-dist pytorch --name ${name} --workers=3 -g 2 -i registry.example/ddp-train:0.1 --command -e NCCL_IB_DISABLE=1 --existing-pvc claimname=cifar,path=/data --existing-pvc claimname=home.user,path=/home/u/runs -e DDP_DATA_DIR=/data -e DDP_RUN_DIR=/home/u/runs/${name} --run-as-uid 224954 --run-as-gid 11259 --node-pools a100 --project mlo-alice -- /opt/ddp/runai/pod.sh --batch-size 1 024"
 }
 
 # RUNAI_EXTRA_ARGS is split as the SLURM job scripts split DDP_TRAIN_ARGS: the shell's quoting,
@@ -39,8 +174,8 @@ setup() {
         run bash "${REPO}/runai/submit.sh" --epochs 5
 
     assert_success
-    run sed -n '/^-e$/,$p' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 \
+    run sed -n '/^-e$/,$p' <(_runai_argv)
+    assert_output "$(printf '%s\n' -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR="/mnt/runs/$(_workload)" --run-as-uid 224954 --run-as-gid 11259 \
         --node-pools a100 -e 'NOTE=two words' --label '$HOME' -e 'GLOB=*' -- /opt/ddp/runai/pod.sh --epochs 5)"
 }
 
@@ -78,25 +213,62 @@ setup() {
     assert_output "0"
 }
 
-# A new submission is a new run: RunAI frees a job's name once the job is deleted, and a run dir
-# named after the job alone held the old run, which the trainer then continued (or found done).
-@test "runai submit: each submission under one job name trains a new run; RUNAI_RESUME continues a named one" {
-    NOW=20260101-120000 run bash "${REPO}/runai/submit.sh" --epochs 5
+# A workload name is a Kubernetes object name, unique in the project until the workload is deleted:
+# the stand-in refuses one in use, as Kubernetes does (AlreadyExists).
+@test "the runai stand-in refuses a workload name in use, as Kubernetes does" {
+    run runai submit-dist pytorch --name ddp-train -i registry.example/ddp-train:0.1 -- true
     assert_success
-    run grep '^DDP_RUN_DIR=' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000"
+    run runai submit-dist pytorch --name ddp-train -i registry.example/ddp-train:0.1 -- true
+    assert_failure 1
+    assert_output "Error: the job ddp-train already exists, please delete it first (use 'runai delete ddp-train')"
+}
 
-    NOW=20260102-083000 run bash "${REPO}/runai/submit.sh" --epochs 5
+# Each submission is a workload of its own and a new run, named as the workload: under one
+# RUNAI_JOB_NAME, in one second ($NOW does not change), and when continuing a run whose old
+# workload may still exist (RunAI keeps a finished one until it is deleted).
+@test "runai submit: two submissions in a row are two workloads and two runs; RUNAI_RESUME continues one in a third workload" {
+    run bash "${REPO}/runai/submit.sh" --epochs 5
     assert_success
-    run grep '^DDP_RUN_DIR=' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "DDP_RUN_DIR=/mnt/runs/ddp-train-20260102-083000"
+    local -r first="$(_workload)"
+    run grep '^DDP_RUN_DIR=' <(_runai_argv)
+    assert_output "DDP_RUN_DIR=/mnt/runs/${first}"
+
+    run bash "${REPO}/runai/submit.sh" --epochs 5
+    assert_success
+    local -r second="$(_workload)"
+    [[ "${second}" =~ ^ddp-train-20260101-120000-[a-z0-9]{4}$ ]]
+    [ "${second}" != "${first}" ]
+    run grep '^DDP_RUN_DIR=' <(_runai_argv)
+    assert_output "DDP_RUN_DIR=/mnt/runs/${second}"
 
     # The trainer's --resume refuses a run dir without a checkpoint: a mistyped name is an error.
-    RUNAI_RESUME=ddp-train-20260101-120000 run bash "${REPO}/runai/submit.sh" --epochs 9
+    NOW=20260102-083000 RUNAI_RESUME="${first}" run bash "${REPO}/runai/submit.sh" --epochs 9
     assert_success
-    assert_output "runai/submit.sh: continuing run ddp-train-20260101-120000 in /mnt/runs/ddp-train-20260101-120000"
-    run sed -n '/^DDP_RUN_DIR=/,$p' "${BATS_TEST_TMPDIR}/runai.argv"
-    assert_output "$(printf '%s\n' DDP_RUN_DIR=/mnt/runs/ddp-train-20260101-120000 -- /opt/ddp/runai/pod.sh --resume --epochs 9)"
+    local -r third="$(_workload)"
+    [[ "${third}" =~ ^ddp-train-20260102-083000-[a-z0-9]{4}$ ]]
+    assert_line --index 0 "runai/submit.sh: continuing run ${first} in /mnt/runs/${first}, as workload ${third}"
+    run sed -n '/^DDP_RUN_DIR=/,$p' <(_runai_argv)
+    assert_output "$(printf '%s\n' "DDP_RUN_DIR=/mnt/runs/${first}" --run-as-uid 224954 --run-as-gid 11259 -- /opt/ddp/runai/pod.sh --resume --epochs 9)"
+    run cat "${RUNAI_FAKE_STATE}/workloads"
+    assert_output "$(printf '%s\n' "${first}" "${second}" "${third}")"
+}
+
+# The prefix and the tail make a DNS-1035 label of at most 49 characters, the RunAI CLI's limit
+# (run-ai/runai-cli pkg/util/validate.go; the training operator's PyTorchJob webhook).
+@test "runai submit: RUNAI_JOB_NAME is the names' prefix; one that cannot begin a workload name is one line, exit 2" {
+    local -r longest=abcdefghij-abcdefghij-abcdef
+    RUNAI_JOB_NAME="${longest}" run bash "${REPO}/runai/submit.sh"
+    assert_success
+    [ "${#longest}" -eq 28 ] && [ "$(_workload | wc -c)" -eq 50 ]
+
+    for bad in Wrn 1wrn wrn_cifar wrn- "${longest}x" "wrn cifar"; do
+        RUNAI_JOB_NAME="${bad}" run bash "${REPO}/runai/submit.sh"
+        assert_failure 2
+        assert_output --partial "runai/submit.sh: error: RUNAI_JOB_NAME=${bad} is not a workload name's prefix: lower-case letters, digits and '-', starting with a letter, ending with a letter or digit, at most 28 characters"
+        [ "${#lines[@]}" -eq 1 ]
+    done
+    run _submit_calls
+    assert_output "runai submit-dist pytorch --name $(_workload) --workers=1 -g 4 -i registry.example/ddp-train:0.1 --command --large-shm --annotation k8s.v1.cni.cncf.io/networks=kube-system/roce --extended-resource rdma/rdma=1 --existing-pvc claimname=scratch,path=/mnt/data --existing-pvc claimname=scratch,path=/mnt/runs -e DDP_DATA_DIR=/mnt/data -e DDP_RUN_DIR=/mnt/runs/$(_workload) --run-as-uid 224954 --run-as-gid 11259 -- /opt/ddp/runai/pod.sh"
 }
 
 @test "runai submit: RUNAI_RESUME that is not a run's name is one line, exit 2, nothing submitted" {
@@ -119,9 +291,9 @@ setup() {
         run bash "${REPO}/runai/submit.sh"
 
     assert_success
-    run grep '^runai ' "${CALLS}"
-    assert_output --partial " --existing-pvc claimname=runai-mlo-alice-scratch,path=/mloscratch -e DDP_DATA_DIR=/mloscratch/homes/alice/data -e DDP_RUN_DIR=/mloscratch/homes/alice/runs/ddp-train-20260101-120000 -- "
-    run grep -o -- '--existing-pvc' "${CALLS}"
+    run _submit_calls
+    assert_output --partial " --existing-pvc claimname=runai-mlo-alice-scratch,path=/mloscratch -e DDP_DATA_DIR=/mloscratch/homes/alice/data -e DDP_RUN_DIR=/mloscratch/homes/alice/runs/$(_workload) --run-as-uid 224954 --run-as-gid 11259 -- "
+    run grep -o -- '--existing-pvc' <(_submit_calls)
     assert_output "--existing-pvc"
 }
 
@@ -139,9 +311,10 @@ setup() {
 }
 
 @test "runai submit: a missing image or a bad count is one error line and nothing is submitted" {
+    # `make dockerfile` only writes containers/Dockerfile: the line says how to build and push it.
     RUNAI_IMAGE= run bash "${REPO}/runai/submit.sh"
-    assert_failure
-    assert_output --partial "RUNAI_IMAGE is unset"
+    assert_failure 2
+    assert_output "runai/submit.sh: error: RUNAI_IMAGE is unset: build and push the image from the repository root, docker build --platform linux/amd64 -f containers/Dockerfile -t ic-registry.epfl.ch/<project>/ddp-train:<tag> . && docker push ic-registry.epfl.ch/<project>/ddp-train:<tag> (after docker login ic-registry.epfl.ch), then set RUNAI_IMAGE=ic-registry.epfl.ch/<project>/ddp-train:<tag>"
 
     RUNAI_WORKERS=two run bash "${REPO}/runai/submit.sh"
     assert_failure
@@ -155,7 +328,7 @@ setup() {
     assert_success
 }
 
-@test "pod: ddp-launch in kubeflow mode with the rcp site, torchrun logs on the run volume" {
+@test "pod: the preflight, then ddp-launch in kubeflow mode with the rcp site, torchrun logs on the run volume" {
     mkdir -p "${BATS_TEST_TMPDIR}/data/cifar-100-python"
     touch "${BATS_TEST_TMPDIR}/data/cifar-100-python/"{train,test,meta}
     DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/run" RANK=1 PET_NNODES=2 \
@@ -164,8 +337,24 @@ setup() {
     assert_success
     assert_output --partial "pod: pod ddp-train-worker-0: rank 1 of 2 pods"
     run grep '^ddp-launch' "${CALLS}"
-    assert_output "ddp-launch --mode kubeflow --site rcp --log-dir ${BATS_TEST_TMPDIR}/run/logs -- --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/run --epochs 5"
+    # ddp-launch preflight (entrypoints/ddp_launch/preflight.py) execs the launch after its `--` once it passed.
+    assert_output "ddp-launch preflight --site rcp --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/run -- --mode kubeflow --site rcp --log-dir ${BATS_TEST_TMPDIR}/run/logs -- --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/run --epochs 5"
     [ -d "${BATS_TEST_TMPDIR}/run/logs" ]
+}
+
+@test "pod: a run dir the pod's user cannot write is one line with the fix, exit 2, before ddp-launch" {
+    _stage_data
+    touch "${BATS_TEST_TMPDIR}/claim"  # not a directory: mkdir fails as it does on a claim of another uid
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/claim/run" run bash "${REPO}/runai/pod.sh"
+
+    assert_failure 2
+    [ "${#lines[@]}" -eq 2 ]  # the pod's line, then the error
+    # The pod's user is what `id` says (the stub's 224954:11259); the claim's owner is what stat reads.
+    local owner
+    owner="$(stat -c 'uid %u gid %g' "${BATS_TEST_TMPDIR}/claim")"
+    assert_line --index 1 --regexp "^pod: error: cannot write the run dir ${BATS_TEST_TMPDIR}/claim/run \(mkdir: .*Not a directory\) as uid $(id -u) gid $(id -g): ${BATS_TEST_TMPDIR}/claim is ${owner}, mode [0-7]+; submit the pods as its owner \(runai submit ... --run-as-uid UID --run-as-gid GID, as RCP's csub.py does\) or make ${BATS_TEST_TMPDIR}/claim writable for uid $(id -u)$"
+    run grep -c '^ddp-launch' "${CALLS}"
+    assert_output "0"
 }
 
 @test "pod: without DDP_RUN_DIR the pod stops in one line, exit 2: it cannot tell a new job from its own restart" {
@@ -185,7 +374,9 @@ setup() {
         run bash "${REPO}/runai/pod.sh"
 
     assert_failure 2
-    assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the PVC"
+    # In a pod: no Makefile, no login node; what stages the data from a pod (ddp_contract.place).
+    assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the claim once, from a pod that mounts it: python3 -m ddp_contract download ${BATS_TEST_TMPDIR}/partial (or ddp-train --download --data-dir ${BATS_TEST_TMPDIR}/partial; RunAI: runai submit ... --command -- python3 -m ddp_contract download ${BATS_TEST_TMPDIR}/partial)"
+    refute_output --partial "make data"
     run grep -c '^ddp-launch' "${CALLS}"
     assert_output "0"
 }

@@ -31,7 +31,8 @@ _gate_names() {
 }
 
 @test "the roll call's report name is the trainer's (ddp_contract.ROLL_CALL_REPORT)" {
-    run python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import ddp_contract; print(ddp_contract.ROLL_CALL_REPORT)' "${REPO}/entrypoints"
+    # The host's python3, with the package from this checkout as the job scripts give it (PYTHONPATH).
+    PYTHONPATH="${REPO}/entrypoints" run python3 -c 'import ddp_contract; print(ddp_contract.ROLL_CALL_REPORT)'
     assert_success
     local trainers="${output}"
     # What the job scripts see once they source the library, not how the line is spelled.
@@ -44,7 +45,7 @@ _gate_names() {
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_success
-    assert_output --partial "spares: 1 of the job's 4 nodes wait as spares, the training runs on 3 (DDP_SPARE_NODES=1)"
+    assert_output --partial "spares: 1 of the job's 4 nodes wait as spares, the training runs on 3 (DDP_SPARE_NODES=1, DDP_TRAIN_NODES=2)"
     assert_output --partial "spares: training on node1,node2,node3 (3 of the allocation's 4 nodes), 1 spare(s) left: node4"
     run _srun_lines ' doctor --json '
     assert_output --partial "srun --nodes=4 --ntasks=4 --ntasks-per-node=1 "
@@ -134,33 +135,68 @@ scontrol release 42"
     [ ! -e "${DDP_RUN_DIR}/roll-call.json" ]  # each training step starts without an old report
 }
 
-@test "a second lost node with the spare used up ends the job with exit 1 in one line, without a requeue" {
+@test "a second lost node with the spare used up falls back to the requeue without both, exit 76" {
     export ROLL_CALL_LOSES="node2 node3"
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 76
     assert_output --partial "spares: spare node4 replaces node2"
     assert_output --partial "spares: no spare left: the training needs 3 node(s) and 2 of the allocation's 4 are healthy after excluding node2 (named by the roll call), node3 (named by the roll call)"
-    assert_output --partial "spares: none left for the lost node: exit 1; the checkpoint is kept: resubmit to resume from it"
+    assert_output --partial "spares: none left for the lost node: falling back to a requeue without it (exit 76)"
     run grep -c -- ' -- --data-dir ' "${CALLS}"
     assert_output "2"
-    run grep -c '^scontrol \(requeue\|requeuehold\)' "${CALLS}"
-    assert_output "0"
+    run grep '^scontrol \(update\|requeuehold\|release\)' "${CALLS}"
+    assert_output "scontrol requeuehold 42
+scontrol update JobId=42 ExcNodeList=node2,node3
+scontrol release 42"
 }
 
-@test "without spares a node lost mid-run is quarantined and the job ends with exit 1, as before" {
+@test "without spares a node lost mid-run is quarantined and the job requeued without it, exit 76, as a node the gate names" {
     export DDP_SPARE_NODES=0 ROLL_CALL_LOSES=node2
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
-    assert_failure 1
+    assert_failure 76
     assert_output --partial "excluded node2 (named by the roll call in job 42, restart 0)"
-    assert_output --partial "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): exit 1"
+    assert_output --partial "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): requeuing without it, to resume from the last checkpoint (exit 76)"
+    assert_output --partial "ddp: bad node(s) node2: requeuing job 42 without them (restart 1 of 3, exit 76)"
     run _train_call
     refute_output --partial "--nodelist"
     run grep -c -- ' -- --data-dir ' "${CALLS}"
     assert_output "1"
+    run grep '^scontrol \(update\|requeuehold\|release\)' "${CALLS}"
+    assert_output "scontrol requeuehold 42
+scontrol update JobId=42 ExcNodeList=node2
+scontrol release 42"
+}
+
+@test "a lost node past DDP_MAX_REQUEUES is not requeued: exit 76 in a line that says so" {
+    export DDP_SPARE_NODES=0 ROLL_CALL_LOSES=node2 SLURM_RESTART_COUNT=3
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 76
+    assert_output --partial "bad node(s) node2 named, but already requeued 3 times (DDP_MAX_REQUEUES=3): not requeuing"
+    assert_output --partial "not requeued: bad node(s) named above (exit 76); the run dir keeps the checkpoint and the quarantine record"
+    run grep -c '^scontrol \(requeue\|requeuehold\|update\)' "${CALLS}"
+    assert_output "0"
+}
+
+@test "a roll-call report that names no node is a crash: exit 1, nothing excluded, no requeue" {
+    export DDP_SPARE_NODES=0 SRUN_TRAINING_STEP="${BATS_TEST_TMPDIR}/step"
+    # The training step fails after writing a report whose roll call found every rank.
+    printf '#!/usr/bin/env bash\nprintf %s "{\\"lost\\": [], \\"cause\\": \\"timeout\\"}" > "%s/roll-call.json"\nexit 1\n' \
+        '%s' "${DDP_RUN_DIR}" > "${SRUN_TRAINING_STEP}"
+    chmod +x "${SRUN_TRAINING_STEP}"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "the failed step's roll call named no node to exclude (${DDP_RUN_DIR}/roll-call.json): exit 1"
+    [ ! -e "${DDP_RUN_DIR}/quarantine.json" ]
+    run grep -c '^scontrol \(requeue\|requeuehold\)' "${CALLS}"
+    assert_output "0"
 }
 
 @test "a crash on a live node (no roll-call report) is no lost node: no spare, the step's status is the job's" {
@@ -190,16 +226,76 @@ scontrol release 42"
     [ -e "${DDP_RUN_DIR}/logs/42-node2-rank0.out" ]
 }
 
-@test "DDP_SPARE_NODES that leaves no node to train on, or is no number, stops the job in one line, exit 2, before any srun" {
+@test "DDP_SPARE_NODES without room beside the script's training nodes, or no number, stops the job in one line, exit 2, before any srun" {
     export DDP_SPARE_NODES=4
     run bash "${REPO}/slurm/olivia-multinode.sh"
     assert_failure 2
-    assert_output --partial "ddp: error: DDP_SPARE_NODES=4 leaves no node to train on in job 42's 4 node(s): submit with sbatch --nodes=N+4 (N training nodes plus the spares), or ask for fewer spares"
+    assert_output "ddp: error: DDP_SPARE_NODES=4: job 42 has 4 node(s), too few for the 2 the job script trains on (DDP_TRAIN_NODES=2) plus 4 spare(s): submit with sbatch --nodes=6"
 
     export DDP_SPARE_NODES=one
     run bash "${REPO}/slurm/olivia-multinode.sh"
     assert_failure 2
     assert_output --partial "ddp: error: DDP_SPARE_NODES=one is not a number of nodes"
+
+    export DDP_SPARE_NODES=1 DDP_TRAIN_NODES=0
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 2
+    assert_output "ddp: error: DDP_TRAIN_NODES=0 is not a number of nodes of at least 1: set it to the nodes the training runs on (the job script's #SBATCH --nodes)"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
+
+@test "the spare forgotten on sbatch --nodes (the script's 2 nodes, one a spare) stops in one line naming sbatch --nodes=3, before any file or step" {
+    # DDP_SPARE_NODES=1 sbatch slurm/olivia-multinode.sh: SLURM gives the script's #SBATCH --nodes=2.
+    export SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST='node[1-2]' SLURM_NTASKS=2
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 2
+    assert_output "ddp: error: DDP_SPARE_NODES=1: job 42 has 2 node(s), too few for the 2 the job script trains on (DDP_TRAIN_NODES=2) plus 1 spare(s): submit with sbatch --nodes=3, or set DDP_TRAIN_NODES=1 to train on 1 node(s) with this allocation"
+    run grep -c '^srun\|^scontrol' "${CALLS}"
+    assert_output "0"
+    [ ! -e "${DDP_RUN_DIR}" ]
+}
+
+@test "a 1-node script takes a spare by the same rule: sbatch --nodes=2, the training on one node, the other waits" {
+    export SLURM_JOB_NUM_NODES=1 SLURM_JOB_NODELIST='node[1-1]' SLURM_NTASKS=1
+    run bash "${REPO}/slurm/olivia-1node-4gpu.sh"
+    assert_failure 2
+    assert_output "ddp: error: DDP_SPARE_NODES=1: job 42 has 1 node(s), too few for the 1 the job script trains on (DDP_TRAIN_NODES=1) plus 1 spare(s): submit with sbatch --nodes=2"
+
+    export SLURM_JOB_NUM_NODES=2 SLURM_JOB_NODELIST='node[1-2]' SLURM_NTASKS=2
+    run bash "${REPO}/slurm/olivia-1node-4gpu.sh"
+    assert_success
+    assert_output --partial "spares: training on node1 (1 of the allocation's 2 nodes), 1 spare(s) left: node2"
+    run _train_call
+    assert_output --partial "--nodes=1 --ntasks=1 --nodelist=node1 apptainer"
+}
+
+@test "more nodes than the script's plus the spares train on all but the spares, as sbatch --nodes=K does without them" {
+    export SLURM_JOB_NUM_NODES=5 SLURM_JOB_NODELIST='node[1-5]' SLURM_NTASKS=5
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_success
+    assert_output --partial "spares: 1 of the job's 5 nodes wait as spares, the training runs on 4 (DDP_SPARE_NODES=1, DDP_TRAIN_NODES=2)"
+    run _train_call
+    assert_output --partial "--nodes=4 --ntasks=4 --nodelist=node1,node2,node3,node4 apptainer"
+}
+
+@test "every job script trains on its #SBATCH --nodes and refuses a spare without room, naming --nodes=N+1" {
+    local script nodes count=0
+    export DDP_SPARE_NODES=1
+    for script in "${REPO}"/slurm/*.sh; do
+        nodes="$(sed -n 's/^#SBATCH --nodes=\([0-9][0-9]*\)$/\1/p' "${script}")"
+        [ -n "${nodes}" ] || continue  # not a job script (gpu-sampler.sh)
+        # The allocation SLURM gives the script when sbatch gets no --nodes: its own line.
+        SLURM_JOB_NUM_NODES="${nodes}" run bash "${script}"
+        assert_failure 2
+        assert_output --partial "too few for the ${nodes} the job script trains on (DDP_TRAIN_NODES=${nodes}) plus 1 spare(s): submit with sbatch --nodes=$((nodes + 1))"
+        count=$((count + 1))
+    done
+    [ "${count}" -eq 9 ]
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
 }

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import apptainer_root
+import documented_blocks
 import e2e_image as image
 import pytest
 import scheduling
@@ -608,6 +609,22 @@ def user_dir(path: Path) -> Path:
     return path
 
 
+# The fake nvidia-smi (tests/unit/doctor/data/gpu-health: a real driver-580 output changed per case)
+# that a job's doctor finds first on the container's PATH: APPTAINERENV_PREPEND_PATH puts a directory
+# there, after the image's %environment (Apptainer user guide, "Environment and Metadata").
+GPU_HEALTH_FAKES = REPO / "tests" / "unit" / "doctor" / "data" / "gpu-health"
+
+
+def fake_nvidia_smi_env(directory: Path, cases: dict) -> dict:
+    """What a user's environment gets so that the doctor in the job's container reads the fake
+    nvidia-smi: {node: case}; a case "a>b" answers the first reading with a and later ones with b."""
+    fakes = user_dir(directory)
+    shutil.copytree(GPU_HEALTH_FAKES, fakes, dirs_exist_ok=True)
+    return {"APPTAINERENV_PREPEND_PATH": str(fakes / "bin"),
+            "FAKE_NVIDIA_SMI_CASES": ",".join(f"{node}:{case}" for node, case in cases.items()),
+            "FAKE_NVIDIA_SMI_STATE": str(user_dir(directory / "readings"))}
+
+
 @pytest.fixture
 def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> dict:
     """What a user sets before sbatch of a slurm/ script, pointed at this test's dirs.
@@ -650,11 +667,13 @@ def twin_job_env(twin: twins.Twin, sif: Path, data: Path, run_dir: Path) -> dict
 @dataclass(frozen=True)
 class TwinJob:
     """A slurm/ script as a twin's test submits it: the user's environment, and sbatch options beyond
-    --output only where the test says why."""
+    --output only where the test says why (or the README's quick start has them), the script's own
+    arguments before the short-training flags."""
 
     script: str
     env: dict
     sbatch_extra: tuple = ()
+    args: tuple = ()
 
     @property
     def run_dir(self) -> Path:
@@ -669,7 +688,7 @@ def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) ->
     submitted = {}
     for key, job in jobs.items():
         out = job.run_dir.parent
-        submitted[key] = twin_cluster.sbatch([f"--output={out}/%j.out", *job.sbatch_extra, job.script,
+        submitted[key] = twin_cluster.sbatch([f"--output={out}/%j.out", *job.sbatch_extra, job.script, *job.args,
                                               *TWIN_TRAIN_ARGS], env=job.env)
     ended = {}
     for key, job_id in submitted.items():
@@ -679,20 +698,45 @@ def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) ->
     return ended
 
 
+def twin_script_job(twin: twins.Twin, script: str, env: dict) -> TwinJob:
+    """script as twin's users submit it: the sbatch line of the README's quick start for twin's cluster,
+    word for word (its variables, options and arguments; documented_blocks.QUICK_START_TWINS), where that
+    line submits script; else the script alone."""
+    line = documented_blocks.twin_quick_start(twin.name)
+    if line is None or line.script != script:
+        return TwinJob(script, env)
+    return TwinJob(script, {**env, **line.env}, line.options, line.args)
+
+
+def quick_start_job(twin: twins.Twin, env: dict) -> TwinJob:
+    """The README's quick start for twin's cluster, its sbatch line word for word."""
+    line = documented_blocks.twin_quick_start(twin.name)
+    assert line is not None, f"the README has no quick start for {twin.name}'s cluster (QUICK_START_TWINS)"
+    return twin_script_job(twin, line.script, env)
+
+
 def run_twin_scripts(twin_cluster: Cluster, twin: twins.Twin, scripts: tuple, image: Path, data: Path,
-                     tmp_path_factory) -> dict:
-    """Each of scripts submitted at once on twin's cluster with a run dir of its own, as its users would,
-    and run to its end: {script: (Job, run dir, output)}."""
+                     tmp_path_factory, extra_env: dict | None = None) -> dict:
+    """Each of scripts submitted at once on twin's cluster with a run dir of its own, as its users would
+    (the quick start's script with its sbatch line), and run to its end: {script: (Job, run dir, output)}.
+    extra_env: {script: what its user set besides}."""
     jobs = {}
     for script in scripts:
         run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
-        jobs[script] = TwinJob(script, twin_job_env(twin, image, data, run_dir))
+        env = {**twin_job_env(twin, image, data, run_dir), **(extra_env or {}).get(script, {})}
+        jobs[script] = twin_script_job(twin, script, env)
     ended = submit_twin_jobs(twin_cluster, jobs)
     return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
 
 
 def submit_twin_job(twin_cluster: Cluster, script: str, env: dict, *sbatch_extra: str, timeout: float = 600) -> Job:
     return submit_twin_jobs(twin_cluster, {script: TwinJob(script, env, sbatch_extra)}, timeout)[script]
+
+
+def submit_quick_start(twin_cluster: Cluster, twin: twins.Twin, env: dict, timeout: float = 600) -> Job:
+    """The README's quick start for twin's cluster, submitted as it is written, and waited for."""
+    job = quick_start_job(twin, env)
+    return submit_twin_jobs(twin_cluster, {job.script: job}, timeout)[job.script]
 
 
 def rank_logs(run_dir: Path) -> list[str]:
@@ -739,11 +783,15 @@ def saved_epoch(run_dir: Path) -> int:
     return torch.load(path, map_location="cpu", weights_only=False)["progress"]["epoch"]
 
 
-def checkpointed(run_dir: Path, epochs: int) -> bool:
-    """Whether `epochs` epochs are trained and saved. The trainer writes an epoch's record before it
-    saves that epoch (a collective, train.py), so a fault right after the record can land before the
-    save: a test that expects a resume from epoch N waits for this, not for the record alone."""
-    return epochs_done(run_dir) >= epochs and saved_epoch(run_dir) >= epochs
+def checkpointed(epochs: int):
+    """A wait_for_file predicate: whether `epochs` epochs of a run dir are trained and saved. The trainer
+    writes an epoch's record before it saves that epoch (a collective, train.py), so a fault right after
+    the record can land before the save: a test that expects a resume from epoch N waits for this, not
+    for the record alone. Make it before the job starts: it imports torch now, not in the job's runway
+    after epoch N (an import of a minute at a load of 50 let a 4-epoch job finish before the fault)."""
+    import torch  # noqa: F401  (saved_epoch's import, paid here)
+
+    return lambda run_dir: epochs_done(run_dir) >= epochs and saved_epoch(run_dir) >= epochs
 
 
 def sbatch_args(tmp_path: Path, *extra: str) -> list[str]:

@@ -1,15 +1,18 @@
 """The soak: N short 2-node jobs back to back on the namespace cluster, under load, each with a
 fault drawn from a seeded RNG, and the books kept on what was lost.
 
-Usage (root; `make soak N=50 SEED=1`): python tests/e2e/soak.py --jobs N --seed S [--load K] [--minutes M]
+Usage (root; `make soak N=50 SEED=1`):
+  PYTHONPATH=tests python tests/e2e/soak.py --jobs N --seed S [--load K] [--minutes M]
 The cluster, the images and the data are the e2e tests' (conftest.start_cluster, build_images,
 stage_data): the real Apptainer in the cluster's Debian root, jobs submitted by its test user.
 Faults: none; USR2 (to the batch shell, as SLURM sends it at the time limit for the job scripts'
 --signal=B:USR2@120) and TERM (to every process of the job's steps; that job runs unsquashed), each
 a stop: checkpoint, exit 75, the job script requeues, the job resumes at the step it stopped and
-completes; SIGKILL of one worker, of a launcher, or of a whole node (slurmd and its processes), a
-network drop of a node, each a crash: exit 1, FAILED, or NODE_FAIL where SLURM saw the node go first;
-a full disk under the run dir (its own small file system): one line, exit 2, FAILED, the checkpoint
+completes; SIGKILL of one worker or of a launcher, each a crash: exit 1 or 137, FAILED; a lost node
+(a whole node killed, slurmd and its processes, or its network dropped), a bad node: the roll call
+names it, the job script requeues the job without it (exit 76) and the job resumes from the last
+checkpoint and completes, with one restart (SLURM's own NODE_FAIL requeue, where it saw the node go
+first, ends the same way); a full disk under the run dir (its own small file system): one line, exit 2, FAILED, the checkpoint
 intact, and a new job on the same run dir resumes from it once space is freed; kill-node with a spare
 (a 2-node job with DDP_SPARE_NODES=1 on 3 nodes): the spare takes the killed node's place inside the
 job, which resumes from the checkpoint and completes without a requeue. For every job: the
@@ -34,12 +37,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-# A script, outside pytest: the shared fakes' directory, which pyproject.toml's pytest pythonpath
-# gives the tests (the e2e twins build their nodes with them); this script's own is sys.path[0].
-sys.path.insert(0, str(HERE.parent))
-import apptainer_root  # noqa: E402
-import conftest  # noqa: E402  (the e2e harness: cluster, images, data, job environment)
+# A script, outside pytest: tests/ (the shared fakes, which pyproject.toml's pytest pythonpath gives
+# the tests) comes from PYTHONPATH, as `make soak` sets it; this script's own directory is sys.path[0].
+import apptainer_root
+import conftest  # the e2e harness: cluster, images, data, job environment
 
 REPO = conftest.REPO
 FAULTS = ("none", "USR2", "TERM", "kill-worker", "kill-launcher", "kill-node", "net-drop", "disk-full",
@@ -59,7 +60,6 @@ STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": ({"APPTAINER_UNSQUA
 SKIP_CHECKS = {"DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0"}
 RUN = ("--epochs 6 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
        "--dist-timeout-s 30")
-CRASH_STATES = {("FAILED", "1:0"), ("NODE_FAIL", "0:0")}
 
 
 @dataclass
@@ -265,16 +265,16 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
     job_id, before = start_training(cluster, env, out)
     nodes = cluster.job_nodes(cluster.job(job_id))
     time.sleep(rng.uniform(0, 2))  # anywhere in the epoch
-    slurm_requeued, saved_before = False, None
+    saved_before = None
     if kind in NODE_FAULTS:
         node = inject(cluster, kind, job_id, nodes, rng)
         try:
+            # The job script requeues the job without the lost node (exit 76; or SLURM does, as NODE_FAIL,
+            # where it saw the node go first): Restarts goes to 1 before the next run starts.
             deadline = time.monotonic() + 300
-            while cluster.job(job_id).state in ("RUNNING", "COMPLETING") and time.monotonic() < deadline:
+            while cluster.job(job_id).fields.get("Restarts") == "0" and time.monotonic() < deadline and \
+                    cluster.job(job_id).state not in conftest.TERMINAL_STATES:
                 time.sleep(1)
-            ended = cluster.job(job_id)
-            # NODE_FAIL seen by slurmctld first: SLURM requeues a --requeue job itself (PENDING, Restarts=1).
-            slurm_requeued = ended.state == "PENDING" and ended.fields.get("Restarts") == "1"
             saved_before = saved_epoch(run_dir)  # what the requeued run must resume from
         finally:
             revive(cluster, node)
@@ -288,8 +288,11 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
     outcome = (job.state, job.exit_code, job.fields.get("Restarts"))
     if kind == "none":
         right = outcome == ("COMPLETED", "0:0", "0")
-    elif kind in STOPS or slurm_requeued:  # requeued (by the job script on 75, or by SLURM), resumed
+    elif kind in STOPS or kind in NODE_FAULTS:  # requeued by the job script (75, or 76 without the node), resumed
         right = outcome == ("COMPLETED", "0:0", "1")
+        if kind in NODE_FAULTS:  # and without the lost node
+            outcome += (f"ExcNodeList={job.fields.get('ExcNodeList')}",)
+            right = right and job.fields.get("ExcNodeList") == node
     else:  # a crash: FAILED with the launcher's code, never requeued by the job script
         right = job.state == "FAILED" and job.exit_code != "0:0" and outcome[2] == "0"
     if not right:
@@ -301,11 +304,11 @@ def one_job(cluster, books: Books, index: int, kind: str, rng: random.Random, ba
     if not metrics_whole(run_dir):
         books.truncated_metrics += 1
         problems.append("metrics.jsonl has a partial line")
-    elif kind in STOPS or slurm_requeued:
+    elif kind in STOPS or kind in NODE_FAULTS:
         recs = records(run_dir)
         stopped = [(r["epochs_completed"], r["step"]) for r in recs if r["type"] == "stopped"]
         starts = [r for r in recs if r["type"] == "run"]
-        if slurm_requeued:  # no stop record: it resumes at the last checkpoint, an epoch's end
+        if kind in NODE_FAULTS:  # no stop record: it resumes at the last checkpoint, an epoch's end
             stopped = [(saved_before, 0)]
         if not stopped or len(starts) < 2 or \
                 (starts[1]["resumed_from_epoch"], starts[1]["resumed_from_step"]) != stopped[0]:
@@ -421,7 +424,7 @@ def write_report(line: str, books: Books, args) -> None:
     head = text.split(marker)[0] if marker in text else text
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = [marker, "", f"Last run: {stamp}, `make soak N={args.jobs} SEED={args.seed}` with {args.load} "
-            f"busy loop(s) beside the 2-node namespace cluster.", "", "```", line, "```", ""]
+            f"busy loop(s) beside the 2-node namespace cluster.", "", "```text", line, "```", ""]
     if books.problems:
         body += ["Problems:", ""] + [f"- {p}" for p in books.problems] + [""]
     report.write_text(head.rstrip("\n") + "\n\n" + "\n".join(body) if head.strip() else "\n".join(body))

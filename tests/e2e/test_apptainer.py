@@ -165,5 +165,5 @@ def test_a_fake_nvidia_smi_on_the_containers_path_fails_the_named_nodes_gpu_heal
     assert seen["node1"][1]["status"] == "OK", seen["node1"]
     assert seen["node1"][1]["detail"].startswith("4 GPU(s) listed by nvidia-smi")
     assert seen["node2"][0] == 1 and seen["node2"][1]["status"] == "FAIL"
-    assert seen["node2"][1]["detail"] == ("uncorrectable ECC errors: GPU 2 (00000029:01:00.0) "
+    assert seen["node2"][1]["detail"] == ("uncorrectable ECC errors: GPU 2 (00000000:00:08.0) "
                                           "ecc_errors/volatile/dram_uncorrectable=2")

@@ -96,8 +96,9 @@ def test_with_max_restarts_torchrun_restarts_and_the_trainer_resumes(cluster, jo
     job_env = {**job_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 5") + " --checkpoint-every 1",
                "DDP_LAUNCH_ARGS": "--max-restarts 1"}
     run_dir = Path(job_env["DDP_RUN_DIR"])
+    one_saved = checkpointed(1)
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
-    cluster.wait_for_file(run_dir, 600, predicate=lambda d: checkpointed(d, 1))
+    cluster.wait_for_file(run_dir, 600, predicate=one_saved)
 
     assert _kill_trainers(cluster, "node2")
     job = cluster.wait(job_id, timeout=600)

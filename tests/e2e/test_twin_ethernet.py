@@ -4,8 +4,9 @@ The twin (tests/e2e/cluster/twins/ethernet.sh): master-node and node01-node05, e
 default-route eno1 on the site network, the cluster network on ens1f1, each its own subnet), with
 Debian's /etc/hosts line that maps each host's own name to 127.0.1.1, and a GPU a node in gres. The
 head node, master-node, resolves its own name to loopback: the workers must still meet on ens1f1.
-ethernet-gloo.sh runs as it is, on the 6 nodes it asks for, with the CPU image; ethernet-nccl.sh on 2
-(its documented `sbatch --nodes=N`), with the x86_64 image and CPU workers in place of its GPUs.
+ethernet-gloo.sh runs as it is, on the 6 nodes it asks for, with the CPU image; ethernet-nccl.sh on 2,
+as the README's quick start submits it (`sbatch --nodes=2`), with the x86_64 image and CPU workers in
+place of its GPUs.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import re
 
 import pytest
 import twins
-from conftest import container_versions, doctor_reports, metrics_records, submit_twin_job, twin_job_env, user_dir
+from conftest import (TwinJob, container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records,
+                      quick_start_job, submit_twin_job, submit_twin_jobs, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,11 +44,32 @@ def test_ethernet_gloo_trains_on_all_six_nodes_over_the_cluster_network(twin_clu
     assert {k: run["versions"][k] for k in ("python", "torch")} == container_versions(images.cpu)
 
 
-def test_ethernet_nccl_trains_on_two_dual_homed_nodes_with_infiniband_off(twin_cluster, images, cifar_data, tmp_path):
-    run_dir = user_dir(tmp_path) / "run"
+NODES = ("master-node", "node01", "node02", "node03", "node04", "node05")
 
-    job = submit_twin_job(twin_cluster, "slurm/ethernet-nccl.sh", twin_job_env(TWIN, images.x86, cifar_data, run_dir),
-                          "--nodes=2")
+
+@pytest.fixture(scope="module")
+def nccl_jobs(twin, images, cifar_data, tmp_path_factory):
+    """ethernet-nccl.sh on 2 nodes, whose first node's GPU is slowed down hot in the preflight's first
+    reading and not in its second (the fake nvidia-smi), and beside it, on a third node, a 1-node run
+    whose own GPU has an uncorrectable ECC error, with DDP_MAX_REQUEUES=0 so that it stops after the
+    preflight instead of training elsewhere. Submitted at once: {"transient" | "sick": (Job, run dir)}."""
+    transient = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi-transient"),
+                                    {"master-node": "one-gpu-thermal-slowdown>one-gpu-healthy",
+                                     "node01": "one-gpu-healthy"})
+    sick = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi-sick"), {node: "one-gpu-ecc" for node in NODES})
+    runs = {name: user_dir(tmp_path_factory.mktemp(name)) / "run" for name in ("transient", "sick")}
+    # The 2-node run as the README's quick start submits it: sbatch --nodes=2 slurm/ethernet-nccl.sh.
+    jobs = {"transient": quick_start_job(TWIN, {**twin_job_env(TWIN, images.x86, cifar_data, runs["transient"]),
+                                                **transient}),
+            "sick": TwinJob("slurm/ethernet-nccl.sh", {**twin_job_env(TWIN, images.x86, cifar_data, runs["sick"]), **sick,
+                                                       "DDP_MAX_REQUEUES": "0"}, ("--nodes=1",))}
+    assert jobs["transient"].script == "slurm/ethernet-nccl.sh" and jobs["transient"].sbatch_extra == ("--nodes=2",)
+    ended = submit_twin_jobs(twin, jobs)
+    return {name: (ended[name], jobs[name].run_dir) for name in jobs}
+
+
+def test_ethernet_nccl_trains_on_two_dual_homed_nodes_with_infiniband_off(nccl_jobs):
+    job, run_dir = nccl_jobs["transient"]
 
     output = job.output()
     assert job.state == "COMPLETED", output
@@ -57,6 +80,30 @@ def test_ethernet_nccl_trains_on_two_dual_homed_nodes_with_infiniband_off(twin_c
     for node, checks in reports.items():
         assert checks["head node"]["status"] == "OK", (node, checks["head node"])
         assert checks["gpus"]["status"] == "WARN" and "1 granted" in checks["gpus"]["detail"], checks["gpus"]
+
+
+def test_ethernet_a_slowdown_gone_by_the_preflights_second_reading_costs_no_requeue(nccl_jobs):
+    job, run_dir = nccl_jobs["transient"]
+    assert job.state == "COMPLETED", job.output()
+    health = doctor_reports(run_dir, job)["master-node"]["gpu health"]
+    assert health["status"] == "OK", health
+    assert ("clock slowdown: GPU 0 (00000000:00:06.0) clocks_event_reasons/clocks_event_reason_sw_thermal_slowdown="
+            "Active in a first reading passed within 5 s (a momentary state, not a fault)") in health["detail"], health
+    assert "bad node(s)" not in job.output()
+
+
+def test_ethernet_a_jobs_own_sick_gpu_names_its_node_and_the_job_stops_after_the_preflight(twin_cluster, nccl_jobs):
+    job, run_dir = nccl_jobs["sick"]
+    output = job.output()
+    assert job.state == "FAILED" and job.exit_code == "76:0", output
+    (node,) = twin_cluster.job_nodes(job)
+    assert (f"excluded {node} (named by the doctor in job {job.job_id}, restart 0): gpu health: uncorrectable ECC "
+            "errors: GPU 0 (00000000:00:06.0) ecc_errors/volatile/dram_uncorrectable=2") in output
+    assert f"bad node(s) {node} named, but already requeued 0 times (DDP_MAX_REQUEUES=0): not requeuing" in output
+    assert "fabric gate:" not in output and "Epoch " not in output  # it stopped before the gate and the training
+    health = doctor_reports(run_dir, job)[node]["gpu health"]
+    assert f"`--exclude={node}`" in health["fix"] and "support" in health["fix"]
+    assert "<dram_uncorrectable>2</dram_uncorrectable>" in health["evidence"]
 
 
 def test_ethernet_twin_head_resolves_itself_to_127_0_1_1_and_routes_by_default_through_eno1(twin):

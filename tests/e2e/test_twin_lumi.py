@@ -5,8 +5,9 @@ Slingshot NICs hsn0-hsn3 and /dev/cxi0-3, /dev/kfd and a render node per GCD, ei
 gres; /opt/cray with HPE's libfabric, libcxi and libjansson in /usr/lib64 and LUMI's file systems,
 the paths LUMI's singularity bindings name; SingularityCE's `singularity` and no `apptainer`. The
 image is gpu.def built with SITE=lumi on a base laid out as LUMI AI Factory's (libfabric, libcxi
-and RCCL's plugin found through ld.so.conf, no LD_LIBRARY_PATH). The script gets only --output and
-short-training flags; each of its 8 tasks a node trains on CPU in place of its GCD.
+and RCCL's plugin found through ld.so.conf, no LD_LIBRARY_PATH). The script is submitted by the
+README's LUMI-G quick start's sbatch line, with only --output and short-training flags added; each
+of its 8 tasks a node trains on CPU in place of its GCD.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import re
 
 import pytest
 import twins
-from conftest import doctor_reports, metrics_records, rank_logs, submit_twin_job, twin_job_env, user_dir
+from conftest import doctor_reports, metrics_records, rank_logs, submit_quick_start, twin_job_env, user_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -23,10 +24,12 @@ TWIN = twins.LUMI
 
 @pytest.fixture(scope="module")
 def multinode(twin, lumi_sif, cifar_data, tmp_path_factory):
-    """lumi-multinode.sh as on LUMI (standard-g, 2 nodes, 8 GPUs and 8 tasks each), run to its end."""
+    """lumi-multinode.sh as the README's quick start submits it on LUMI (standard-g, 2 nodes, 8 GPUs and
+    8 tasks each), run to its end, by a user who binds a directory of their own through SINGULARITY_BIND,
+    as LUMI's documentation shows."""
     run_dir = user_dir(tmp_path_factory.mktemp("lumi-multinode")) / "run"
-    job = submit_twin_job(twin, "slurm/lumi-multinode.sh", twin_job_env(TWIN, lumi_sif, cifar_data, run_dir),
-                          timeout=600)
+    env = {**twin_job_env(TWIN, lumi_sif, cifar_data, run_dir), "SINGULARITY_BIND": f"{cifar_data}:/user-data"}
+    job = submit_quick_start(twin, TWIN, env, timeout=600)
     return job, run_dir, job.output()
 
 
@@ -41,11 +44,14 @@ def test_lumi_multinode_trains_one_rank_per_gcd_on_two_nodes(twin, multinode):
     assert summary["world_size"] == 16 and summary["nodes"] == 2
 
 
-def test_lumi_binds_reach_singularity_through_singularity_bind(multinode):
+def test_lumi_binds_reach_singularity_through_singularity_bind(multinode, cifar_data):
     _, _, output = multinode
     assert "APPTAINER_BIND=" not in output
     bound = re.search(r"^ddp: SINGULARITY_BIND=(\S+)$", output, re.M).group(1).split(",")
-    assert bound[:10] == ["/var/spool/slurmd:/var/spool/slurmd", "/opt/cray:/opt/cray",
+    # The user's own SINGULARITY_BIND first: SingularityCE reads that variable alone (its user guide,
+    # "Bind Paths and Mounts"), so the job's value keeps it rather than replacing it.
+    assert bound[0] == f"{cifar_data}:/user-data"
+    assert bound[1:11] == ["/var/spool/slurmd:/var/spool/slurmd", "/opt/cray:/opt/cray",
                           "/usr/lib64/libcxi.so.1:/usr/lib64/libcxi.so.1",
                           "/usr/lib64/libjansson.so.4:/usr/lib64/libjansson.so.4", "/pfs:/pfs", "/scratch:/scratch",
                           "/projappl:/projappl", "/project:/project", "/flash:/flash", "/appl:/appl"]

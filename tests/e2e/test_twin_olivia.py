@@ -5,8 +5,8 @@ hsn0 with /dev/cxi0; the host libfabric, libcxi, NCCL and its OFI plugin as real
 Olivia has them, with the closure they link; the NCCL module's EBROOT* and LD_LIBRARY_PATH; the
 accel partition and four GPUs a node in gres. The image is the x86_64 one (gpu.def): the scripts
 name their site, and Olivia's arm64 build runs in test_make_build.py. The scripts get only --output
-and short-training flags; CPU workers stand in for the GPUs. One 2-node run of olivia-multinode.sh
-serves the tests that read it.
+and short-training flags; CPU workers stand in for the GPUs. One 2-node run of olivia-multinode.sh,
+submitted by the README's Olivia quick start's sbatch line word for word, serves the tests that read it.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import re
 
 import pytest
 import twins
-from conftest import (container_versions, doctor_reports, metrics_records, run_twin_scripts, submit_twin_job,
-                      twin_job_env, user_dir)
+from conftest import (container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records, run_twin_scripts,
+                      submit_twin_job, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -25,11 +25,19 @@ TWIN = twins.OLIVIA
 ONE_NODE_SCRIPTS = ("slurm/olivia-1gpu.sh", "slurm/olivia-1node-4gpu.sh")
 
 
+# A node shared with other jobs, as Olivia's 1-GPU script says its nodes are: GPU 3, another job's, has
+# an uncorrectable ECC error and slows down hot (the fake nvidia-smi's case); the 1-GPU job holds GPU 0.
+SHARED_NODE_CASE = "other-job-gpu-sick"
+
+
 @pytest.fixture(scope="module")
 def olivia_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Olivia script submitted at once, as on Olivia: multinode (2 nodes of 4 GPUs, 72 cores and
     440G a task) takes two of the three nodes, the one-node scripts the third in turn. {script: Job}."""
-    return run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data, tmp_path_factory)
+    shared = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi"),
+                                 {node: SHARED_NODE_CASE for node in ("nid001000", "nid001001", "nid001002")})
+    return run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
+                            tmp_path_factory, extra_env={"slurm/olivia-1gpu.sh": shared})
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +122,54 @@ def test_olivia_one_node_scripts_train_to_completion(twin, olivia_jobs, script):
     assert len(twin.job_nodes(job)) == 1
 
 
+def test_olivia_1gpu_job_on_a_shared_node_trains_though_another_jobs_gpu_is_sick_and_hot(twin, olivia_jobs):
+    # The preflight judges the GPU SLURM granted (SLURM_STEP_GPUS / SLURM_JOB_GPUS, the node's own GPU
+    # IDs), not GPU 3, which nvidia-smi lists but another job holds: no exclusion, no requeue.
+    job, run_dir, output = olivia_jobs["slurm/olivia-1gpu.sh"]
+    assert job.state == "COMPLETED", output
+    (node,) = twin.job_nodes(job)
+    health = doctor_reports(run_dir, job)[node]["gpu health"]
+    assert health["status"] == "OK", health
+    assert re.search(r"^4 GPU\(s\) listed by nvidia-smi, 1 granted; judged GPU [012], the one\(s\) "
+                     r"SLURM_(STEP|JOB)_GPUS=[012] grants \(the others are other jobs'\)", health["detail"]), health
+    assert "named by the doctor" not in output and "bad node(s)" not in output
+
+
+def test_olivia_ddp_bench_report_runs_in_the_image_on_a_compute_node_as_documented(twin, olivia_jobs, images, tmp_path):
+    """README.md, "Figures": Olivia's login node has Python 3.6 and cannot run the arm64 image, so the
+    report runs in the image on an accel node, with srun. Here on the twin's nodes, with its x86_64 image,
+    over the three scripts' runs."""
+    out = user_dir(tmp_path) / "bench-report"
+    runs = [str(olivia_jobs[script][1]) for script in (*ONE_NODE_SCRIPTS, "slurm/olivia-multinode.sh")]
+    done = twin.as_user(["srun", "--account=nn0000k", "--partition=accel", "--nodes=1", "--ntasks=1", "--gpus=1",
+                         "--time=00:10:00", "apptainer", "exec", str(images.x86), "ddp-bench", "report", *runs,
+                         "--out", str(out)], timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Multi-Node (4 processes, 2 nodes)" in done.stdout, done.stdout
+    assert done.stdout.count("(2 processes, 1 node)") == 2, done.stdout
+    assert (out / "report.md").read_text().count("\n| ") >= 4 and (out / "report.csv").is_file()
+
+
+def test_olivia_steps_see_srun_network_as_slurm_network_inside_the_image(twin, images):
+    """The job scripts put the site's --network=disable_rdzv_get into the gate's and the training's
+    environment as SLURM_NETWORK, which srun reads as --network (srun(1)); through srun and Apptainer
+    the launcher in the image sees it, and sets FI_CXI_RDZV_PROTO=alt_read only then (libfabric's
+    fi_cxi(7)). What the launcher decides from the environment the real srun and Apptainer hand it:"""
+    decide = ("import os; from ddp_launch.fabric.defaults import rdzv_get_disabled; "
+              "print(os.environ.get('SLURM_NETWORK'), rdzv_get_disabled(os.environ))")
+    step = ["srun", "--partition=accel", "--nodes=1", "--ntasks=1", "apptainer", "exec", str(images.x86),
+            "python3", "-c", decide]
+    as_the_scripts = twin.as_user(step, env={"SLURM_NETWORK": "disable_rdzv_get"}, timeout=120)
+    assert (as_the_scripts.returncode, as_the_scripts.stdout.split()) == (0, ["disable_rdzv_get", "True"]), \
+        as_the_scripts.stderr
+    without = twin.as_user(step, timeout=120)
+    assert (without.returncode, without.stdout.split()) == (0, ["None", "False"]), without.stderr
+    # The flag alone reaches the tasks as SLURM_NETWORK too (SLURM 26.05 here; srun(1) lists the variable
+    # among its input variables only): an srun of one's own with the flag gets alt_read (containers/README.md).
+    flag_only = twin.as_user(step[:1] + ["--network=disable_rdzv_get"] + step[1:], timeout=120)
+    assert (flag_only.returncode, flag_only.stdout.split()) == (0, ["disable_rdzv_get", "True"]), flag_only.stderr
+
+
 def test_olivia_script_refuses_to_start_without_staged_data(twin_cluster, images, tmp_path):
     env = twin_job_env(TWIN, images.x86, tmp_path / "nowhere", user_dir(tmp_path) / "run")
 
@@ -121,6 +177,25 @@ def test_olivia_script_refuses_to_start_without_staged_data(twin_cluster, images
 
     assert job.state == "FAILED"
     assert f"{tmp_path / 'nowhere'}/cifar-100-python lacks train, test, meta: run 'make data" in job.output()
+
+
+def test_olivia_multinode_with_a_spare_but_no_room_for_it_stops_in_one_line_before_any_step(twin_cluster, images,
+                                                                                             cifar_data, tmp_path):
+    """The spare arithmetic forgotten: `DDP_SPARE_NODES=1 sbatch slurm/olivia-multinode.sh` gets the
+    script's own 2 nodes, which trained on one with the 2-node global batch. Now it stops before
+    anything (no step, no run dir), naming the sbatch --nodes= that holds the spare."""
+    env = {**twin_job_env(TWIN, images.x86, cifar_data, user_dir(tmp_path) / "run"), "DDP_SPARE_NODES": "1"}
+
+    job = submit_twin_job(twin_cluster, "slurm/olivia-multinode.sh", env, timeout=120)
+
+    assert (job.state, job.exit_code) == ("FAILED", "2:0"), job.output()
+    assert twin_cluster.job_nodes(job) == ["nid001000", "nid001001"]  # #SBATCH --nodes=2, as submitted
+    # The batch script's whole output is the one line: no srun ran (each step says something first).
+    assert job.output().splitlines() == [
+        f"ddp: error: DDP_SPARE_NODES=1: job {job.job_id} has 2 node(s), too few for the 2 the job script trains "
+        "on (DDP_TRAIN_NODES=2) plus 1 spare(s): submit with sbatch --nodes=3, or set DDP_TRAIN_NODES=1 to train "
+        "on 1 node(s) with this allocation"]
+    assert not (tmp_path / "run").exists()
 
 
 def test_olivia_twin_nodes_carry_olivias_names_nic_partition_and_gpus(twin):

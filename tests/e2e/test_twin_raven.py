@@ -3,8 +3,9 @@
 The twin (tests/e2e/cluster/twins/raven.sh, tests/e2e/twins.py): GPU nodes ravgNNNN on IP over
 InfiniBand (ib0) with their HCA in /sys/class/infiniband, found by the node feature gpu in the
 gpu partition, four A100 a node in gres. The image is the plain x86_64 one (Raven's scripts run
-train-x86_64.sif with the raven site). The scripts get only --output and short-training flags;
-each SLURM task trains on CPU in place of its GPU, one rank a task.
+train-x86_64.sif with the raven site). The scripts get only --output and short-training flags
+(raven-task-per-gpu.sh through the README's Raven quick start's sbatch line, word for word); each
+SLURM task trains on CPU in place of its GPU, one rank a task.
 """
 from __future__ import annotations
 

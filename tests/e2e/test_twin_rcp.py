@@ -1,11 +1,20 @@
 """runai/ on RCP's twin: what runai/submit.sh asks RunAI for, run the way Kubernetes runs it, one
 Charliecloud container per pod, with the pod's own site (rcp, runai/pod.sh's default).
+The submission runs the real runai/submit.sh against the RunAI CLI v1's stand-in
+(tests/bats/stubs/runai), which takes only the CLI's documented flags and refuses a workload name
+in use, as Kubernetes does; a resubmission under the same RUNAI_JOB_NAME must still be taken.
 
 The twin (tests/e2e/cluster/twins/rcp.sh, tests/e2e/twins.py): two hosts named as a PyTorchJob's
 pods, the pod network on eth0 and the RoCE network's net1, the RDMA device mlx5_bond_0 with a real
 port's RoCE v2 GID table in /sys/class/infiniband. The image is containers/Dockerfile built by
 ch-image on the test base; the pod's environment is the image's ENV plus what the training operator
 and RunAI set. The pods have no GPU (RUNAI_NUM_OF_GPUS=0): one CPU worker each, with gloo.
+
+The module's two pods run to their end once: pod.sh's checks, `ddp-launch preflight` (doctor in each
+pod, one verdict, the fabric gate across them), the training, into a run dir where an earlier
+container of the master pod left its lock (PID 1, a container restarted in its pod). The other
+situations are pods that stop before training: a bad pod named by the preflight, each
+PET_NPROC_PER_NODE value, a claim the pod's user cannot write.
 """
 from __future__ import annotations
 
@@ -19,13 +28,15 @@ from pathlib import Path
 
 import pytest
 import twins
-from conftest import CLUSTER_SH, REPO, container_versions
+from apptainer_root import TEST_UID
+from conftest import CLUSTER_SH, REPO, _reachable, container_versions
 
 pytestmark = pytest.mark.e2e
 
 TWIN = twins.RCP
 DOCKERFILE = REPO / "containers" / "Dockerfile"
 SUBMIT = REPO / "runai" / "submit.sh"
+RUNAI_STAND_IN = REPO / "tests" / "bats" / "stubs" / "runai"
 
 
 def dockerfile_entrypoint() -> list:
@@ -42,19 +53,27 @@ def pod_argv(entrypoint: list, runai_argv: list) -> list:
     return runai_argv[cut + 1:] if "--command" in runai_argv[:cut] else entrypoint + runai_argv[cut + 1:]
 
 
-def submitted_runai_argv(tmp_path: Path, *trainer_args: str) -> list:
-    record = tmp_path / "runai.argv"
-    stub = tmp_path / "stub" / "runai"
-    stub.parent.mkdir()
-    stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > "{record}"\n')
-    stub.chmod(0o755)
+def submitted_runai_argv(work: Path, *trainer_args: str) -> list:
+    """runai/submit.sh against the RunAI CLI v1's stand-in, whose workloads (names in use) are kept in
+    work: the argv the stand-in took."""
+    stub = work / "stub" / "runai"
+    if not stub.exists():
+        stub.parent.mkdir()
+        stub.symlink_to(RUNAI_STAND_IN)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDP_", "RUNAI_", "PET_"))}
     # The two volumes submit.sh requires: the pods below mount them at /mnt/data and /mnt/runs.
     env.update(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}", RUNAI_IMAGE="registry.example/ddp:1",
-               RUNAI_WORKERS="1", RUNAI_GPUS="0", RUNAI_DATA_PVC="cifar-data", RUNAI_RUN_PVC="ddp-runs")
+               RUNAI_WORKERS="1", RUNAI_GPUS="0", RUNAI_DATA_PVC="cifar-data", RUNAI_RUN_PVC="ddp-runs",
+               RUNAI_FAKE_CLI="v1", RUNAI_FAKE_STATE=str(work / "runai"))
     done = subprocess.run(["bash", str(SUBMIT), *trainer_args], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    return record.read_text().split("\0")[:-1]
+    return (work / "runai" / "argv").read_text().split("\0")[:-1]
+
+
+def pod_env_settings(runai_argv: list) -> dict:
+    """The variables `-e NAME=VALUE` puts in every pod (both CLIs' -e, --environment)."""
+    flags = runai_argv[:runai_argv.index("--")]
+    return dict(flags[i + 1].split("=", 1) for i, flag in enumerate(flags) if flag == "-e")
 
 
 def image_env(root: Path) -> dict:
@@ -62,19 +81,45 @@ def image_env(root: Path) -> dict:
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
 
-def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_dir: str) -> list[str]:
-    """One pod per twin node, as the training operator starts a PyTorchJob's: the master's name in
-    PET_MASTER_ADDR (its Service), RunAI's MASTER_ADDR the master pod's IP; their outputs."""
+# The workload as Run:ai names it in its pods (NVIDIA Run:ai docs, "Workloads", Built-in Workload
+# Environment Variables), and the job identity ddp-launch derives from it (schedulers/kubeflow.py).
+WORKLOAD_UUID = "6fb7f0fa-3c2e-4b8a-9d41-0f2a5c7e9b13"
+
+
+def job_id(workload: str) -> str:
+    return f"{workload}/{WORKLOAD_UUID}"
+
+
+def pod_env(twin_cluster, root: Path, rank: int, run_dir: str) -> dict:
+    """A pod's environment: the image's ENV plus what Kubernetes, the training operator and RunAI set
+    (the master's name in PET_MASTER_ADDR, its Service; RunAI's MASTER_ADDR the master pod's IP);
+    nothing from the host."""
     master = twin_cluster.node_names[0]
+    return {**image_env(root), "HOSTNAME": twin_cluster.node_names[rank], "HOME": "/root", "USER": "root",
+            # Kubernetes sets these in every container ("Accessing the Kubernetes API from a Pod").
+            "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
+            "RUNAI_JOB_NAME": "ddp-train", "RUNAI_JOB_UUID": WORKLOAD_UUID, "RUNAI_PROJECT": "e2e",
+            "PET_NNODES": "2", "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29533",
+            "MASTER_ADDR": twin_cluster.address(master), "MASTER_PORT": "29533", "RANK": str(rank),
+            "WORLD_SIZE": "2", "RUNAI_NUM_OF_GPUS": "0", "DDP_DATA_DIR": "/mnt/data", "DDP_RUN_DIR": run_dir}
+
+
+def pod_command(twin_cluster, node: str, root: Path, env: dict, binds: dict, argv: list, as_user: bool = False) -> list:
+    """ch-run in node's namespaces (as root, or as the test user: a pod's user that is not the claim's)."""
+    user = ["setpriv", f"--reuid={TEST_UID}", f"--regid={TEST_UID}", "--clear-groups"] if as_user else []
+    mounts = [word for source, target in binds.items() for word in ("-b", f"{source}:{target}")]
+    return [str(CLUSTER_SH), "exec", node, "env", "-i", *[f"{k}={v}" for k, v in env.items()],
+            *user, "ch-run", *mounts, str(root), "--", *argv]
+
+
+def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_dir: str,
+             changes: tuple = ({}, {}), expect: tuple = (0, 0)) -> list[str]:
+    """One pod per twin node, as the training operator starts a PyTorchJob's, each with its
+    environment's changes; their outputs, once each exited as expected."""
     pods = []
     for rank, node in enumerate(twin_cluster.node_names):
-        # A pod's environment is the image's ENV plus what the operator sets: nothing from the host.
-        pod_env = {**image_env(root), "HOSTNAME": node, "HOME": "/root", "USER": "root", "PET_NNODES": "2",
-                   "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29533",
-                   "MASTER_ADDR": twin_cluster.address(master), "MASTER_PORT": "29533", "RANK": str(rank),
-                   "WORLD_SIZE": "2", "RUNAI_NUM_OF_GPUS": "0", "DDP_DATA_DIR": "/mnt/data", "DDP_RUN_DIR": run_dir}
-        command = [str(CLUSTER_SH), "exec", node, "env", "-i", *[f"{k}={v}" for k, v in pod_env.items()],
-                   "ch-run", "-b", f"{data}:/mnt/data", "-b", f"{runs}:/mnt/runs", str(root), "--", *argv]
+        env = {**pod_env(twin_cluster, root, rank, run_dir), **changes[rank]}
+        command = pod_command(twin_cluster, node, root, env, {data: "/mnt/data", runs: "/mnt/runs"}, argv)
         print("+ " + shlex.join(command), flush=True)
         pods.append(subprocess.Popen(command, env=twin_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True))
@@ -89,25 +134,63 @@ def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_d
             pytest.fail("the RunAI pods did not finish in 300 s")
     for text in outputs:
         print(text)
-    assert [pod.returncode for pod in pods] == [0, 0], outputs
+    assert tuple(pod.returncode for pod in pods) == expect, outputs
     return outputs
 
 
+def run_one(twin_cluster, root: Path, env: dict, binds: dict, argv: list, as_user: bool = False):
+    """One container in the master pod's node, to its end (a dry run, a pod that stops early)."""
+    command = pod_command(twin_cluster, twin_cluster.node_names[0], root, env, binds, argv, as_user)
+    print("+ " + shlex.join(command), flush=True)
+    done = subprocess.run(command, env=twin_cluster.env, capture_output=True, text=True, timeout=120)
+    print(done.stdout, done.stderr)
+    return done
+
+
 @pytest.fixture(scope="module")
-def pods(twin, runai_image, cifar_data, tmp_path_factory):
-    """The two pods of a runai/submit.sh submission, run to their end."""
+def submissions(tmp_path_factory) -> list:
+    """Two runai/submit.sh submissions in a row under the same RUNAI_JOB_NAME (the default), as a
+    user resubmits: the argv the stand-in took for each."""
+    work = tmp_path_factory.mktemp("rcp-submit")
+    trainer_args = ("--epochs", "1", "--batch-size", "64", "--width-scale", "0.125", "--allow-unverified-data")
+    return [submitted_runai_argv(work, *trainer_args) for _ in range(2)]
+
+
+@pytest.fixture(scope="module")
+def pods(twin, runai_image, cifar_data, tmp_path_factory, submissions):
+    """The two pods of the first runai/submit.sh submission, run to their end, as RunAI names them:
+    RUNAI_JOB_NAME is the workload's name, which is the new run's."""
     from e2e_image import charliecloud_copy
     work = tmp_path_factory.mktemp("rcp-pods")
-    argv = pod_argv(dockerfile_entrypoint(),
-                    submitted_runai_argv(work, "--epochs", "1", "--batch-size", "64", "--width-scale", "0.125",
-                                         "--allow-unverified-data"))
+    argv = pod_argv(dockerfile_entrypoint(), submissions[0])
     root = charliecloud_copy(work / "runai.image", runai_image)
     runs = work / "runs"
     runs.mkdir()
     for mount_point in ("mnt/data", "mnt/runs"):  # Kubernetes creates a volume's mount point
         (root / mount_point).mkdir(parents=True, exist_ok=True)
-    outputs = run_pods(twin, root, argv, cifar_data, runs, "/mnt/runs/ddp-train")
-    return argv, outputs, runs / "ddp-train"
+    run_dir = pod_env_settings(submissions[0])["DDP_RUN_DIR"]
+    assert run_dir.startswith("/mnt/runs/"), run_dir
+    workload = submissions[0][submissions[0].index("--name") + 1]
+    # What the master pod's earlier container left: it was restarted in its pod (the kubelet restarts a
+    # container after it exits), which keeps the pod's name and starts PID 1 again (alive here).
+    here = runs / run_dir[len("/mnt/runs/"):]
+    here.mkdir()
+    (here / ".ddp-run.lock").write_text(json.dumps(
+        {"job": job_id(workload), "host": twin.node_names[0], "pid": 1, "pid_space": "an-earlier-container/1",
+         "since": 0}))
+    named = {"RUNAI_JOB_NAME": workload}
+    outputs = run_pods(twin, root, argv, cifar_data, runs, run_dir, changes=(named, named))
+    return argv, outputs, here
+
+
+def test_a_resubmission_under_the_same_name_is_a_workload_and_a_run_of_its_own(submissions):
+    # The stand-in refuses a name in use ("the job ... already exists"): both were taken, each under
+    # a name and into a run dir of its own, the prefix, the UTC time and 4 random characters.
+    names = [argv[argv.index("--name") + 1] for argv in submissions]
+    run_dirs = [pod_env_settings(argv)["DDP_RUN_DIR"] for argv in submissions]
+    assert all(re.fullmatch(r"ddp-train-\d{8}-\d{6}-[a-z0-9]{4}", name) for name in names), names
+    assert names[0] != names[1]
+    assert run_dirs == [f"/mnt/runs/{name}" for name in names]
 
 
 def test_two_runai_pods_rendezvous_at_the_masters_name_and_train(pods, images):
@@ -127,3 +210,95 @@ def test_runai_pods_take_the_roce_device_and_its_ipv4_roce_v2_gid_from_sysfs(pod
     _, outputs, _ = pods
     environment = re.search(r"^.*rank0: Environment: (.*)$", outputs[0], re.M).group(1)
     assert "NCCL_IB_GID_INDEX=3" in environment and "NCCL_IB_HCA=mlx5_bond_0" in environment, environment
+
+
+def test_each_pod_checked_itself_and_the_fabric_before_training(pods):
+    # ddp-launch preflight: doctor in both pods, one verdict from both reports on the claim, then the
+    # fabric gate across the pods on a port of its own (the training's + 1).
+    _, outputs, run_dir = pods
+    for text in outputs:
+        assert "preflight: ddp-launch doctor passed in every pod (2)" in text, text
+        assert "preflight: the fabric gate passed" in text, text
+    reports = sorted(p.name for p in (run_dir / "preflight" / job_id(run_dir.name).replace("/", "_")).iterdir())
+    assert reports == ["doctor-ddp-train-master-0.json", "doctor-ddp-train-worker-0.json"]
+    assert json.loads((run_dir / "gate.json").read_text())["ok"]
+    # The master pod announces each rendezvous: the gate's, then the training's at MASTER_PORT.
+    ports = re.findall(r"^ddp-launch: 2 pods: .*, port (\d+)$", outputs[0], re.M)
+    assert ports == ["29534", "29533"], outputs[0]
+
+
+def test_a_restarted_containers_own_lock_did_not_stop_its_pod(pods):
+    # The lock named this workload (RUNAI_JOB_UUID), the master pod's name and PID 1: a restart of
+    # this job, taken over; the trainer released its own at the end.
+    _, outputs, run_dir = pods
+    assert not any("is in use by" in text for text in outputs)
+    assert not (run_dir / ".ddp-run.lock").exists()
+
+
+@pytest.fixture(scope="module")
+def pod_root(tmp_path_factory, runai_image):
+    """A copy of the image of its own for the pods that stop before training."""
+    from e2e_image import charliecloud_copy
+    root = charliecloud_copy(tmp_path_factory.mktemp("rcp-short") / "runai.image", runai_image)
+    for mount_point in ("mnt/data", "mnt/runs"):
+        (root / mount_point).mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def test_a_bad_pod_is_named_by_the_preflight_and_every_pod_stops_with_76(twin, pod_root, cifar_data, tmp_path):
+    # The worker pod was granted a GPU its container cannot see (a node whose GPU the driver lost):
+    # doctor FAILs there alone. Both pods reach the same verdict from both reports and stop.
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    outputs = run_pods(twin, pod_root, ["/opt/ddp/runai/pod.sh", "--epochs", "1"], cifar_data, runs,
+                       "/mnt/runs/bad", changes=({}, {"RUNAI_NUM_OF_GPUS": "1"}), expect=(76, 76))
+    for text in outputs:
+        assert re.search(r"^preflight: bad pod ddp-train-worker-0: ddp-launch doctor fails .*'gpus': 0 GPUs visible",
+                         text, re.M), text
+        assert "preflight: every pod of the job stops (exit 76)" in text
+        assert "fabric gate" not in text.split("preflight: every pod")[1]  # no gate, no training after it
+    assert not (runs / "bad" / "metrics.jsonl").exists()
+
+
+# The training operator's nprocPerNode, passed as PET_NPROC_PER_NODE ("supported values: [auto, cpu,
+# gpu, int]", kubeflow/training-operator pkg/apis/kubeflow.org/v1/pytorch_types.go), counted against
+# the image's own torchrun (torch.distributed.run.determine_local_world_size) in the same pod.
+def test_each_nproc_per_node_value_counts_as_the_images_torchrun_counts_it(twin, pod_root):
+    env = {k: v for k, v in pod_env(twin, pod_root, 0, "/mnt/runs/x").items()
+           if not k.startswith("RUNAI_")}  # a Kubeflow PyTorchJob's pod
+    counted = run_one(twin, pod_root, env, {}, ["python3", "-c", "from torch.distributed.run import "
+                                                "determine_local_world_size as n; print(n('cpu'), n('auto'))"])
+    assert counted.returncode == 0, counted.stderr
+    cpu, auto = counted.stdout.split()
+    for value, workers in (("cpu", cpu), ("auto", auto), ("3", "3")):
+        done = run_one(twin, pod_root, {**env, "PET_NPROC_PER_NODE": value}, {}, ["ddp-launch", "--dry-run", "--json"])
+        assert done.returncode == 0, done.stderr
+        assert f"--nproc-per-node={workers}" in json.loads(done.stdout)["argv"], done.stdout
+    # The image's torchrun raises "Cuda is not available" here: no training on CPU in its place. The
+    # launcher asks the driver itself, which this pod has not (no GPU, no driver libraries).
+    done = run_one(twin, pod_root, {**env, "PET_NPROC_PER_NODE": "gpu"}, {}, ["ddp-launch", "--dry-run", "--json"])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("ddp-launch: error: PET_NPROC_PER_NODE=gpu but CUDA cannot use a GPU here "
+                                  "(libcuda.so.1 not found"), done.stderr
+
+
+def test_a_claim_the_pods_user_cannot_write_stops_it_in_one_line_with_the_fix(twin, pod_root, cifar_data, tmp_path):
+    # RCP's scratch claim holds /mloscratch/homes/<user>, made by the user's uid with mode 0755; a pod
+    # running as another uid (the image's) cannot make its run dir there.
+    claim = tmp_path / "claim"
+    (claim / "homes" / "alice").mkdir(parents=True)
+    _reachable(claim / "homes" / "alice")
+    _reachable(pod_root / "ch")
+    env = {**pod_env(twin, pod_root, 0, "/mnt/runs/homes/alice/runs/r1"), "USER": "ddp-e2e", "HOME": "/tmp"}
+    done = run_one(twin, pod_root, env, {cifar_data: "/mnt/data", claim: "/mnt/runs"},
+                   ["/opt/ddp/runai/pod.sh", "--epochs", "1"], as_user=True)
+    assert done.returncode == 2, done.stderr
+    error = done.stderr.splitlines()[-1]
+    assert error.startswith("pod: error: cannot write the run dir /mnt/runs/homes/alice/runs/r1 (mkdir: cannot create "
+                            "directory '/mnt/runs/homes/alice/runs': Permission denied) ")
+    # Unprivileged ch-run maps only its user into its user namespace: the claim's owner (root here, the
+    # user's uid on RCP) shows as the overflow id (user_namespaces(7), /proc/sys/kernel/overflowuid).
+    overflow = Path("/proc/sys/kernel/overflowuid").read_text().strip(), Path("/proc/sys/kernel/overflowgid").read_text().strip()
+    assert (f"as uid {TEST_UID} gid {TEST_UID}: /mnt/runs/homes/alice is uid {overflow[0]} gid {overflow[1]}, mode 755; "
+            f"submit the pods as its owner (runai submit ... --run-as-uid UID --run-as-gid GID") in error
+    assert not (claim / "homes" / "alice" / "runs").exists()

@@ -4,8 +4,11 @@ launcher's own probe and plan, read once into a DoctorContext that every check r
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Mapping, Optional, Tuple
 
+from ddp_contract.fabrics import AUTO
+from ddp_contract.scheduler_names import SLURMD_NODENAME
 from ddp_launch import planner
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.doctor.probes import Probes
@@ -13,6 +16,7 @@ from ddp_launch.envvars import Setting
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, plan_fabric
 from ddp_launch.fabric.defaults import FabricData, read_all_fabric_defaults
+from ddp_launch.fabric.registry import fabric_named
 from ddp_launch.facts import NodeFacts
 from ddp_launch.options import read_options
 from ddp_launch.plan import LAUNCHER, LaunchPlan
@@ -41,6 +45,11 @@ class DoctorContext:
     @property
     def multi_node(self) -> bool:
         return self.launch is not None and self.launch.nodes > 1
+
+    @property
+    def node(self) -> str:
+        """This node's name as the job's files and SLURM name it (doctor-%N.json, --exclude), else its hostname."""
+        return self.env.get(SLURMD_NODENAME) or self.facts.hostname or "this node"
 
 
 def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
@@ -78,10 +87,20 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
                          problem, cpu_workers)
 
 
-def fabric_expected(ctx: DoctorContext) -> Optional[str]:
-    if ctx.profile and ctx.profile.fabric in ("slingshot", "infiniband"):
-        return ctx.profile.fabric
-    return ctx.fabric.fabric if ctx.fabric.fabric != "ethernet" else None
+def fabric_expected(ctx: DoctorContext) -> Optional[ModuleType]:
+    """The high-speed fabric this node must have (fabric.common.Fabric): the site profile's, else the
+    one the plan found; None where sockets are the fabric. A fabric that is NCCL's IB transport is not
+    expected where the user turned that off with NCCL_IB_DISABLE=1 ("NCCL will fall back to using IP
+    sockets", https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-disable), as the
+    launcher plans it then (fabric.ethernet_requested); runai/submit.sh sets it for RUNAI_RDMA=0."""
+    if ctx.profile and ctx.profile.fabric != AUTO and fabric_named(ctx.profile.fabric).HIGH_SPEED:
+        expected = fabric_named(ctx.profile.fabric)
+    else:
+        planned = fabric_named(ctx.fabric.fabric)
+        expected = planned if planned.HIGH_SPEED else None
+    if expected is not None and expected.NCCL_IB_TRANSPORT and ctx.env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return None
+    return expected
 
 
 def container_runtime(ctx: DoctorContext) -> str:

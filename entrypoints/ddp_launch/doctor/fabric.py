@@ -1,13 +1,15 @@
 """The fabric checks: the devices the site's fabric needs (/dev/cxi*, /sys/class/infiniband), the
-NCCL settings the launcher would plan, and libfabric's CXI provider through fi_info."""
+NCCL settings the launcher would plan, and the fabric's libfabric provider (CXI) through fi_info."""
 
 from __future__ import annotations
 
 from typing import Tuple
 
+from ddp_contract.place import in_a_pod
 from ddp_launch.doctor.context import DoctorContext, fabric_expected, library_dirs
 from ddp_launch.doctor.probes import is_executable_file
 from ddp_launch.doctor.report import FAIL, OK, SKIP, WARN, Check
+from ddp_launch.fabric.registry import registered
 from ddp_launch.facts import under
 
 
@@ -16,14 +18,11 @@ def check_fabric_devices(ctx: DoctorContext) -> Check:
     cxi = list(ctx.facts.cxi_devices)
     rdma = [device.name for device in ctx.facts.rdma_devices]
     found = ", ".join(cxi + rdma) or "none"
-    if expected == "slingshot" and not ctx.facts.slingshot_present:
+    if expected is not None and not expected.detect(ctx.facts):
         status = FAIL if ctx.multi_node else WARN
-        return Check("fabric devices", status, f"Slingshot expected but no /dev/cxi* (found: {found})",
-                     "run on a compute node; inside Apptainer /dev is shared, so check the node itself")
-    if expected == "infiniband" and not rdma:
-        status = FAIL if ctx.multi_node else WARN
-        return Check("fabric devices", status, "InfiniBand/RoCE expected but /sys/class/infiniband is empty",
-                     "on RunAI add --extended-resource rdma/rdma=1 and the roce network annotation")
+        fix = expected.MISSING_FIX_IN_A_POD if in_a_pod(ctx.env) else expected.MISSING_FIX
+        return Check("fabric devices", status, f"{expected.TITLE} expected but {expected.MISSING.format(found=found)}",
+                     fix)
     return Check("fabric devices", OK, f"fabric {ctx.fabric.fabric}; devices: {found}")
 
 
@@ -53,17 +52,25 @@ def fi_info_candidates(ctx: DoctorContext) -> Tuple[str, ...]:
 
 
 def check_fi_info(ctx: DoctorContext) -> Check:
-    if fabric_expected(ctx) != "slingshot":
-        return Check("fi_info -p cxi", SKIP, "no Slingshot fabric expected")
+    """The expected fabric's libfabric provider opens (fi_info -p cxi on Slingshot), where NCCL uses libfabric."""
+    expected = fabric_expected(ctx)
+    provider = expected.LIBFABRIC_PROVIDER if expected is not None else None
+    if provider is None:
+        through_libfabric = [fabric for fabric in registered() if fabric.LIBFABRIC_PROVIDER]
+        return Check(f"fi_info -p {'/'.join(f.LIBFABRIC_PROVIDER for f in through_libfabric)}", SKIP,
+                     f"no {' or '.join(f.TITLE for f in through_libfabric)} fabric expected")
+    name = f"fi_info -p {provider}"
     candidates = fi_info_candidates(ctx)
     if not candidates:
         bound_bins = ", ".join(f"{s.target}/bin" for s in ctx.profile.binds) if ctx.profile else "no site profile"
-        return Check("fi_info -p cxi", SKIP, f"fi_info neither in the bound directories ({bound_bins}) nor on PATH")
+        return Check(name, SKIP, f"fi_info neither in the bound directories ({bound_bins}) nor on PATH")
     library_path = ":".join(under(ctx.root, d) for d in library_dirs(ctx))
     # ld.so reads LD_LIBRARY_PATH only at start, so the bound libfabric reaches fi_info through env(1).
     argv = ["env", f"LD_LIBRARY_PATH={library_path}"] if library_path else []
-    code, output = ctx.probes.run_command(argv + [candidates[0], "-p", "cxi"])
+    code, output = ctx.probes.run_command(argv + [candidates[0], "-p", provider])
     first = next((line.strip() for line in output.splitlines() if line.strip()), "")
     if code != 0:
-        return Check("fi_info -p cxi", FAIL, f"exit {code}: {first}", "libfabric cannot open the CXI provider: check the cxi devices and the libfabric version")
-    return Check("fi_info -p cxi", OK, first)
+        return Check(name, FAIL, f"exit {code}: {first}",
+                     f"libfabric cannot open the {provider.upper()} provider: check the {provider} devices and the "
+                     f"libfabric version")
+    return Check(name, OK, first)

@@ -3,16 +3,18 @@ the kernel driver against the image's runtime; the vendor's words from ctx.accel
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Optional, Tuple
 
+from ddp_contract.place import in_a_pod
 from ddp_launch.doctor import gpu_health
 from ddp_launch.doctor.context import DoctorContext, container_runtime
 from ddp_launch.doctor.probes import driver_version_text
 from ddp_launch.doctor.report import FAIL, OK, SKIP, WARN, Check
 from ddp_launch.envvars import integer
 from ddp_launch.errors import LaunchError
-from ddp_launch.gpus import COUNT_GRANT_VARIABLES, granted_gpus
+from ddp_launch.gpus import COUNT_GRANT_VARIABLES, granted_devices, granted_gpus
 
 
 def check_gpus(ctx: DoctorContext) -> Check:
@@ -29,36 +31,53 @@ def check_gpus(ctx: DoctorContext) -> Check:
     except LaunchError as error:
         return Check("gpus", FAIL, str(error), f"give {granted_from} a whole number of GPUs")
     runtime = container_runtime(ctx)
+    # What brings the GPUs into this container: in a pod its resource request and the vendor's device
+    # plugin (gpus.require_usable_gpus says the same), on a cluster node the runtime's GPU flag.
+    if in_a_pod(ctx.env):
+        enter = (f"check that the pod requests {vendor.kubernetes_resource} (RunAI: -g N) and "
+                 f"{vendor.device_plugin} runs on its node")
+        request = f"request GPUs for the pod ({vendor.kubernetes_resource}; RunAI: -g N)"
+    else:
+        enter = (f"run with `{runtime} exec {vendor.apptainer_flag}` (or `{runtime} run {vendor.apptainer_flag}`) "
+                 "so the GPUs enter the container")
+        request = f"on a GPU node, add {vendor.apptainer_flag} to {runtime}"
     if granted and visible == 0 and ctx.cpu_workers is not None:
         # The launcher takes --cpu-workers as training on CPU on purpose and leaves the granted GPUs
         # alone (gpus.grant_to_check): the preflight must not fail every node for what it accepts.
         return Check("gpus", WARN, f"0 GPUs visible ({source}), {granted} granted; the workers run on CPU as "
                                    f"{ctx.cpu_workers.source}={ctx.cpu_workers.value} asks",
-                     f"to train on the GPUs, unset {ctx.cpu_workers.source} and run with `{runtime} exec "
-                     f"{vendor.apptainer_flag}` (or `{runtime} run {vendor.apptainer_flag}`)")
+                     f"to train on the GPUs, unset {ctx.cpu_workers.source} and {enter}")
     if granted and visible == 0:
-        return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted",
-                     f"run with `{runtime} exec {vendor.apptainer_flag}` (or `{runtime} run {vendor.apptainer_flag}`) "
-                     "so the GPUs enter the container")
+        return Check("gpus", FAIL, f"0 GPUs visible ({source}) but {granted} granted", enter)
     if granted is not None and visible != granted:
         return Check("gpus", WARN, f"{visible} GPUs visible ({source}), {granted} granted",
-                     f"check {vendor.visible_variables[0]} and the job's --gpus-per-node")
+                     f"check {vendor.visible_variables[0]} and the job's --gpus-per-node" if not in_a_pod(ctx.env)
+                     else f"check {vendor.visible_variables[0]} and the pod's {vendor.kubernetes_resource} request")
     if visible == 0:
-        return Check("gpus", WARN, "no GPUs visible; training will run on CPU",
-                     f"on a GPU node, add {vendor.apptainer_flag} to {runtime}")
+        return Check("gpus", WARN, "no GPUs visible; training will run on CPU", request)
     granted_note = f", {granted} granted" if granted is not None else ""
     return Check("gpus", OK, f"{visible} GPUs visible ({source}){granted_note}")
 
 
 def check_gpu_health(ctx: DoctorContext) -> Check:
-    """The GPUs' health counters by the vendor's rules (containers/sites/accelerators/<vendor>.json)."""
+    """The health counters of the GPUs granted here, by the vendor's rules (containers/sites/accelerators/
+    <vendor>.json); a state (a slowdown, a temperature) seen alone is read again before it fails the node."""
     health = ctx.accelerator.health
-    grant = granted_gpus(ctx.env, ctx.accelerator)
     found = ctx.probes.which(health.commands[0].argv[0]) is not None
-    outputs = [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
-               for command in (health.commands if found else ())]
-    verdict = gpu_health.assess(ctx.accelerator, grant, found, outputs, container_runtime(ctx))
-    return Check(gpu_health.NAME, verdict.status, verdict.detail, verdict.fix)
+
+    def read() -> list:
+        return [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
+                for command in (health.commands if found else ())]
+
+    judge = functools.partial(gpu_health.assess, ctx.accelerator, granted_gpus(ctx.env, ctx.accelerator), found,
+                              runtime=container_runtime(ctx), devices=granted_devices(ctx.env, ctx.accelerator),
+                              node=ctx.node)
+    first = read()
+    verdict = judge(first)
+    if verdict.recheck:
+        ctx.probes.sleep(gpu_health.RECHECK_AFTER_S)
+        verdict = judge(first, again=read())
+    return Check(gpu_health.NAME, verdict.status, verdict.detail, verdict.fix, verdict.evidence)
 
 
 def check_torch(ctx: DoctorContext) -> Check:

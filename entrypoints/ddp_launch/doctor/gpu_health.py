@@ -2,7 +2,8 @@
 
 The tool (nvidia-smi -q -x, amd-smi --json), the fields that mean a sick GPU and where each rule
 comes from (NHC, DCGM) are in containers/sites/accelerators/<vendor>.json; here are the readers
-for the two output formats and the judgement, pure: the doctor runs the commands (its probes).
+for the two output formats, the choice of the GPUs this job was granted, and the judgement, pure:
+the doctor runs the commands (its probes), and reads them again when only a state was seen.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from xml.etree import ElementTree
 
 from ddp_contract import HARDWARE_CHECKS
 from ddp_launch.accelerators import Accelerator, Health
-from ddp_launch.gpus import GpuGrant
+from ddp_launch.gpus import GpuGrant, GrantedDevices
 
 NAME = HARDWARE_CHECKS[0]
 # What nvidia-smi and amd-smi print for a value the GPU does not report (nvidia-smi(1), -q: "Any
@@ -23,8 +24,14 @@ NAME = HARDWARE_CHECKS[0]
 NOT_REPORTED = {"", "n/a", "not supported", "[not supported]", "requested functionality has been deprecated"}
 _NUMBER = re.compile(r"\s*(-?\d+(?:\.\d+)?)(?:\s|$)")
 TEMPERATURE = "temperature over its slowdown limit"
-FIX = ("drain this node: its GPUs are not fit to train on (in a job the preflight excludes it and requeues, "
-       "runs/<job>/quarantine.json); a GPU reset applies pending retirements and remaps, the rest needs repair")
+# How long a state (a clock slowdown, a temperature at its limit) must hold to fail the node: long
+# enough for a momentary one to pass (NVML reports the reasons at the moment it is asked,
+# nvmlDeviceGetCurrentClocksEventReasons), short enough that the preflight stays fast; the doctor
+# waits only when it saw one.
+RECHECK_AFTER_S = 5
+# A PCI bus ID as nvidia-smi (00000000:18:00.0) and lspci (0000:18:00.0) write it.
+_PCI_BUS_ID = re.compile(r"(?:([0-9a-f]{1,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])")
+_EVIDENCE_LINES = 40     # of a failing command's output
 
 
 @dataclass(frozen=True)
@@ -45,12 +52,32 @@ class CommandOutput:
                     return line.strip()
         return "no output"
 
+    def excerpt(self) -> str:
+        lines = (self.stderr + self.stdout).strip().splitlines()
+        return "\n".join(lines[:_EVIDENCE_LINES])
+
 
 @dataclass(frozen=True)
 class GpuRecord:
     label: str                          # "GPU 0 (00000000:18:00.0)", as messages name it
     fields: Mapping[str, object]        # the tool's own structure, nested: path "a/b" is fields["a"]["b"]
     devices: int = 1                    # how many of it the scheduler grants (its MIG devices, else 1)
+    index: int = 0                      # its place in the tool's list, the number SLURM gives it
+    ids: tuple[str, ...] = ()           # other names it answers to: its UUID, its PCI bus ID (normalized)
+    raw: str = ""                       # the tool's own text for this GPU, kept as evidence
+
+    def is_named_by(self, name: str) -> bool:
+        """Whether a visible-device entry names this GPU: its index, its UUID (CUDA accepts a unique
+        prefix), the GPU of a MIG-GPU-<uuid>/<gi>/<ci> device, or its PCI bus ID."""
+        word = name.strip().lower()
+        if word.isdigit():
+            return int(word) == self.index
+        if word.startswith("mig-gpu-"):
+            word = word[len("mig-"):].split("/")[0]
+        if word.startswith("gpu-"):
+            return any(i.startswith(word) for i in self.ids if i.startswith("gpu-"))
+        bus = pci_bus_id(word)
+        return bus is not None and bus in self.ids
 
 
 @dataclass(frozen=True)
@@ -58,10 +85,29 @@ class Verdict:
     status: str                         # OK | WARN | FAIL | SKIP, as the doctor's checks
     detail: str
     fix: str = ""
+    evidence: str = ""                  # the tool's output for what failed, for the site's support
+    recheck: bool = False               # only states were seen: read again RECHECK_AFTER_S later
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    gpu: str                            # the record's label
+    found: tuple[str, ...]              # "path=value", or the temperature against its limit
+    state: bool                         # a condition that may pass, not a fault
 
 
 class UnreadableOutput(Exception):
     """The tool answered, but not in the documented format; the message says how."""
+
+
+def pci_bus_id(text: str) -> str | None:
+    """"18:0.0" style normal form of a PCI bus ID (domain, bus, device, function), or None."""
+    match = _PCI_BUS_ID.fullmatch(text.strip().lower())
+    if match is None:
+        return None
+    domain, bus, device, function = match.groups()
+    return f"{int(domain or '0', 16):x}:{int(bus, 16):x}:{int(device, 16):x}.{function}"
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -77,7 +123,13 @@ def _element_fields(element: ElementTree.Element) -> object:
 
 
 def read_nvidia_smi_xml(text: str, health: Health) -> tuple[GpuRecord, ...]:
-    """One record per <gpu> of nvidia-smi -q -x (nvsmi_device_v12/v13.dtd), labelled by its PCI id."""
+    """One record per <gpu> of nvidia-smi -q -x (nvsmi_device_v12/v13.dtd), labelled by its PCI id.
+
+    Its place in the list is its index: nvidia-smi lists GPUs in NVML's order, by PCI bus ID, the
+    order SLURM numbers them in (SLURM's gres.html, "NVML ... numbers GPUs in order by their PCI bus
+    IDs"; src/plugins/gres/common/gres_common.c: GPU IDs "match the order they enumerate on the PCI
+    bus"). <minor_number> is the N of /dev/nvidiaN, which need not follow that order (gres.html).
+    """
     try:
         root = ElementTree.fromstring(text)
     except ElementTree.ParseError as error:
@@ -89,25 +141,34 @@ def read_nvidia_smi_xml(text: str, health: Health) -> tuple[GpuRecord, ...]:
         fields = _element_fields(gpu)
         partitions = len(gpu.findall(health.partitions)) if health.partitions else 0
         label = f"GPU {index}" + (f" ({gpu.get('id')})" if gpu.get("id") else "")
-        records.append(GpuRecord(label, fields if isinstance(fields, dict) else {}, max(1, partitions)))
+        ids = tuple(i for i in ((gpu.findtext("uuid") or "").strip().lower(),
+                                pci_bus_id(gpu.findtext("pci/pci_bus_id") or gpu.get("id") or "")) if i)
+        records.append(GpuRecord(label, fields if isinstance(fields, dict) else {}, max(1, partitions), index, ids,
+                                 ElementTree.tostring(gpu, encoding="unicode")))
     return tuple(records)
 
 
 def read_amd_smi_json(text: str, health: Health) -> tuple[GpuRecord, ...]:
-    """amd-smi --json prints a list with one object per GPU, numbered by its "gpu" key."""
+    """amd-smi --json: one object per GPU, numbered by its "gpu" key, as a list, or as the "gpu_data"
+    list of an object (the amd-smi releases that report CPUs too: cpu_data, core_data, gpu_data)."""
     try:
         data = json.loads(text)
     except ValueError as error:
         raise UnreadableOutput(f"not JSON ({error})") from None
+    if isinstance(data, dict) and isinstance(data.get("gpu_data"), list):
+        data = data["gpu_data"]
     if not isinstance(data, list) or not all(isinstance(entry, dict) and "gpu" in entry for entry in data):
-        raise UnreadableOutput('not a list of objects with a "gpu" key')
-    return tuple(GpuRecord(f"GPU {entry['gpu']}", {k: v for k, v in entry.items() if k != "gpu"}) for entry in data)
+        raise UnreadableOutput('neither a list of objects with a "gpu" key nor an object with such a "gpu_data" list')
+    return tuple(GpuRecord(f"GPU {entry['gpu']}", {k: v for k, v in entry.items() if k != "gpu"},
+                           index=int(entry["gpu"]) if str(entry["gpu"]).isdigit() else -1,
+                           raw=json.dumps(entry, indent=1)) for entry in data)
 
 
 def merged(listed: Sequence[GpuRecord], more: Sequence[GpuRecord]) -> tuple[GpuRecord, ...]:
     """The GPUs the first command listed, with the fields another command printed for the same GPU."""
-    extra = {record.label: record.fields for record in more}
-    return tuple(GpuRecord(r.label, {**r.fields, **extra.get(r.label, {})}, r.devices) for r in listed)
+    extra = {record.label: record for record in more}
+    return tuple(replace(r, fields={**r.fields, **extra[r.label].fields}, raw=f"{r.raw}\n{extra[r.label].raw}")
+                 if r.label in extra else r for r in listed)
 
 
 READERS = {"nvidia-smi-xml": read_nvidia_smi_xml, "amd-smi-json": read_amd_smi_json}
@@ -161,6 +222,35 @@ def _shown(value: object) -> str:
     return str(value)
 
 
+# -- which GPUs are this job's ------------------------------------------------------------------
+
+def _indices(records: Sequence[GpuRecord]) -> str:
+    return "GPU " + ", ".join(str(r.index) for r in records)
+
+
+def granted_records(records: Sequence[GpuRecord], grant: GpuGrant | None,
+                    devices: GrantedDevices | None, tool: str) -> tuple[tuple[GpuRecord, ...], str]:
+    """The GPUs this job was granted, and how the OK line says which were judged.
+
+    Where the tool lists no more than the grant, every GPU it lists is the job's: the whole node,
+    or a device cgroup that lets it see only the granted GPUs (renumbered from 0, so the scheduler's
+    IDs would name the wrong ones). Where it lists more, the node is shared and only the GPUs the
+    grant names are the job's; when a name matches none, all are judged, as before names were read.
+    """
+    listed = sum(record.devices for record in records)
+    everything = tuple(records)
+    if grant is None or listed <= grant.count:
+        return everything, f"judged all: {_indices(records)}"
+    if devices is None:
+        return everything, f"judged all: {_indices(records)} (nothing names the {grant.count} granted)"
+    chosen = tuple(r for r in records if any(r.is_named_by(name) for name in devices.names))
+    unmatched = [name for name in devices.names if not any(r.is_named_by(name) for r in records)]
+    if unmatched or not chosen:
+        return everything, (f"judged all: {_indices(records)} ({devices.variable} names {', '.join(unmatched)}, "
+                            f"which no GPU {tool} lists answers to by index, UUID or PCI bus ID)")
+    return chosen, f"judged {_indices(chosen)}, the one(s) {devices.source} grants (the others are other jobs')"
+
+
 # -- judging ----------------------------------------------------------------------------------
 
 def _temperature_problems(record: GpuRecord, health: Health) -> tuple[list[str], bool]:
@@ -178,69 +268,164 @@ def _temperature_problems(record: GpuRecord, health: Health) -> tuple[list[str],
     return problems, read
 
 
-def judge(records: Sequence[GpuRecord], health: Health, grant: GpuGrant | None, tool: str) -> Verdict:
-    """FAIL naming each rule, sick GPU and field; OK naming what the GPUs did not report."""
-    problems: dict[str, dict[str, list[str]]] = {}  # rule -> GPU -> "field=value"
+def find(records: Sequence[GpuRecord], health: Health) -> tuple[tuple[Finding, ...], frozenset[str]]:
+    """Each rule failing on each GPU, and the rules some GPU reported at all."""
+    found: list[Finding] = []
     read: set[str] = set()
     for record in records:
         for rule in health.rules:
+            hits = []
             for signal in rule.signals:
                 value = value_at(record.fields, signal.path)
                 verdict = fails(value, signal.fails_when)
                 if verdict is not None:
                     read.add(rule.name)
                 if verdict:
-                    problems.setdefault(rule.name, {}).setdefault(record.label, []).append(
-                        f"{signal.path}={_shown(value)}")
+                    hits.append(f"{signal.path}={_shown(value)}")
+            if hits:
+                found.append(Finding(rule.name, record.label, tuple(hits), rule.kind == "state"))
         hot, temperature_read = _temperature_problems(record, health)
         if temperature_read:
             read.add(TEMPERATURE)
         if hot:
-            problems.setdefault(TEMPERATURE, {})[record.label] = hot
-    devices = sum(record.devices for record in records)
-    listed = f"{len(records)} GPU(s)" + (f" ({devices} devices to grant)" if devices != len(records) else "")
-    failures = [f"{rule}: " + ", ".join(f"{gpu} {' '.join(found)}" for gpu, found in gpus.items())
-                for rule, gpus in problems.items()]
-    if grant is not None and devices < grant.count:
-        failures.append(f"fewer GPUs than granted: {tool} lists {listed}, {grant.source} granted {grant.count}")
-    if failures:
-        return Verdict("FAIL", "; ".join(failures), FIX)
-    names = [rule.name for rule in health.rules] + [TEMPERATURE]
-    unread = [name for name in names if name not in read]
-    granted = f", {grant.count} granted" if grant is not None else ""
-    detail = f"{listed} listed by {tool}{granted}"
-    if len(unread) < len(names):
-        detail += f"; none has {', '.join(name for name in names if name in read)}"
-    if unread:
-        detail += f"; not reported by these GPUs: {', '.join(unread)}"
-    return Verdict("OK", detail)
+            found.append(Finding(TEMPERATURE, record.label, tuple(hot), True))
+    return tuple(found), frozenset(read)
+
+
+def _describe(findings: Sequence[Finding]) -> list[str]:
+    rules: dict[str, list[str]] = {}
+    for finding in findings:
+        rules.setdefault(finding.rule, []).append(f"{finding.gpu} {' '.join(finding.found)}")
+    return [f"{rule}: {', '.join(gpus)}" for rule, gpus in rules.items()]
+
+
+def failure_fix(node: str, command: str, state: bool) -> str:
+    """What the user can do: leave the node out, and give the site's support what it needs."""
+    why = ("a GPU that stays slowed down or hot has a cooling or power fault"
+           if state else "a reset or a repair of the GPU is for the site's admins")
+    return (f"leave out {node}: a job's preflight excludes it and requeues without it (runs/<job>/quarantine.json); "
+            f"submitting by hand, add `--exclude={node}` to sbatch; report it to your site's support with the node "
+            f"name, this line and the output of `{command}` (this check's evidence in `ddp-launch doctor --json`, "
+            f"and in a job's runs/<job>/preflight/<job>/doctor-{node}.json): {why}")
+
+
+def _evidence(records: Sequence[GpuRecord], findings: Sequence[Finding]) -> str:
+    failing = {finding.gpu for finding in findings}
+    return "\n".join(record.raw for record in records if record.label in failing and record.raw)
 
 
 def assess(accelerator: Accelerator, grant: GpuGrant | None, found: bool,
-           outputs: Sequence[CommandOutput], runtime: str = "apptainer") -> Verdict:
+           outputs: Sequence[CommandOutput], runtime: str = "apptainer", devices: GrantedDevices | None = None,
+           node: str = "this node", again: Sequence[CommandOutput] | None = None) -> Verdict:
     """The check's result from what the probes saw: the tool on PATH or not, and each command's output;
     runtime is the command that runs the image at this site (apptainer, or LUMI's singularity).
 
     Without a grant the node is checked only where the tool finds GPUs (a CPU-only node and a job
     without GPUs are silent); with one, a tool that fails on this node fails it, as NHC's checks
     do (Azure/azurehpc-health-checks: "nvidia-smi ... returned error code", FaultCode NHCNA).
+    A fault fails at once; a state (a rule of kind "state", a temperature) seen with no fault asks
+    for a second reading (recheck), given as again, and fails only where it holds in both.
     """
     health = accelerator.health
     tool = health.commands[0].argv[0]
+    command = " ".join(health.commands[0].argv)
     if not found:
         if grant is None:
             return Verdict("SKIP", f"no GPUs granted here and no {tool} on PATH")
         return Verdict("WARN", f"{grant.source} granted {grant.count} GPU(s) but {tool} is not on PATH: "
-                               "their health was not read",
-                       f"run the image with `{runtime} run {accelerator.apptainer_flag}`, which binds the host's "
-                       f"{tool}, or put {tool} on PATH")
+                               "their health was not read", health.missing_tool_fix(runtime))
+    sample = _read(outputs, health, grant, tool, node)
+    if isinstance(sample, Verdict):
+        return sample
+    records, notes = sample
+    if not records and grant is None:
+        return Verdict("SKIP", f"no GPUs granted here and {tool} lists none")
+    judged, which = granted_records(records, grant, devices, tool)
+    findings, read = find(judged, health)
+    faults = [f for f in findings if not f.state]
+    states = [f for f in findings if f.state]
+    devices_listed = sum(record.devices for record in records)
+    listed = f"{len(records)} GPU(s)" + (f" ({devices_listed} devices to grant)" if devices_listed != len(records) else "")
+    shortage = (grant is not None and devices_listed < grant.count)
+    if states and not faults and not shortage and again is None:
+        return Verdict("FAIL", "; ".join(_describe(states)), failure_fix(node, command, True),
+                       _evidence(judged, states), recheck=True)
+    passed: list[Finding] = []
+    evidence = _evidence(judged, faults)
+    if again is not None and states:
+        second = _second_reading(again, states, health, grant, devices, tool, node)
+        if isinstance(second, Verdict):
+            return second
+        states, faults, passed, held_evidence = second.states, faults + second.faults, second.passed, second.evidence
+        evidence = "\n".join(text for text in (evidence, held_evidence) if text)
+    failures = _describe(faults) + _describe(states)
+    if shortage:
+        failures.append(f"fewer GPUs than granted: {tool} lists {listed}, {grant.source} granted {grant.count}")
+        evidence = evidence or "\n".join(record.raw for record in records)
+    if failures:
+        return Verdict("FAIL", "; ".join(failures), failure_fix(node, command, not faults and not shortage), evidence)
+    granted = f", {grant.count} granted" if grant is not None else ""
+    return Verdict("OK", _ok_detail(f"{listed} listed by {tool}{granted}; {which}", health, read, passed, notes))
+
+
+@dataclass(frozen=True)
+class _SecondReading:
+    states: list            # the first reading's states that held, as the second reading shows them
+    faults: list            # faults that showed only in the second reading
+    passed: list            # the first reading's states that were gone
+    evidence: str
+
+
+def _second_reading(again: Sequence[CommandOutput], states: Sequence[Finding], health: Health,
+                    grant: GpuGrant | None, devices: GrantedDevices | None, tool: str,
+                    node: str) -> Verdict | _SecondReading:
+    """Which of the first reading's states still hold (the same rule on the same GPU)."""
+    second = _read(again, health, grant, tool, node)
+    if isinstance(second, Verdict):
+        if second.status == "FAIL":
+            return second
+        unread = f" (in the first reading; the second: {second.detail})"
+        return _SecondReading([replace(f, found=(*f.found[:-1], f.found[-1] + unread)) for f in states], [], [], "")
+    judged, _ = granted_records(second[0], grant, devices, tool)
+    found, _ = find(judged, health)
+    first = {(f.rule, f.gpu) for f in states}
+    held = [f for f in found if f.state and (f.rule, f.gpu) in first]
+    seen_again = {(f.rule, f.gpu) for f in held}
+    note = f" (held in two readings {RECHECK_AFTER_S} s apart)"
+    return _SecondReading([replace(f, found=(*f.found[:-1], f.found[-1] + note)) for f in held],
+                          [f for f in found if not f.state],
+                          [f for f in states if (f.rule, f.gpu) not in seen_again],
+                          _evidence(judged, [f for f in found if not f.state or (f.rule, f.gpu) in first]))
+
+
+def _ok_detail(head: str, health: Health, read: frozenset[str], passed: Sequence[Finding], notes: Sequence[str]) -> str:
+    names = [rule.name for rule in health.rules] + [TEMPERATURE]
+    unread = [name for name in names if name not in read]
+    detail = head
+    if len(unread) < len(names):
+        detail += f"; none has {', '.join(name for name in names if name in read)}"
+    if passed:
+        detail += (f"; {'; '.join(_describe(passed))} in a first reading passed within {RECHECK_AFTER_S} s "
+                   "(a momentary state, not a fault)")
+    if unread:
+        detail += f"; not reported by these GPUs: {', '.join(unread)}"
+    if notes:
+        detail += f"; not read: {', '.join(notes)}"
+    return detail
+
+
+def _read(outputs: Sequence[CommandOutput], health: Health, grant: GpuGrant | None, tool: str,
+          node: str) -> Verdict | tuple[tuple[GpuRecord, ...], list[str]]:
+    """The records one reading of the commands gives, with a note per optional command that failed,
+    or the verdict when the required command failed or printed no documented output."""
     required = outputs[0]
     if required.code != 0:
         if grant is None:
             return Verdict("SKIP", f"no GPUs granted here; `{required.command}` exit {required.code}: "
                                    f"{required.first_line()}")
         return Verdict("FAIL", f"{grant.count} GPU(s) granted ({grant.source}) but `{required.command}` "
-                               f"exit {required.code}: {required.first_line()}", FIX)
+                               f"exit {required.code}: {required.first_line()}",
+                       failure_fix(node, required.command, False), required.excerpt())
     read = READERS[health.format]
     try:
         records = read(required.stdout, health)
@@ -255,9 +440,4 @@ def assess(accelerator: Accelerator, grant: GpuGrant | None, found: bool,
             records = merged(records, read(output.stdout, health))
         except UnreadableOutput as error:
             notes.append(f"`{output.command}` ({error})")
-    if not records and grant is None:
-        return Verdict("SKIP", f"no GPUs granted here and {tool} lists none")
-    verdict = judge(records, health, grant, tool)
-    if notes and verdict.status == "OK":
-        return Verdict("OK", f"{verdict.detail}; not read: {', '.join(notes)}")
-    return verdict
+    return records, notes

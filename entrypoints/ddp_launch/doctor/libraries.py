@@ -1,5 +1,6 @@
-"""The library checks: each Slingshot host library (libfabric, libcxi, the collective's OFI net
-plugin) found where ld.so looks and loaded, and every bound host library's dependencies met."""
+"""The library checks: each host library the expected fabric lists (Slingshot's: libfabric, libcxi, the
+collective's OFI net plugin) found where ld.so looks and loaded, and every bound host library's
+dependencies met."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Dict, Optional, Sequence, Tuple
 from ddp_launch.doctor.context import DoctorContext, container_runtime, fabric_expected, library_dirs
 from ddp_launch.doctor.probes import distinct_files, find_files, shared_objects
 from ddp_launch.doctor.report import FAIL, OK, SKIP, WARN, Check
-from ddp_launch.fabric.defaults import HostLibrary, for_accelerator
+from ddp_launch.fabric.defaults import FabricDefaults, HostLibrary, for_accelerator
+from ddp_launch.fabric.registry import registered
 from ddp_launch.facts import under
 from ddp_launch.libclosure import ld_so_conf_dirs, node_default_dirs
 from ddp_launch.libload import missing_library
@@ -56,11 +58,18 @@ def _load_failure(path: str, error: str) -> str:
     return f"{missing} is missing (needed to load {os.path.basename(path)})" if missing else error
 
 
-def host_libraries(ctx: DoctorContext) -> Tuple[HostLibrary, ...]:
-    """The Slingshot host libraries, in load order (containers/sites/fabrics/slingshot.json), with the
-    vendor's collective library and net plugin named."""
+def host_libraries(ctx: DoctorContext, fabric: str) -> Tuple[HostLibrary, ...]:
+    """The fabric's host libraries, in load order (containers/sites/fabrics/<fabric>.json: Slingshot's),
+    with the vendor's collective library and net plugin named."""
     return tuple(for_accelerator(library, ctx.accelerator)
-                 for library in ctx.data.fabric_defaults("slingshot").host_libraries)
+                 for library in ctx.data.fabric_defaults(fabric).host_libraries)
+
+
+def _with_host_libraries(ctx: DoctorContext) -> Tuple[str, ...]:
+    """The fabrics whose data lists host libraries, as messages name them (Slingshot)."""
+    return tuple(fabric.TITLE for fabric in registered()
+                 if isinstance(ctx.data.defaults.get(fabric.NAME), FabricDefaults)
+                 and ctx.data.defaults[fabric.NAME].host_libraries)
 
 
 def bind_variable(runtime: str) -> str:
@@ -88,14 +97,17 @@ def binds_fix(ctx: DoctorContext) -> Optional[str]:
 
 
 def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
-    if fabric_expected(ctx) != "slingshot":
-        return (Check("host libraries", SKIP, "no Slingshot fabric expected; the image's own NCCL is used"),)
+    expected = fabric_expected(ctx)
+    libraries = host_libraries(ctx, expected.NAME) if expected is not None and expected.HAS_DEFAULTS else ()
+    if not libraries:
+        titles = " or ".join(_with_host_libraries(ctx)) or "host-library"
+        return (Check("host libraries", SKIP, f"no {titles} fabric expected; the image's own NCCL is used"),)
     groups = _loader_dirs(ctx)
     dirs = _search_order(groups)
     checks = []
     vendor = ctx.accelerator
     plugin, ofi_variant = vendor.net_plugin, vendor.net_plugin.replace(".so", "-ofi.so")
-    for library in host_libraries(ctx):
+    for library in libraries:
         label = library.label
         hits = distinct_files(ctx.root, find_files(ctx.root, dirs, library.file))
         if not hits and label == OFI_PLUGIN_LABEL and find_files(ctx.root, dirs, re.escape(ofi_variant)):
@@ -103,9 +115,9 @@ def check_host_libraries(ctx: DoctorContext) -> Tuple[Check, ...]:
                                 f"bind a plugin directory that has {plugin} (the {vendor.ofi_plugin} module provides the link)"))
             continue
         if not hits:
-            # On a Slingshot node, or in a multi-node job, training across nodes cannot work without
+            # On a node of the fabric, or in a multi-node job, training across nodes cannot work without
             # it; elsewhere (a login node without CXI, the image's %test) it is not fatal yet.
-            status = FAIL if library.required and (ctx.multi_node or ctx.facts.slingshot_present) else WARN
+            status = FAIL if library.required and (ctx.multi_node or expected.detect(ctx.facts)) else WARN
             checks.append(Check(label, status, _not_found(groups), binds_fix(ctx) or library.fix))
             continue
         chosen = hits[0]

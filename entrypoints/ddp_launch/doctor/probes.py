@@ -14,6 +14,7 @@ import re
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -57,6 +58,7 @@ class Probes:
     load_in_child: Callable[[Sequence[str], str], Tuple[Tuple[str, str], ...]] = load_in_child
     filesystem_bytes: Callable[[str], Optional[int]] = real_filesystem_bytes
     read_command: Callable[[Sequence[str]], Tuple[int, str, str]] = real_read_command  # the GPU health tool
+    sleep: Callable[[float], None] = time.sleep         # between two readings of the GPU health tool
 
 
 @functools.lru_cache(maxsize=1)

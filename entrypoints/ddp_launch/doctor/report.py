@@ -16,6 +16,7 @@ class Check:
     status: str
     detail: str
     fix: str = ""
+    evidence: str = ""      # what a tool printed about the failure, for the site's support (JSON only)
 
 
 def any_failed(checks: Sequence[Check]) -> bool:
@@ -36,6 +37,7 @@ def render_text(checks: Sequence[Check]) -> str:
 def render_json(checks: Sequence[Check]) -> str:
     return json.dumps(
         {"ok": not any_failed(checks),
-         "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix} for c in checks]},
+         "checks": [{"name": c.name, "status": c.status, "detail": c.detail, "fix": c.fix,
+                     **({"evidence": c.evidence} if c.evidence else {})} for c in checks]},
         indent=2,
     )

@@ -21,7 +21,7 @@ from ddp_launch.doctor.gpu import check_torch
 from ddp_launch.doctor.probes import run_fresh_interpreter
 from ddp_launch.doctor.report import FAIL, OK, SKIP, Check
 from ddp_launch.errors import LaunchError
-from ddp_launch.fabric.defaults import load_fabric_defaults
+from ddp_launch.fabric.defaults import fabric_files, load_fabric_defaults
 from ddp_launch.schedulers import ENV_PREFIXES
 from ddp_launch.sites import available_sites, load_site, sites_dirs
 
@@ -62,13 +62,10 @@ def check_site_profiles(ctx: DoctorContext) -> Check:
     return Check("site profiles", OK, ", ".join(names))
 
 
-SHIPPED_FABRICS = ("slingshot", "infiniband", "common")
-
-
 def check_fabric_defaults(ctx: DoctorContext) -> Check:
     """The fabric defaults the launcher reads on every multi-node run reached the image and parse."""
     found = []
-    for name in SHIPPED_FABRICS:
+    for name in fabric_files():
         try:
             found.append(load_fabric_defaults(name, ctx.env).path)
         except LaunchError as error:

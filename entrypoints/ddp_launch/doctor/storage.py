@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from ddp_contract import DATASET_DIRNAME, missing_dataset_files
+from ddp_contract.place import stage_dataset
 from ddp_launch.doctor import image_mount
 from ddp_launch.doctor.context import DoctorContext
 from ddp_launch.doctor.probes import read_image_mount
@@ -43,6 +44,5 @@ def check_dataset(ctx: DoctorContext) -> Check:
     folder = os.path.join(ctx.data_dir, DATASET_DIRNAME)
     missing = missing_dataset_files(ctx.data_dir)
     if missing:
-        return Check("dataset", WARN, f"{folder} lacks {', '.join(missing)}",
-                     "fetch it once on the login node: make data (compute nodes may be offline)")
+        return Check("dataset", WARN, f"{folder} lacks {', '.join(missing)}", stage_dataset(ctx.env, ctx.data_dir))
     return Check("dataset", OK, f"CIFAR-100 at {folder}")

@@ -1,4 +1,5 @@
-"""Fabric environment for NCCL/libfabric: Slingshot (CXI), InfiniBand/RoCE, Ethernet.
+"""Fabric environment for NCCL/libfabric: Slingshot (CXI), InfiniBand/RoCE, Ethernet, each a module of
+this package (registry.py lists them, common.py's Fabric says what each has).
 
 plan_fabric(request, facts, data) is pure: the node was read once into NodeFacts (facts.py),
 the files once into FabricData (defaults.py, read at the edge: cli, doctor), and the values
@@ -15,45 +16,34 @@ by an explicit flag (--nccl-debug). Every change carries its reason for --dry-ru
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_contract import EXPECT_FABRIC_VAR, LOG_DIR_VAR, REQUIRE_FABRIC_VAR
+from ddp_contract.fabrics import AUTO
 from ddp_contract.scheduler_names import JOB_NAME_VARIABLES
 from ddp_launch.errors import LaunchError
-from ddp_launch.facts import NodeFacts, Resolved
-from ddp_launch.fabric.common import EnvBuilder
-from ddp_launch.fabric.defaults import FabricData
-from ddp_launch.fabric.ethernet import ethernet_defaults
-from ddp_launch.fabric.infiniband import choose_roce_device, infiniband_defaults
+from ddp_launch.facts import NodeFacts
+from ddp_launch.fabric import ethernet
+from ddp_launch.fabric.common import EnvBuilder, FabricJob, FabricRequest
+from ddp_launch.fabric.defaults import COMMON, FabricData, rdzv_get_disabled
+from ddp_launch.fabric.infiniband import choose_roce_device
 from ddp_launch.fabric.libpaths import library_path_changes, search_directories
-from ddp_launch.fabric.slingshot import slingshot_defaults
+from ddp_launch.fabric.registry import fabric_named, registered
 from ddp_launch.plan import SITE_PROFILE, EnvChange, Finding
 from ddp_launch.sites import SiteProfile
 
+__all__ = ("NCCL_DEBUG_LEVELS", "FabricPlan", "FabricRequest", "detect_fabric", "directories_to_probe",
+           "ethernet_requested", "nccl_debug_file", "plan_fabric")
+
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
-HIGH_SPEED_FABRICS = ("slingshot", "infiniband")
 # --dry-run prints warnings and errors alike as "warning:": the launcher still runs with
 # the user's value; doctor reads the severity and FAILs an error.
 _NOTE_PREFIX = {"info": "", "warning": "warning: ", "error": "warning: "}
 
 
 @dataclass(frozen=True)
-class FabricRequest:
-    env: Mapping[str, str]              # the environment the launcher was started with
-    multi_node: bool                    # more than one node in this job step
-    head_address: str | None = None     # rendezvous host, for route-based interface choice
-    head_ipv4: str | None = None        # its IPv4 address, when known (the route is to this)
-    peer: Resolved | None = None        # another node's lookup, where the head's name is loopback here
-    nccl_debug: str | None = None       # --nccl-debug LEVEL
-    require_fabric: bool = False        # --require-fabric
-    gloo: bool = False                  # CPU workers: gloo over TCP, whatever the node's HCAs
-    log_dir: str | None = None          # --log-dir: NCCL's log goes beside torchrun's
-
-
-@dataclass(frozen=True)
 class FabricPlan:
-    fabric: str                         # slingshot | infiniband | ethernet
+    fabric: str                         # its NAME: slingshot | infiniband | ethernet (ddp_contract.fabrics)
     changes: tuple[EnvChange, ...]
     findings: tuple[Finding, ...]       # kept user values, warnings: for --dry-run and doctor
 
@@ -74,12 +64,15 @@ def directories_to_probe(data: FabricData) -> tuple[str, ...]:
 
 
 def detect_fabric(facts: NodeFacts) -> str:
-    """Slingshot if CXI devices exist, else InfiniBand/RoCE if RDMA devices exist, else Ethernet."""
-    if facts.slingshot_present:
-        return "slingshot"
-    if facts.rdma_devices:
-        return "infiniband"
-    return "ethernet"
+    """The first fabric in detection order that the node has: Slingshot if CXI devices exist, else
+    InfiniBand/RoCE if RDMA devices exist, else Ethernet (ddp_contract.fabrics.FABRICS)."""
+    return next(fabric.NAME for fabric in registered() if fabric.detect(facts))
+
+
+def _high_speed_devices() -> str:
+    """Where a node shows a high-speed fabric, for --require-fabric's error: "a, b or c"."""
+    devices = [device for fabric in registered() if fabric.HIGH_SPEED for device in fabric.DEVICES]
+    return " or ".join(filter(None, (", ".join(devices[:-1]), devices[-1])))
 
 
 def ethernet_requested(request: FabricRequest, profile: SiteProfile | None) -> str | None:
@@ -95,7 +88,7 @@ def ethernet_requested(request: FabricRequest, profile: SiteProfile | None) -> s
         return "CPU workers (gloo over TCP)"
     if request.env.get("NCCL_IB_DISABLE", "").strip() == "1":
         return "NCCL_IB_DISABLE=1"
-    if profile is not None and profile.fabric == "ethernet":
+    if profile is not None and profile.fabric == ethernet.NAME:
         return f"site {profile.name} says ethernet"
     return None
 
@@ -122,14 +115,26 @@ def _observe_transport(builder: EnvBuilder, request: FabricRequest, fabric: str)
         builder.default("NCCL_DEBUG_FILE", nccl_debug_file(request), "one NCCL log per process; NCCL warnings land here too")
 
 
+def _conditions(request: FabricRequest, facts: NodeFacts, profile: SiteProfile | None) -> dict[str, object]:
+    """What a fabric default's "when" may ask (fabric/defaults.py: CONDITIONS, FACTS)."""
+    return {
+        "multi_node": request.multi_node,
+        "roce": choose_roce_device(facts.rdma_devices) is not None,
+        "rdzv_get_disabled": rdzv_get_disabled(request.env),
+        "gpu": profile.gpu if profile else None,
+        "accelerator": profile.accelerator if profile else None,
+        "machine": facts.machine,
+    }
+
+
 def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> FabricPlan:
     profile = data.site_profile()
-    fabric = profile.fabric if profile and profile.fabric != "auto" else detect_fabric(facts)
+    fabric = fabric_named(profile.fabric if profile and profile.fabric != AUTO else detect_fabric(facts))
     builder = EnvBuilder(request.env)
     sockets_reason = ethernet_requested(request, profile)
-    if (sockets_reason and fabric == "infiniband") or (request.gloo and fabric != "ethernet"):
-        builder.note("fabric", "info", f"{sockets_reason}: Ethernet sockets, although {fabric} devices are present")
-        fabric = "ethernet"
+    if (sockets_reason and fabric.NCCL_IB_TRANSPORT) or (request.gloo and fabric is not ethernet):
+        builder.note("fabric", "info", f"{sockets_reason}: Ethernet sockets, although {fabric.NAME} devices are present")
+        fabric = ethernet
 
     if request.nccl_debug is not None:
         level = request.nccl_debug.upper()
@@ -146,35 +151,23 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> F
             builder.default(item.name, item.value, f"site {profile.name}: {item.source}", SITE_PROFILE)
         builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs, facts.loader_dirs))
 
-    conditions = {  # what a fabric default's "when" may ask (fabric/defaults.py: CONDITIONS, FACTS)
-        "multi_node": request.multi_node,
-        "roce": choose_roce_device(facts.rdma_devices) is not None,
-        "gpu": profile.gpu if profile else None,
-        "accelerator": profile.accelerator if profile else None,
-        "machine": facts.machine,
-    }
-    if fabric == "slingshot":
-        profile_ifname = profile.env_value("NCCL_SOCKET_IFNAME") if profile else None
-        slingshot_defaults(builder, data.fabric_defaults("slingshot"), facts, conditions,
-                           profile_ifname.value if profile_ifname else None, profile.name if profile else None)
-    elif fabric == "infiniband":
-        infiniband_defaults(builder, data.fabric_defaults("infiniband"), facts, conditions, request.env)
-    elif request.multi_node:
-        ethernet_defaults(builder, facts, request.head_address, request.head_ipv4, request.peer)
+    conditions = _conditions(request, facts, profile)
+    defaults = data.fabric_defaults(fabric.NAME) if fabric.HAS_DEFAULTS else None
+    fabric.plan(builder, FabricJob(request, facts, profile, defaults, conditions))
 
-    for item in data.fabric_defaults("common").applicable(conditions):
+    for item in data.fabric_defaults(COMMON).applicable(conditions):
         builder.default(item.name, item.value, item.source)
 
     if request.multi_node:
         if not request.gloo:
             # On Ethernet too: sockets are expected there, and the log still says what NCCL
             # chose and why it failed when it does (the CPU workers' gloo logs nothing to NCCL).
-            _observe_transport(builder, request, fabric)
-        if request.require_fabric and fabric not in HIGH_SPEED_FABRICS and sockets_reason:
+            _observe_transport(builder, request, fabric.NAME)
+        if request.require_fabric and not fabric.HIGH_SPEED and sockets_reason:
             raise LaunchError(f"--require-fabric contradicts {sockets_reason}: drop one of them")
-        if request.require_fabric and fabric not in HIGH_SPEED_FABRICS:
+        if request.require_fabric and not fabric.HIGH_SPEED:
             raise LaunchError(
-                "--require-fabric given but no high-speed fabric was found (no /dev/cxi*, /sys/class/cxi "
-                "or /sys/class/infiniband); run on GPU nodes, pass --site, or drop --require-fabric"
+                f"--require-fabric given but no high-speed fabric was found (no {_high_speed_devices()}); "
+                "run on GPU nodes, pass --site, or drop --require-fabric"
             )
-    return FabricPlan(fabric, tuple(builder.changes), tuple(builder.findings))
+    return FabricPlan(fabric.NAME, tuple(builder.changes), tuple(builder.findings))

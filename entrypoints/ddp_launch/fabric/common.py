@@ -1,12 +1,64 @@
-"""EnvBuilder, shared by the fabric modules: a default only where nothing set the variable yet,
-and a typed finding for each value of the user's that was kept over a default."""
+"""What the fabric modules share: the request they plan for, what their rules read (FabricJob), the
+shape every fabric module has (Fabric), and EnvBuilder, which sets a default only where nothing set the
+variable yet and keeps a typed finding for each value of the user's that was kept over a default."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from ddp_launch.fabric.defaults import FabricDefaults
+from ddp_launch.facts import NodeFacts, Resolved
 from ddp_launch.plan import FABRIC_DEFAULT, EnvChange, Finding
+from ddp_launch.sites import SiteProfile
+
+
+@dataclass(frozen=True)
+class FabricRequest:
+    env: Mapping[str, str]              # the environment the launcher was started with
+    multi_node: bool                    # more than one node in this job step
+    head_address: str | None = None     # rendezvous host, for route-based interface choice
+    head_ipv4: str | None = None        # its IPv4 address, when known (the route is to this)
+    peer: Resolved | None = None        # another node's lookup, where the head's name is loopback here
+    nccl_debug: str | None = None       # --nccl-debug LEVEL
+    require_fabric: bool = False        # --require-fabric
+    gloo: bool = False                  # CPU workers: gloo over TCP, whatever the node's HCAs
+    log_dir: str | None = None          # --log-dir: NCCL's log goes beside torchrun's
+
+
+@dataclass(frozen=True)
+class FabricJob:
+    """What a fabric's rules read: the request, the node, the site profile and the fabric's own defaults."""
+
+    request: FabricRequest
+    facts: NodeFacts
+    profile: SiteProfile | None
+    defaults: FabricDefaults | None     # containers/sites/fabrics/<NAME>.json; None: the fabric has none
+    conditions: Mapping[str, object]    # what a default's "when" may ask (fabric/defaults.py: CONDITIONS, FACTS)
+
+
+class Fabric(Protocol):
+    """One fabric: a module of this package (slingshot.py, infiniband.py, ethernet.py), named in
+    ddp_contract.fabrics.FABRICS in the order detection tries them. plan_fabric and the doctor read
+    these and never ask which fabric they have."""
+
+    NAME: str               # as site profiles, DDP_EXPECT_FABRIC and its defaults' file name it
+    TITLE: str              # as messages name it: "Slingshot"
+    HIGH_SPEED: bool        # an RDMA fabric: --require-fabric wants one, the trainer warns when NCCL leaves it
+    HAS_DEFAULTS: bool      # containers/sites/fabrics/<NAME>.json holds its values
+    DEVICES: tuple[str, ...]    # where a node shows it ("/dev/cxi*"), for the messages that say it is absent
+    NCCL_IB_TRANSPORT: bool     # NCCL reaches it through its IB verbs transport, which NCCL_IB_DISABLE=1 turns off
+    LIBFABRIC_PROVIDER: str | None  # the provider `fi_info -p` must open (doctor), where NCCL goes through libfabric
+    MISSING: str            # doctor's words when it is expected and the node lacks it; {found}: the devices there are
+    MISSING_FIX: str        # and what to do about it
+    MISSING_FIX_IN_A_POD: str  # the same, said where the doctor runs in a RunAI/Kubeflow pod
+
+    def detect(self, facts: NodeFacts) -> bool:
+        """Whether this node has it."""
+
+    def plan(self, builder: EnvBuilder, job: FabricJob) -> None:
+        """Its variables, after the site profile's and before common.json's (plan_fabric)."""
 
 
 @dataclass

@@ -6,24 +6,40 @@ built-in places, so a DDP_SITES_DIR of one's own profiles still gets the shipped
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from ddp_contract.data_files import FABRIC, check_header, find_or_fail, read_json_file, search_path
+from ddp_contract.records import ENV_TABLE, FLAG, LIST, STRING, TEXT, Field, Reader, one_of, regular_expression
+from ddp_contract.scheduler_names import SLURM_NETWORK
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.errors import LaunchError
+from ddp_launch.fabric import registry
 from ddp_launch.sites import SiteProfile, load_site
 
 FABRICS_DIRNAME = FABRIC.directory
-# The files plan_fabric may need: the fabric's own (Ethernet has none), then common.json for every fabric.
-FABRIC_FILES = ("slingshot", "infiniband", "common")
+COMMON = "common"   # every fabric's, Ethernet's too, applied after the fabric's own
 # What a value's "when" may name; plan_fabric works out each one for the job and node.
 CONDITIONS = (
     "multi_node",   # more than one node in the job step
     "roce",         # a RoCE device with an IPv4 RoCE v2 GID was found
+    "rdzv_get_disabled",  # the step runs with srun --network=disable_rdzv_get (rdzv_get_disabled)
 )
+# srun's --network as the step's tasks see it: srun reads SLURM_NETWORK as --network (srun(1), INPUT
+# ENVIRONMENT VARIABLES: "SLURM_NETWORK  Same as --network"), and slurm/lib/ddp.sh puts the site
+# profile's --network into the step's environment under that name, where the tasks inherit it.
+SRUN_NETWORK_VAR = SLURM_NETWORK
+DISABLE_RDZV_GET = "disable_rdzv_get"
+
+
+def rdzv_get_disabled(env: Mapping[str, str]) -> bool:
+    """Whether the step has srun --network=disable_rdzv_get, the condition of FI_CXI_RDZV_PROTO=alt_read:
+    "To use an alternate protocol, the CXI driver property rdzv_get_en should be set to 0" (libfabric's
+    fi_cxi(7), FI_CXI_RDZV_PROTO, https://ofiwg.github.io/libfabric/main/man/fi_cxi.7.html), and "When
+    running with slurm, the flag --network=disable_rdzv_get is required and must be added to the srun
+    command" (HPE's ccl_env.sh, HewlettPackard/shs-ccl-docs). The value is a comma-separated list."""
+    return DISABLE_RDZV_GET in (word.strip() for word in env.get(SRUN_NETWORK_VAR, "").split(","))
 # A "when" may also compare a fact with a value, KEY=VALUE, and join terms with spaces (all must
 # hold): "gpu=gh200 machine=aarch64". The hardware a fix is for is data, not a name in code.
 FACTS = (
@@ -56,7 +72,6 @@ def when_problem(when: object) -> str | None:
             return f"names {term!r}: use one of {', '.join(CONDITIONS)} or KEY=VALUE ({', '.join(FACTS)})"
     return None
 LIBRARY_KINDS = ("plain", "libfabric", "nccl")   # how doctor reads the loaded library's version
-_VARIABLE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -156,10 +171,15 @@ def read_fabric_data(site: str | None, env: Mapping[str, str]) -> FabricData:
     return FabricData(profile, read_all_fabric_defaults(env), load_accelerator(vendor, env))
 
 
+def fabric_files() -> tuple[str, ...]:
+    """The files plan_fabric may need: each fabric's own (Ethernet has none), then common.json for every fabric."""
+    return tuple(fabric.NAME for fabric in registry.registered() if fabric.HAS_DEFAULTS) + (COMMON,)
+
+
 def read_all_fabric_defaults(env: Mapping[str, str]) -> dict[str, FabricDefaults | LaunchError]:
-    """The edge: each of FABRIC_FILES, or the error that says why it cannot be read."""
+    """The edge: each of fabric_files(), or the error that says why it cannot be read."""
     defaults: dict[str, FabricDefaults | LaunchError] = {}
-    for name in FABRIC_FILES:
+    for name in fabric_files():
         try:
             defaults[name] = load_fabric_defaults(name, env)
         except LaunchError as error:
@@ -173,56 +193,34 @@ def read_fabric_defaults(path: str) -> FabricDefaults:
 
 def parse_fabric_defaults(data: object, path: str) -> FabricDefaults:
     """Validate the JSON document; every problem names the file and the key."""
-
-    def fail(what: str) -> LaunchError:
-        return LaunchError(f"bad fabric defaults {path}: {what}")
-
     check_header(FABRIC, data, path)
-    name = data["name"]
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise fail("'description' must be a string")
-    env = data.get("env", {})
-    if not isinstance(env, dict):
-        raise fail("'env' must be an object of NAME: {\"value\": ..., \"source\": ...}")
-    libraries = data.get("host_libraries", [])
-    if not isinstance(libraries, list):
-        raise fail("'host_libraries' must be a list")
-    return FabricDefaults(
-        name=name,
-        description=description,
-        env=tuple(_default(key, item, fail) for key, item in env.items()),
-        host_libraries=tuple(_library(index, item, fail) for index, item in enumerate(libraries)),
-        path=path,
-    )
+    reader = Reader(FABRIC.what, path)
+    found = reader.record(data, _DEFAULTS)
+    env = []
+    for name, entry in reader.env_table(found["env"], optional_keys=("when",)):
+        problem = when_problem(entry["when"]) if entry.get("when") is not None else None
+        if problem:
+            raise reader.error(f"env {name}: 'when' {problem}, got {entry['when']!r}")
+        env.append(FabricDefault(name, entry["value"], entry["source"], entry.get("when")))
+    return FabricDefaults(name=data["name"], description=found["description"], env=tuple(env),
+                          host_libraries=tuple(_library(reader, index, item)
+                                               for index, item in enumerate(found["host_libraries"])),
+                          path=path)
 
 
-def _default(key: str, item: object, fail) -> FabricDefault:
-    if not _VARIABLE.match(key):
-        raise fail(f"env name {key!r} is not a valid variable name")
-    if not isinstance(item, dict) or not {"value", "source"} <= set(item) <= {"value", "source", "when"}:
-        raise fail(f"env {key} must be {{\"value\": \"...\", \"source\": \"...\"}}, with an optional \"when\"")
-    value, source, when = item["value"], item["source"], item.get("when")
-    if not isinstance(value, str) or not isinstance(source, str) or not source:
-        raise fail(f"env {key}: 'value' and 'source' must be strings (source non-empty)")
-    problem = when_problem(when) if when is not None else None
-    if problem:
-        raise fail(f"env {key}: 'when' {problem}, got {when!r}")
-    return FabricDefault(key, value, source, when)
+_DEFAULTS = (
+    Field("description", (STRING,), ""),
+    Field("env", (ENV_TABLE,), {}),
+    Field("host_libraries", (LIST,), []),
+)
+_LIBRARY = (
+    Field("label", (TEXT,)), Field("file", (TEXT, regular_expression)), Field("kind", (one_of(LIBRARY_KINDS),)),
+    Field("required", (FLAG,)), Field("fix", (TEXT,)), Field("source", (TEXT,)),
+)
 
 
-def _library(index: int, item: object, fail) -> HostLibrary:
-    keys = {"label", "file", "kind", "required", "fix", "source"}
+def _library(reader: Reader, index: int, item: object) -> HostLibrary:
+    keys = {field.key for field in _LIBRARY}
     if not isinstance(item, dict) or set(item) != keys:
-        raise fail(f"host_libraries[{index}] must have exactly the keys {', '.join(sorted(keys))}")
-    if not all(isinstance(item[k], str) and item[k] for k in keys - {"required"}):
-        raise fail(f"host_libraries[{index}]: label, file, kind, fix and source must be non-empty strings")
-    if item["kind"] not in LIBRARY_KINDS:
-        raise fail(f"host_libraries[{index}]: 'kind' must be one of {', '.join(LIBRARY_KINDS)}")
-    if not isinstance(item["required"], bool):
-        raise fail(f"host_libraries[{index}]: 'required' must be true or false")
-    try:
-        re.compile(item["file"])
-    except re.error as exc:
-        raise fail(f"host_libraries[{index}]: 'file' is not a regular expression ({exc})") from None
-    return HostLibrary(item["label"], item["file"], item["kind"], item["required"], item["fix"], item["source"])
+        raise reader.error(f"host_libraries[{index}] must have exactly the keys {', '.join(sorted(keys))}")
+    return HostLibrary(**reader.record(item, _LIBRARY, f"host_libraries[{index}]: '{{}}'"))

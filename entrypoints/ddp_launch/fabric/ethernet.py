@@ -1,4 +1,4 @@
-"""Plain Ethernet: the interface whose route reaches the head node, for NCCL and Gloo.
+"""Plain Ethernet, every node's fallback: the interface whose route reaches the head node, for NCCL and Gloo.
 
 Replaces per-node hand-written interface tables: the kernel's IPv4 routing table
 (facts.routes, from /proc/net/route) already knows which interface reaches the head.
@@ -12,9 +12,22 @@ from collections.abc import Mapping
 
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, Resolved, Route
-from ddp_launch.fabric.common import EnvBuilder
+from ddp_launch.fabric.common import EnvBuilder, FabricJob
 
+NAME = "ethernet"
+TITLE = "Ethernet"
+HIGH_SPEED = False      # NCCL's and Gloo's TCP sockets are its transport
+HAS_DEFAULTS = False    # common.json only: every value it needs comes from the node's routes
+DEVICES = ()
+NCCL_IB_TRANSPORT = False
+LIBFABRIC_PROVIDER = None
+MISSING = MISSING_FIX = MISSING_FIX_IN_A_POD = ""  # never asked: the doctor looks only for an expected high-speed fabric
 LOOPBACK_INTERFACE = "lo"
+
+
+def detect(facts: NodeFacts) -> bool:
+    """Every node: the fallback when no faster fabric is found."""
+    return True
 
 
 def route_interface(routes: tuple[Route, ...], address: str) -> str | None:
@@ -114,3 +127,9 @@ def ethernet_defaults(builder: EnvBuilder, facts: NodeFacts, head_address: str |
         return
     builder.default("NCCL_SOCKET_IFNAME", interface, reason)
     builder.default("GLOO_SOCKET_IFNAME", interface, reason)
+
+
+def plan(builder: EnvBuilder, job: FabricJob) -> None:
+    request = job.request
+    if request.multi_node:
+        ethernet_defaults(builder, job.facts, request.head_address, request.head_ipv4, request.peer)

@@ -1,4 +1,4 @@
-"""HPE Slingshot (CXI) with NCCL's AWS OFI plugin: the rules that need the node or the job.
+"""HPE Slingshot (CXI) with NCCL's AWS OFI plugin: how a node shows it, and the rules that need the node or the job.
 
 The values themselves are data (containers/sites/fabrics/slingshot.json); here are
 NCCL_NET's conflict with a user's NCCL_NET_PLUGIN and the hsn* interface choice.
@@ -10,9 +10,25 @@ from collections.abc import Mapping
 
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts
-from ddp_launch.fabric.common import EnvBuilder
-from ddp_launch.fabric.defaults import FabricDefault, FabricDefaults, when_holds
+from ddp_launch.fabric.common import EnvBuilder, FabricJob
+from ddp_launch.fabric.defaults import (DISABLE_RDZV_GET, SRUN_NETWORK_VAR, FabricDefault, FabricDefaults,
+                                        when_holds)
 from ddp_launch.plan import SITE_PROFILE
+
+NAME = "slingshot"
+TITLE = "Slingshot"
+HIGH_SPEED = True
+HAS_DEFAULTS = True
+DEVICES = ("/dev/cxi*", "/sys/class/cxi")
+NCCL_IB_TRANSPORT = False   # NCCL reaches the CXI NICs through the OFI plugin and libfabric
+LIBFABRIC_PROVIDER = "cxi"  # libfabric's CXI provider (fi_cxi(7))
+MISSING = "no /dev/cxi* (found: {found})"
+MISSING_FIX = MISSING_FIX_IN_A_POD = "run on a compute node; inside Apptainer /dev is shared, so check the node itself"
+
+
+def detect(facts: NodeFacts) -> bool:
+    """CXI devices, or their sysfs class."""
+    return facts.slingshot_present
 
 
 def check_socket_ifname(value: str, interfaces: tuple[str, ...]) -> str | None:
@@ -65,6 +81,20 @@ def _nccl_net(builder: EnvBuilder, item: FabricDefault, conditions: Mapping[str,
                      "NCCL_NET and NCCL_NET_PLUGIN are both set; NCCL then fails to find the network (unset NCCL_NET_PLUGIN)")
 
 
+def _rdzv_get_note(builder: EnvBuilder, item: FabricDefault) -> None:
+    """A value that needs srun --network=disable_rdzv_get, in a step without it: left out, or, where the
+    user (or a module: Olivia's NCCL modules export HPE's ccl_env.sh) set it anyway, a warning."""
+    flag = f"srun --network={DISABLE_RDZV_GET} ({SRUN_NETWORK_VAR} does not name it)"
+    if builder.env.get(item.name) == item.value:
+        builder.note("rendezvous", "warning",
+                     f"{item.name}={item.value} is set, but this step has no {flag}, which it needs (libfabric's "
+                     f"fi_cxi(7): the CXI driver's rdzv_get_en must be 0): add the flag to srun, or unset {item.name}")
+    elif item.name not in builder.env:
+        builder.note("rendezvous", "info",
+                     f"{item.name}={item.value} not set: this step has no {flag}, which it needs; the job "
+                     f"scripts give it from the site profile's srun_args")
+
+
 def slingshot_defaults(
     builder: EnvBuilder,
     defaults: FabricDefaults,
@@ -78,6 +108,8 @@ def slingshot_defaults(
             _nccl_net(builder, item, conditions, facts, site)
         elif when_holds(item.when, conditions):
             builder.default(item.name, item.value, item.source)
+        elif "rdzv_get_disabled" in (item.when or "").split():
+            _rdzv_get_note(builder, item)
     env = builder.env
     interfaces = facts.hsn_interfaces
     if interfaces:
@@ -95,3 +127,9 @@ def slingshot_defaults(
         if problem:
             # An error for doctor (NCCL will fail); the launcher keeps the user's value and says so.
             builder.note("interface", "error", problem)
+
+
+def plan(builder: EnvBuilder, job: FabricJob) -> None:
+    profile_ifname = job.profile.env_value("NCCL_SOCKET_IFNAME") if job.profile else None
+    slingshot_defaults(builder, job.defaults, job.facts, job.conditions, profile_ifname.value if profile_ifname else None,
+                       job.profile.name if job.profile else None)

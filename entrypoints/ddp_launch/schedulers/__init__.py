@@ -5,9 +5,11 @@ Every module has the same shape: MODES (the --mode names it plans, each with its
 the variables that answer it, first set wins), ENV_PREFIXES (what every variable it sets starts
 with), detect(env), parse(env, accelerator) -> a frozen job,
 questions(job, options) -> ProbeQuestions (what it needs probed: the rendezvous host to look
-up, whether to ask the GPU driver about the GPUs it granted, how long to wait for DNS), and
+up, whether to ask the GPU driver about the GPUs it granted, how long to wait for DNS),
 plan(job, options, env, facts) -> LaunchPlan (pure: the node was read into facts, the head's
-lookup included). The planner calls each once (planner.py) and never asks which module it has:
+lookup included), and identity(job, facts) -> JobIdentity (which job this is and this node's name
+in it, from the scheduler's own variables; the planner exports it as DDP_JOB_ID and DDP_NODE_NAME,
+ddp_launch/job_identity.py). The planner calls each once (planner.py) and never asks which module it has:
 what differs between schedulers (the GPU check, the Flight Recorder settings) is in the module.
 A new scheduler is one new module and its place in DETECTION_ORDER: --mode's choices and the
 help's lines are read from the modules (MODES below; options.py uses them).

@@ -10,17 +10,19 @@ pkg/controller.v1/pytorch/elastic.go: the endpoint is <job>-worker-0:<port> unle
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp_contract.scheduler_names import RUNAI_NUM_OF_GPUS
+from ddp_contract.scheduler_names import RUNAI_JOB_NAME, RUNAI_NUM_OF_GPUS
 from ddp_launch import gpus as gpu_count
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer, is_digits, port
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
-from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
+from ddp_launch.job_identity import JobIdentity
+from ddp_launch.node_workers import TORCHRUN_WORDS, worker_notes, workers_env, workers_per_node
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, ipv4_literal, is_loopback
@@ -43,6 +45,21 @@ VARIABLES = {
     "rdzv_endpoint": ("PET_RDZV_ENDPOINT",),
     "rdzv_backend": ("PET_RDZV_BACKEND",),
 }
+# Which workload a pod belongs to, first set wins: Run:ai's built-in variables (NVIDIA Run:ai docs,
+# "Workloads", Built-in Workload Environment Variables: RUNAI_JOB_UUID "a unique identifier for the
+# workload. If a workload is deleted and recreated with the same name, the UUID will be different";
+# RUNAI_JOB_NAME "the logical name of the workload as submitted"), then the names older Run:ai
+# clusters set (docs.run.ai v2.16, "Environment Variables inside a Run:ai Workload": JOB_UUID,
+# JOB_NAME). Both stay the same in every pod of the workload and across its pods' restarts.
+IDENTITY_VARIABLES = {
+    "workload_uuid": ("RUNAI_JOB_UUID", "JOB_UUID"),
+    "workload_name": (RUNAI_JOB_NAME, "JOB_NAME"),
+}
+# The pod names a PyTorchJob's operator gives, whose rendezvous host is one: Kubeflow's training
+# operator v1 names a replica's pod <job>-<master|worker>-<index> (pkg/controller.v1/pytorch/envvar.go,
+# genGeneralName), Trainer v2's JobSet <trainjob>-node-<job index>-<pod index> (a Job's indexed pod's
+# host name is <job>-<index>, Kubernetes "Jobs", Completion mode).
+OPERATOR_POD_NAME = re.compile(r"(?P<job>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-(?:(?:master|worker)-\d+|node-\d+-\d+)")
 # torchrun's port where an endpoint names none (parse_rendezvous_endpoint's default_port for c10d,
 # torch/distributed/elastic/rendezvous/utils.py).
 C10D_DEFAULT_PORT = 29400
@@ -81,6 +98,8 @@ class KubeflowEnv:
     rdzv_conf: tuple[tuple[str, str], ...]     # PET_RDZV_CONF, merged into --rdzv-conf
     gpus: gpu_count.GpuGrant | None     # what the pod was granted (checked against the driver)
     accelerator: Accelerator            # the site's GPU vendor: whose variables and device files count
+    workload: tuple[str | None, str | None] = (None, None)   # Run:ai's (uuid, name) of the workload
+    workload_source: str = ""
 
 
 def _nnodes(value: str) -> int:
@@ -120,15 +139,7 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
     if nnodes is None:
         raise LaunchError("PET_NNODES is not set: this does not look like a RunAI/Kubeflow PyTorchJob pod; "
                           "use --mode local or set PET_NNODES")
-    nproc_value, nproc_name = _first(env, "nproc")
-    nproc = None
-    if nproc_value is not None and nproc_value not in ("auto", "gpu"):
-        nproc = Setting(integer(nproc_name, nproc_value), nproc_name)
-        if nproc.value == 0:
-            # A pod without GPUs (RunAI's RUNAI_NUM_OF_GPUS=0): no count at all, since torchrun asserts
-            # local_world_size > 0 (torch/distributed/elastic/agent/server/api.py, WorkerSpec) and
-            # dies with a bare traceback. The node's GPUs, else one CPU worker, decide instead.
-            nproc = None
+    nproc = _workers_asked(env)
     rank_value, rank_name = _first(env, "node_rank")
     port_value, port_name = _first(env, "master_port")
     run_id, _ = _first(env, "run_id")
@@ -154,7 +165,45 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
         rdzv_conf=job_rdzv_conf(env),
         gpus=gpu_count.granted_gpus(env, accelerator),
         accelerator=accelerator,
+        workload=(_optional(env, "workload_uuid"), _optional(env, "workload_name")),
+        workload_source=" and ".join(found.source for found in (first_set(env, IDENTITY_VARIABLES[key])
+                                                                 for key in IDENTITY_VARIABLES) if found),
     )
+
+
+def _workers_asked(env: Mapping[str, str]) -> Setting | None:
+    """The pod's GPUs (RunAI), else the operator's nprocPerNode: a count, or torchrun's auto, cpu or
+    gpu (node_workers.torchrun_word resolves those as torchrun does). RUNAI_NUM_OF_GPUS=0, a pod
+    without GPUs, is no count at all: torchrun asserts local_world_size > 0
+    (torch/distributed/elastic/agent/server/api.py, WorkerSpec) and dies with a bare traceback."""
+    runai_gpus, operator = VARIABLES["nproc"]
+    granted = first_set(env, (runai_gpus,))
+    if granted is not None and integer(granted.source, granted.value) > 0:
+        return Setting(int(granted.value), granted.source)
+    asked = first_set(env, (operator,))
+    if asked is None or asked.value in TORCHRUN_WORDS:
+        return asked
+    return Setting(integer(asked.source, asked.value, minimum=1, expected="auto, cpu, gpu or a count of workers >= 1",
+                           fix="set the job's nprocPerNode to one of those (torchrun's --nproc-per-node)"),
+                   asked.source)
+
+
+def _wants_gpus(job: KubeflowEnv, options: LaunchOptions) -> bool:
+    """nprocPerNode gpu decides the workers (no flag or setting of ours overrides it)."""
+    return (job.nproc is not None and job.nproc.value == "gpu" and options.nproc_per_node is None
+            and options.cpu_workers is None)
+
+
+def _cpu_on_purpose(job: KubeflowEnv, options: LaunchOptions) -> object:
+    """What makes the workers run on CPU on purpose: --cpu-workers, or nprocPerNode cpu."""
+    if options.cpu_workers is not None or options.nproc_per_node is not None:
+        return options.cpu_workers
+    return job.nproc if job.nproc is not None and job.nproc.value == "cpu" else None
+
+
+def _optional(env: Mapping[str, str], key: str) -> str | None:
+    found = first_set(env, IDENTITY_VARIABLES[key])
+    return str(found.value) if found else None
 
 
 def head(job: KubeflowEnv, options: LaunchOptions) -> Head | None:
@@ -169,11 +218,36 @@ def head(job: KubeflowEnv, options: LaunchOptions) -> Head | None:
     return None
 
 
+def identity(job: KubeflowEnv, facts: NodeFacts) -> JobIdentity:
+    """The workload (Run:ai's uuid and name), else the PyTorchJob's name in its rendezvous host's
+    (the operator's pod names), else this pod's own name; the pod's name is its host name
+    (Kubernetes, "Container Environment": "The hostname of a Container is the name of the Pod in
+    which the Container is running"). All three survive a container's restart, which keeps the pod
+    (Kubernetes, "Pod Lifecycle", Container restart policy: the kubelet restarts a pod's containers
+    after they exit), and none is shared by two live jobs: object names are unique in a namespace
+    (Kubernetes, "Object Names and IDs")."""
+    pod = facts.hostname.split(".")[0] or None
+    node = (pod, "the pod's host name (its name)")
+    uuid, name = job.workload
+    if uuid or name:
+        return JobIdentity(f"{name}/{uuid}" if uuid and name else uuid or name, job.workload_source, *node)
+    host = job.rdzv_endpoint[0] if job.rdzv_endpoint is not None else job.master_addr
+    source = "PET_RDZV_ENDPOINT" if job.rdzv_endpoint is not None else job.master_addr_source
+    if host is not None and ipv4_literal(host) is None and ":" not in host:
+        named = OPERATOR_POD_NAME.fullmatch(host.split(".")[0].lower())
+        if named:
+            return JobIdentity(named.group("job"), f"the PyTorchJob's name in {source}={host}", *node)
+    if pod is None:
+        return JobIdentity(None, "", None, "")
+    return JobIdentity(f"pod {pod}", "the pod's host name (no workload or job name in its environment)", *node)
+
+
 def questions(job: KubeflowEnv, options: LaunchOptions) -> ProbeQuestions:
     """Look up the master, waiting for its DNS record (not on a dry run); ask the GPU driver
     about the GPUs the pod was granted."""
     return ProbeQuestions(head=head(job, options),
-                          cuda=gpu_count.grant_to_check(job.gpus, options.cpu_workers) is not None,
+                          cuda=(gpu_count.grant_to_check(job.gpus, _cpu_on_purpose(job, options)) is not None
+                                or _wants_gpus(job, options)),
                           dns_wait_s=options.dns_timeout_s if not options.dry_run else None)
 
 
@@ -227,7 +301,14 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
         rdzv_port, port_note = job.master_port, "port from the job's master port"
     else:
         raise LaunchError("PET_MASTER_PORT and MASTER_PORT are unset: pass --rdzv-port P")
-    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator))
+    if _wants_gpus(job, options) and facts.cuda_problem is not None:
+        vendor = job.accelerator
+        raise LaunchError(f"{job.nproc.source}=gpu but {vendor.runtime} cannot use a GPU here ({facts.cuda_problem}): "
+                          f"torchrun stops the same way (\"Cuda is not available\") and nothing trains on CPU in its "
+                          f"place: check that the pod requests {vendor.kubernetes_resource} and {vendor.device_plugin} "
+                          f"runs on the node, or set nprocPerNode to cpu, auto or a count")
+    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator),
+                               facts.cpu_count)
     restarts = max_restarts(options, job.max_restarts)
     rendezvous = Rendezvous(host, rdzv_port, job.run_id or job.master_addr or name, is_head,
                             join_timeout(options, job.rdzv_conf), job.rdzv_conf)
@@ -247,7 +328,8 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
                + workers_env(workers, env, facts.cpu_count) + flight_recorder_env(env))
     announcement = (f"ddp-launch: {job.max_nodes} pods: {head_note}, port {rdzv_port}"
                     if multi and is_head else None)
-    gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, options.cpu_workers), facts.cuda_problem,
-                                  on_kubernetes=True, gpu_device_files=facts.gpu_device_files)
+    gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, _cpu_on_purpose(job, options)),
+                                  facts.cuda_problem, on_kubernetes=True, gpu_device_files=facts.gpu_device_files)
     return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port, address),
-                      announcement=announcement)
+                      announcement=announcement,
+                      min_nodes=int(job.nnodes.split(":")[0]) if ":" in job.nnodes else None)

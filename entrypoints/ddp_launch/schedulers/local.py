@@ -13,6 +13,7 @@ from ddp_launch.accelerators import Accelerator
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
+from ddp_launch.job_identity import JobIdentity
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
@@ -39,6 +40,11 @@ class LocalEnv:
 
 def parse(env: Mapping[str, str], accelerator: Accelerator) -> LocalEnv:
     return LocalEnv(gpu_count.granted_gpus(env, accelerator), accelerator)
+
+
+def identity(job: LocalEnv, facts: NodeFacts) -> JobIdentity:
+    """No job; this machine by its host name."""
+    return JobIdentity(None, "", facts.hostname.split(".")[0] or None, "the host name")
 
 
 def questions(job: LocalEnv, options: LaunchOptions) -> ProbeQuestions:

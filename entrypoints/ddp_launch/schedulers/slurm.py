@@ -19,6 +19,7 @@ from ddp_launch.envvars import Setting, first_set, integer
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
+from ddp_launch.job_identity import JobIdentity
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.nodelist import expand_nodelist
 from ddp_launch.launch_options import LaunchOptions
@@ -229,6 +230,20 @@ def peer(job: SlurmEnv, rendezvous: Head) -> tuple[str, str] | None:
     itself (fabric/ethernet.py)."""
     other = next((name for name in job.nodes if name != rendezvous.name), None)
     return (other, f"a node of {job.nodes_source}") if other is not None else None
+
+
+def identity(job: SlurmEnv, facts: NodeFacts) -> JobIdentity:
+    """The job id, which a requeue keeps (scontrol(1), requeue) and each task of a job array has of
+    its own (sbatch(1): SLURM_ARRAY_JOB_ID is the array's, SLURM_JOB_ID the task's), as the job
+    script's run-dir check names it (slurm/lib/ddp.sh); this node as SLURM names it."""
+    index = job.this_node_index()
+    if job.node_name is not None:
+        node, source = job.node_name, "SLURMD_NODENAME"
+    elif index is not None:
+        node, source = job.nodes[index], f"node {index} of {job.nodes_source}"
+    else:
+        node, source = facts.hostname.split(".")[0] or None, "the host name"
+    return JobIdentity(str(job.job_id), "SLURM_JOB_ID", node, source)
 
 
 def questions(job: SlurmEnv, options: LaunchOptions) -> ProbeQuestions:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ddp_launch.envvars import is_digits
 from ddp_launch.facts import NodeFacts, ProbeQuestions
+from ddp_launch.job_identity import NO_IDENTITY, JobIdentity
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, LaunchPlan
 from ddp_launch.rendezvous import ipv4_literal
@@ -61,6 +62,11 @@ def parse(env: Mapping[str, str], accelerator: object) -> TorchrunEnv:
         master_addr=env.get("MASTER_ADDR") or None,
         master_port=env.get("MASTER_PORT") or None,
     )
+
+
+def identity(job: TorchrunEnv, facts: NodeFacts) -> JobIdentity:
+    """None of its own: the launch that started torchrun exported the job's (DDP_JOB_ID, DDP_NODE_NAME)."""
+    return NO_IDENTITY
 
 
 def questions(job: TorchrunEnv, options: LaunchOptions) -> ProbeQuestions:

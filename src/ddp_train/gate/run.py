@@ -21,7 +21,8 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR, check_nccl_transport
+from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR
+from ddp_contract.nccl_log import check_nccl_transport
 
 from ddp_train import distributed, write_failure
 from ddp_train.config import BACKENDS, resolve_backend

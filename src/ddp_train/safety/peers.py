@@ -33,7 +33,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
-from ddp_contract import ROLL_CALL_REPORT
+from ddp_contract import NODE_NAME_VAR, ROLL_CALL_REPORT
 from ddp_contract.scheduler_names import SLURMD_NODENAME
 from ddp_train.errors import PeerLost
 
@@ -44,9 +44,10 @@ VERDICT_KEY = "ddp-train/roll-call/verdict"
 
 
 def node_name(env: Mapping[str, str]) -> str:
-    """This node as SLURM names it (SLURMD_NODENAME, which srun sets for every task: the name the
-    quarantine and ExcNodeList need), else the host name."""
-    return env.get(SLURMD_NODENAME) or socket.gethostname()
+    """This node as its job names it: DDP_NODE_NAME, which ddp-launch derives from the scheduler
+    (SLURM's SLURMD_NODENAME, the name the quarantine and ExcNodeList need; a pod's name), else
+    SLURMD_NODENAME for a trainer started without ddp-launch, else the host name."""
+    return env.get(NODE_NAME_VAR) or env.get(SLURMD_NODENAME) or socket.gethostname()
 
 
 def hosts_by_rank(env: Mapping[str, str]) -> list[str]:

@@ -122,3 +122,54 @@ def test_the_cli_says_a_shortage_in_one_line_with_exit_1_and_a_bad_count_with_ex
     assert spares.main(["place", str(run_dir), "4", *ALLOCATION[:4]]) == EXIT_USAGE
     assert "DDP_SPARE_NODES=4 leaves no node to train on in an allocation of 4 node(s)" in capsys.readouterr().out
     assert spares.main([]) == EXIT_USAGE
+
+
+# The allocation against the nodes the job script trains on (DDP_TRAIN_NODES, its #SBATCH --nodes):
+# spares come on top, so `DDP_SPARE_NODES=1 sbatch slurm/olivia-multinode.sh` (2 nodes) has no room.
+
+@pytest.mark.parametrize(("allocated", "spare_count", "train_nodes"), [
+    (2, 0, 2),   # no spares: the allocation is the training, whatever --nodes said
+    (1, 0, 2),   # sbatch --nodes=1 on a 2-node script without spares trains on 1, as asked
+    (3, 1, 2),   # N + S
+    (5, 1, 2),   # more than N + S: all but the spare train
+    (2, 1, 1),   # a 1-node script with one spare: sbatch --nodes=2
+])
+def test_an_allocation_with_room_for_the_spares_beside_the_training_nodes_passes(allocated, spare_count, train_nodes):
+    assert spares.allocation_problem(allocated, spare_count, train_nodes, "42") is None
+
+
+def test_the_spare_forgotten_on_sbatch_nodes_names_the_nodes_to_ask_for():
+    assert spares.allocation_problem(2, 1, 2, "42") == (
+        "DDP_SPARE_NODES=1: job 42 has 2 node(s), too few for the 2 the job script trains on (DDP_TRAIN_NODES=2) "
+        "plus 1 spare(s): submit with sbatch --nodes=3, or set DDP_TRAIN_NODES=1 to train on 1 node(s) with this "
+        "allocation")
+
+
+def test_a_1_node_script_with_a_spare_on_one_node_names_sbatch_nodes_2_and_no_smaller_training():
+    line = spares.allocation_problem(1, 1, 1, "7")
+    assert line.endswith("plus 1 spare(s): submit with sbatch --nodes=2") and "DDP_TRAIN_NODES=0" not in line
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (("2", "one", "2"), "DDP_SPARE_NODES=one is not a number of nodes: set it to 0 (no spares)"),
+    (("2", "-1", "2"), "DDP_SPARE_NODES=-1 is not a number of nodes"),
+    (("2", "1", "0"), "DDP_TRAIN_NODES=0 is not a number of nodes of at least 1: set it to the nodes the training "
+                      "runs on (the job script's #SBATCH --nodes)"),
+    (("2", "1", "two"), "DDP_TRAIN_NODES=two is not a number of nodes"),
+    (("", "1", "2"), "SLURM_JOB_NUM_NODES= is not a number of nodes of at least 1"),
+])
+def test_a_malformed_setting_is_named_in_one_line(values, message):
+    assert spares.check(*values).startswith(message)
+
+
+def test_a_script_that_does_not_state_its_nodes_is_checked_only_for_a_node_left_to_train():
+    assert spares.check("2", "1", "") is None
+    assert spares.check("2", "2", "").startswith("DDP_SPARE_NODES=2 leaves no node to train on")
+
+
+def test_the_cli_check_prints_one_line_and_exits_2_or_says_nothing(capsys):
+    assert spares.main(["check", "2", "1", "2", "--job", "42"]) == EXIT_USAGE
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "submit with sbatch --nodes=3" in out
+    assert spares.main(["check", "3", "1", "2"]) == 0
+    assert capsys.readouterr().out == ""

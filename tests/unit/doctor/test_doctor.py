@@ -27,10 +27,12 @@ class FakeProbes:
         self.shm = shm
         self.torch, self.refuse, self.fi_info, self.connect_result, self.has_fi_info = torch, refuse, fi_info, connect, which
         self.missing = missing or {}  # library file name -> the dependency dlopen cannot find
-        # The GPU health tool's answers, argv -> (exit status, stdout, stderr); its tool is on PATH
-        # only when given (no nvidia-smi, as on a CPU node, by default).
+        # The GPU health tool's answers, argv -> (exit status, stdout, stderr), or a list of them, one
+        # per reading (the last repeats); its tool is on PATH only when given (no nvidia-smi, as on a
+        # CPU node, by default).
         self.health = health or {}
         self.loaded, self.commands, self.connected, self.child_loads, self.health_asked = [], [], [], [], []
+        self.slept = []
 
     def load(self, path, kind):
         assert kind in ("plain", "libfabric", "nccl"), kind
@@ -58,12 +60,18 @@ class FakeProbes:
         return f"/usr/bin/{name}" if any(argv[0] == name for argv in self.health) else None
 
     def read(self, argv):
+        answer = self.health[tuple(argv)]  # a command the test did not answer fails it (KeyError)
+        if isinstance(answer, list):
+            answer = answer[min(self.health_asked.count(tuple(argv)), len(answer) - 1)]
         self.health_asked.append(tuple(argv))
-        return self.health[tuple(argv)]  # a command the test did not answer fails it (KeyError)
+        return answer
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
 
     def probes(self):
         return Probes(lambda: self.torch, self.load, self.run, self.connect, self.which, self.load_in_child,
-                      lambda path: self.shm, self.read)
+                      lambda path: self.shm, self.read, self.sleep)
 
 
 def doctor(node, argv=(), env=None, fake=None):

@@ -122,6 +122,10 @@ def _bad(change, tmp_path):
      "'health.rules.uncorrectable ECC errors.source' must be a non-empty string"),
     (lambda d: d["health"]["temperature"]["limits"][0].update(slow_when="above"),
      "'health.temperature.limits[].slow_when' must be one of at_or_above, at_or_below, got 'above'"),
+    (lambda d: d["health"]["rules"]["clock slowdown"].pop("kind"),
+     "'health.rules.clock slowdown.kind' must be one of fault, state, got None"),
+    (lambda d: d["health"].update(tool_missing_fix="use {image}"),
+     "'health.tool_missing_fix' may hold only {runtime}, {runtime_env}"),
 ])
 def test_a_bad_vendor_file_names_itself_and_the_key(change, message, tmp_path):
     with pytest.raises(LaunchError) as raised:

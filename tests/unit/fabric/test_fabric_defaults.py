@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.fabric.defaults import (FABRIC_FILES, load_fabric_defaults, parse_fabric_defaults, read_fabric_data,
+from ddp_launch.fabric.defaults import (fabric_files, load_fabric_defaults, parse_fabric_defaults, read_fabric_data,
                                         read_fabric_defaults, when_holds, when_problem)
 from ddp_launch.sites import available_sites, load_site
 
@@ -62,7 +62,7 @@ def test_the_image_layout_is_found_as_the_definition_files_copy_it(tmp_path, sit
 
 
 def test_the_edge_reads_every_file_the_plan_may_need():
-    assert sorted(FABRIC_FILES) == SHIPPED
+    assert sorted(fabric_files()) == SHIPPED
     assert {name: d.path for name, d in read_fabric_data(None, {}).defaults.items()} == {
         name: str(FABRICS / f"{name}.json") for name in SHIPPED}
 

@@ -207,7 +207,7 @@ def test_an_exported_log_dir_variable_still_names_the_nccl_log_place(node):
 def test_findings_are_typed_and_notes_render_them_as_before(node):
     node.cxi(2)
     plan = fabric_plan(node, env={"NCCL_SOCKET_IFNAME": "ib0", "NCCL_CROSS_NIC": "0",
-                                  "NCCL_NET": "Socket", "NCCL_NET_PLUGIN": "ofi"})
+                                  "NCCL_NET": "Socket", "NCCL_NET_PLUGIN": "ofi", "SLURM_NETWORK": "disable_rdzv_get"})
     assert [(f.topic, f.severity) for f in plan.findings] == [
         ("kept", "info"), ("plugin", "warning"), ("kept", "info"), ("kept", "info"), ("interface", "error")]
     assert plan.notes[0].startswith("kept your NCCL_NET=Socket (default would be AWS Libfabric: ")

@@ -7,6 +7,8 @@ import io
 
 import pytest
 
+from fakes.node import fabric_plan
+
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.defaults import load_fabric_defaults
 from ddp_launch.sites import available_sites, load_site, run
@@ -60,3 +62,37 @@ def test_the_site_comes_from_ddp_site_when_not_given():
 def test_a_bad_question_is_a_one_line_error(argv, message):
     with pytest.raises(LaunchError, match=message):
         run(argv, {}, io.StringIO())
+
+
+# FI_CXI_RDZV_PROTO=alt_read only where the step has srun --network=disable_rdzv_get: the job scripts
+# put the site profile's --network into the step's environment as SLURM_NETWORK, which srun reads as
+# --network (srun(1), INPUT ENVIRONMENT VARIABLES) and the tasks inherit. libfabric's fi_cxi(7),
+# FI_CXI_RDZV_PROTO: "To use an alternate protocol, the CXI driver property rdzv_get_en should be set to 0".
+
+def _slingshot_plan(node, env):
+    node.cxi(1)
+    return fabric_plan(node, env=env, multi_node=True)
+
+
+@pytest.mark.parametrize("network", ["disable_rdzv_get", "job_vni,disable_rdzv_get"])
+def test_a_step_with_disable_rdzv_get_gets_alt_read(node, network):
+    plan = _slingshot_plan(node, {"SLURM_NETWORK": network})
+    assert {c.name: c.value for c in plan.changes}["FI_CXI_RDZV_PROTO"] == "alt_read"
+    assert not [f for f in plan.findings if f.topic == "rendezvous"]
+
+
+@pytest.mark.parametrize("env", [{}, {"SLURM_NETWORK": "job_vni"}])
+def test_a_step_without_the_flag_keeps_the_default_protocol_and_says_why(node, env):
+    plan = _slingshot_plan(node, env)
+    assert "FI_CXI_RDZV_PROTO" not in {c.name for c in plan.changes}
+    [finding] = [f for f in plan.findings if f.topic == "rendezvous"]
+    assert finding.severity == "info"
+    assert finding.text.startswith("FI_CXI_RDZV_PROTO=alt_read not set: this step has no srun "
+                                   "--network=disable_rdzv_get (SLURM_NETWORK does not name it)")
+
+
+def test_alt_read_set_by_the_user_or_a_module_in_a_step_without_the_flag_is_a_warning(node):
+    # Olivia's NCCL modules export HPE's ccl_env.sh, FI_CXI_RDZV_PROTO=alt_read included.
+    plan = _slingshot_plan(node, {"FI_CXI_RDZV_PROTO": "alt_read"})
+    [finding] = [f for f in plan.findings if f.topic == "rendezvous"]
+    assert finding.severity == "warning" and "add the flag to srun, or unset FI_CXI_RDZV_PROTO" in finding.text

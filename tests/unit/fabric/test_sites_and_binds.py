@@ -141,6 +141,45 @@ def test_existing_apptainer_bind_entries_come_first(node):
     assert value.split(",")[0] == "/cluster/work"
 
 
+# Which of the user's binds the printed value keeps: those the runtime that reads it would have read.
+# SingularityCE: SINGULARITY_BIND (SingularityCE user guide, "Bind Paths and Mounts",
+# https://docs.sylabs.io/guides/latest/user-guide/bind_paths_and_mounts.html). Apptainer: APPTAINER_BIND,
+# and SINGULARITY_BIND only "when their respective APPTAINER_ ... counterparts are not set" (Apptainer
+# user guide, "Singularity Compatibility", https://apptainer.org/docs/user/main/singularity_compatibility.html).
+@pytest.mark.parametrize(("runtime", "env", "kept"), [
+    ("singularity", {"SINGULARITY_BIND": "/scratch/me,/proj:/p"}, "/scratch/me,/proj:/p"),
+    ("singularity", {"APPTAINER_BIND": "/a"}, ""),  # SingularityCE does not read it
+    ("apptainer", {"SINGULARITY_BIND": "/scratch/me"}, "/scratch/me"),
+    ("apptainer", {"APPTAINER_BIND": "/a", "SINGULARITY_BIND": "/s"}, "/a"),
+    ("apptainer", {"APPTAINER_BIND": "", "SINGULARITY_BIND": "/s"}, ""),  # set, though empty: the legacy one is not read
+    ("apptainer", {}, ""),
+])
+def test_the_users_binds_are_those_the_runtime_reads(runtime, env, kept):
+    assert binds_cli.user_binds(env, runtime) == kept
+
+
+def test_a_users_singularity_bind_comes_first_in_the_value_for_singularity():
+    code, value, _ = run_binds(["--site", "generic", "--runtime", "singularity", "--quiet"],
+                               {"SINGULARITY_BIND": "/scratch/me", "APPTAINER_BIND": "/not/read"})
+    assert (code, value) == (0, "/scratch/me")
+
+
+def test_a_users_singularity_bind_is_not_lost_when_apptainer_bind_is_exported_instead():
+    # Exporting APPTAINER_BIND makes Apptainer ignore SINGULARITY_BIND: its entries must move into the value.
+    _, value, _ = run_binds(["--site", "generic", "--quiet"], {"SINGULARITY_BIND": "/scratch/me"})
+    assert value == "/scratch/me"
+
+
+def test_the_runtime_is_the_job_scripts_setting_else_the_site_profiles(tmp_path):
+    (tmp_path / "lab.json").write_text(json.dumps({
+        "schema": 1, "name": "lab", "fabric": "auto", "binds": [],
+        "container_runtime": {"command": "singularity", "source": "this test"}}))
+    env = {"DDP_SITES_DIR": str(tmp_path), "SINGULARITY_BIND": "/s", "APPTAINER_BIND": "/a"}
+    assert run_binds(["--site", "lab", "--quiet"], env)[1] == "/s"  # the profile's singularity
+    assert run_binds(["--site", "lab", "--quiet"], {**env, "DDP_CONTAINER_RUNTIME": "apptainer"})[1] == "/a"
+    assert run_binds(["--site", "lab", "--quiet", "--runtime", "apptainer"], env)[1] == "/a"
+
+
 def test_site_without_binds_prints_an_empty_value():
     code, value, _ = run_binds(["--site", "raven"])
     assert code == 0 and value == ""

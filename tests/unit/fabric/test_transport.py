@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddp_contract import check_nccl_transport, detect_nccl_transport, nccl_log_paths, sockets_warning
+from ddp_contract.nccl_log import check_nccl_transport, detect_nccl_transport, nccl_log_paths, sockets_warning
 
 OFI_LOG = """\
 nid001234:12345:12345 [0] NCCL INFO cudaDriverVersion 12080

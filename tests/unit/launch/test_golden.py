@@ -131,11 +131,17 @@ def rcp_roce_node(node: FakeNode) -> None:
     node.net("lo", "eth0", "net1")
 
 
+# srun --network from the Slingshot site profiles' srun_args, which slurm/lib/ddp.sh also puts into the
+# training step's environment (srun reads SLURM_NETWORK as --network, srun(1)); FI_CXI_RDZV_PROTO needs it.
+SLINGSHOT_STEP = {"SLURM_NETWORK": "disable_rdzv_get"}
+
 FABRIC_CASES = {
     # name: (tree, environment, argv, machine)
-    "olivia_cxi_head": (olivia_cxi_node, olivia(0), ("--site", "olivia", "--", "--epochs", "100"), "aarch64"),
+    "olivia_cxi_head": (olivia_cxi_node, {**olivia(0), **SLINGSHOT_STEP}, ("--site", "olivia", "--", "--epochs", "100"),
+                        "aarch64"),
     # slurm/lumi-multinode.sh's step: one task per GCD (--mode slurm-task), rank 5 on the head node.
-    "lumi_cxi_task5": (lumi_cxi_node, lumi_task(5), ("--site", "lumi", "--mode", "slurm-task"), "x86_64"),
+    "lumi_cxi_task5": (lumi_cxi_node, {**lumi_task(5), **SLINGSHOT_STEP}, ("--site", "lumi", "--mode", "slurm-task"),
+                       "x86_64"),
     "raven_infiniband_task5": (raven_infiniband_node, raven(5), ("--site", "raven"), "x86_64"),
     "rcp_roce_worker": (rcp_roce_node, runai(1), ("--site", "rcp"), "x86_64"),
 }

@@ -90,7 +90,8 @@ def test_device_files_under_a_root_without_dev(tmp_path):
 # -- granted GPUs that CUDA cannot reach (apptainer run without --nv) ------------------------
 
 from ddp_launch import cli, gpus  # noqa: E402
-from ddp_launch.gpus import GpuGrant, granted_gpus, probe_driver, require_usable_gpus  # noqa: E402
+from ddp_launch.gpus import (GpuGrant, GrantedDevices, granted_devices, granted_gpus, probe_driver,  # noqa: E402
+                             require_usable_gpus)
 
 REAL_PROBE = probe_driver  # imported before the autouse fixture replaces it
 NO_DRIVER = "libcuda.so.1 not found: the NVIDIA driver libraries are not in this container"
@@ -113,6 +114,23 @@ def test_amd_grants_come_from_rocr_visible_devices_not_cuda_visible_devices():
     assert granted_gpus({"ROCR_VISIBLE_DEVICES": "0,1"}, AMD) == GpuGrant(2, "ROCR_VISIBLE_DEVICES=0,1", AMD)
     assert granted_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, AMD) is None
     assert granted_gpus({"ROCR_VISIBLE_DEVICES": "0,1"}, NVIDIA) is None
+
+
+@pytest.mark.parametrize("env, accelerator, expected", [
+    # srun(1): SLURM_STEP_GPUS and SLURM_JOB_GPUS are the node's GPU IDs, "not relative to any device
+    # cgroup"; the step's come first, then the job's, then the runtime's visible devices.
+    ({"SLURM_STEP_GPUS": "2", "SLURM_JOB_GPUS": "0,1,2", "CUDA_VISIBLE_DEVICES": "0"}, NVIDIA,
+     GrantedDevices("SLURM_STEP_GPUS", ("2",))),
+    ({"SLURM_JOB_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "0,1"}, NVIDIA, GrantedDevices("SLURM_JOB_GPUS", ("1", "3"))),
+    # CUDA C Programming Guide: indices or UUIDs (MIG ids too).
+    ({"CUDA_VISIBLE_DEVICES": "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6, MIG-GPU-8932f937/1/0"}, NVIDIA,
+     GrantedDevices("CUDA_VISIBLE_DEVICES", ("GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "MIG-GPU-8932f937/1/0"))),
+    ({"ROCR_VISIBLE_DEVICES": "4,5", "CUDA_VISIBLE_DEVICES": "0"}, AMD, GrantedDevices("ROCR_VISIBLE_DEVICES", ("4", "5"))),
+    ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, NVIDIA, None),
+    ({"SLURM_GPUS_ON_NODE": "4"}, NVIDIA, None),
+])
+def test_granted_devices_are_named_by_slurms_ids_first_then_the_runtimes_visible_devices(env, accelerator, expected):
+    assert granted_devices(env, accelerator) == expected
 
 
 def test_granted_but_unusable_gpus_on_a_gpu_node_name_apptainer_nv_and_the_cpu_way():

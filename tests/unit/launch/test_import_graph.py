@@ -8,6 +8,7 @@ is still two modules that each need the other to be understood.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import ddp_bench
@@ -135,3 +136,23 @@ def test_an_import_of_the_launcher_is_found_inside_a_function_too():
     assert "ddp_launch" in imported_packages("def f():\n    from ddp_launch.sites import load_site\n")
     assert "ddp_launch" in imported_packages("import ddp_launch.errors\n")
     assert imported_packages("from ddp_contract import sites\n") == {"ddp_contract"}
+
+
+# Tests, benchmarks and the containers' scripts import the packages as installed (`make venv`:
+# pip install -e .) and their neighbours through pyproject.toml's pytest pythonpath, a script's own
+# directory (Python puts it first on sys.path) or PYTHONPATH, never by editing sys.path.
+PATH_EDIT = re.compile(r"sys\.path\s*(\.(insert|append|extend)\(|\[[^]]*:[^]]*\]\s*=|\+=)")
+
+
+def test_nothing_outside_the_packages_edits_sys_path():
+    found = [f"{path.relative_to(REPO)}:{number}"
+             for folder in ("tests", "benchmarks", "containers") for path in sorted((REPO / folder).rglob("*"))
+             if path.suffix in (".py", ".bats", ".sh") and path != Path(__file__)
+             for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if PATH_EDIT.search(line)]
+    assert not found, f"these edit sys.path (set PYTHONPATH, or rely on pytest's pythonpath): {', '.join(found)}"
+
+
+def test_an_edit_of_sys_path_is_found_in_each_of_its_spellings():
+    for line in ("sys.path.insert(0, here)", "sys.path[:0] = [src]", "sys.path.append(x)", "sys.path += [x]"):
+        assert PATH_EDIT.search(line), line
+    assert not PATH_EDIT.search('print(sys.path[0])') and not PATH_EDIT.search("first on sys.path")

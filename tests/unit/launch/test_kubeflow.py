@@ -7,7 +7,8 @@ import pytest
 from ddp_launch.errors import LaunchError
 from ddp_launch.schedulers import kubeflow, local, scheduler_for, slurm, torchrun
 from ddp_launch.rendezvous import waiting_resolver
-from launch_envs import PYTHON, fake_resolver, kubeflow_elastic, kubeflow_v1, olivia, plan_for, runai, trainer_v2
+from launch_envs import (PYTHON, fake_resolver, kubeflow_elastic, kubeflow_v1, olivia, plan_for, questions_for, runai,
+                         trainer_v2)
 
 
 def test_runai_master_pod_hosts_the_rendezvous():
@@ -225,3 +226,67 @@ def test_a_slurm_jobs_rdzv_conf_is_merged_too():
 def test_each_elastic_pod_logs_under_its_own_name():
     env, hostname = kubeflow_elastic(3)
     assert "--log-dir=/runs/logs/elastic-job-worker-3" in plan_for(env, "--log-dir", "/runs/logs", hostname=hostname).argv
+
+
+# PET_NPROC_PER_NODE is the training operator's nprocPerNode: "Number of workers per node; supported
+# values: [auto, cpu, gpu, int]" (kubeflow/training-operator, pkg/apis/kubeflow.org/v1/pytorch_types.go),
+# passed to torchrun, whose determine_local_world_size (torch/distributed/run.py) counts each.
+def nproc_plan(value: str, **facts_fields):
+    return plan_for({**trainer_v2(0), "PET_NPROC_PER_NODE": value}, **facts_fields)
+
+
+def test_nproc_cpu_starts_one_worker_per_cpu_on_cpu_as_torchrun_does():
+    plan = nproc_plan("cpu", gpu_device_files=4)
+    assert "--nproc-per-node=72" in plan.argv  # facts_for's 72 CPUs (sched_getaffinity)
+    assert ("CUDA_VISIBLE_DEVICES", "") in {(c.name, c.value) for c in plan.changes}
+    assert "72 worker(s) per node from PET_NPROC_PER_NODE=cpu (one per CPU" in "\n".join(plan.notes)
+
+
+def test_nproc_auto_takes_the_gpus_else_one_worker_per_cpu():
+    assert "--nproc-per-node=4" in nproc_plan("auto", gpu_device_files=4).argv
+    assert "--nproc-per-node=72" in nproc_plan("auto").argv
+
+
+def test_nproc_gpu_takes_the_gpus_and_without_one_stops_in_one_line_instead_of_training_on_cpu():
+    assert "--nproc-per-node=2" in nproc_plan("gpu", gpu_device_files=2).argv
+    with pytest.raises(LaunchError) as refused:
+        nproc_plan("gpu")
+    assert str(refused.value).startswith("PET_NPROC_PER_NODE=gpu but no GPU is visible here ")
+    assert "Cuda is not available" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_nproc_gpu_asks_the_driver_and_a_driver_that_cannot_serve_is_one_line():
+    env = {**trainer_v2(0), "PET_NPROC_PER_NODE": "gpu"}
+    assert questions_for(env).cuda and not questions_for({**env, "DDP_LAUNCH_CPU_WORKERS": "2"}).cuda
+    with pytest.raises(LaunchError, match=r"^PET_NPROC_PER_NODE=gpu but CUDA cannot use a GPU here \(cuInit failed"):
+        nproc_plan("gpu", gpu_device_files=4, cuda_problem="cuInit failed with CUDA_ERROR_NO_DEVICE")
+
+
+def test_nproc_count_and_the_users_cpu_workers_win_over_the_words():
+    assert "--nproc-per-node=3" in nproc_plan("3").argv
+    plan = plan_for({**trainer_v2(0), "PET_NPROC_PER_NODE": "gpu", "DDP_LAUNCH_CPU_WORKERS": "2"})
+    assert "--nproc-per-node=2" in plan.argv
+
+
+@pytest.mark.parametrize("value", ["0", "xpu", "four", "-1"])
+def test_an_nproc_torchrun_would_refuse_is_one_line_naming_the_values(value):
+    with pytest.raises(LaunchError, match=rf"^PET_NPROC_PER_NODE='{value}' is not auto, cpu, gpu or a count"):
+        nproc_plan(value)
+
+
+def test_a_runai_pod_without_gpus_takes_the_operators_nproc():
+    plan = plan_for({**kubeflow_v1(0), "RUNAI_NUM_OF_GPUS": "0", "PET_NPROC_PER_NODE": "cpu"})
+    assert "--nproc-per-node=72" in plan.argv
+
+
+def test_the_words_count_as_the_installed_torchrun_counts_them_here():
+    """This machine has no GPU: torchrun's own determine_local_world_size against the plan for a real probe."""
+    run = pytest.importorskip("torch.distributed.run", reason="torch is in the test venv (make venv)")
+    from ddp_launch import facts as node
+    probed = node.cpu_count()
+    assert run.determine_local_world_size("cpu") == probed == run.determine_local_world_size("auto")
+    with pytest.raises(ValueError):
+        run.determine_local_world_size("gpu")
+    assert f"--nproc-per-node={probed}" in nproc_plan("cpu", cpu_count=probed).argv
+    with pytest.raises(LaunchError):
+        nproc_plan("gpu")

@@ -18,8 +18,8 @@ SCHEDULERS = REPO / "entrypoints" / "ddp_launch" / "schedulers"
 # Each file outside SCHEDULERS that may name scheduler variables, and why.
 ALLOWED = {
     "entrypoints/ddp_contract/scheduler_names.py":
-        "the names the run-dir lock (host Python 3.6, the trainer) and gpus.py need; neither can "
-        "import the scheduler modules, which build their own tables on these",
+        "the names the trainer's roll call and gpus.py need; neither can import the scheduler "
+        "modules, which build their own tables on these",
     "entrypoints/ddp_launch/torchrun_command.py":
         "PET_RDZV_CONF is torchrun's own variable (torch.distributed.run reads each flag from "
         "PET_<FLAG>), passed on in every mode, not a scheduler's",

@@ -11,15 +11,14 @@ import sys
 import types
 from pathlib import Path
 
+import cudnn_fusion_probe  # benchmarks/, on the path through pyproject.toml's pytest pythonpath
 import pytest
 import torch
 
 from ddp_train import cudnn_blocks, fused_blocks
 from ddp_train.config import GPU_BATCH_PER_RANK
 
-PROBE = Path(__file__).resolve().parents[3] / "benchmarks" / "cudnn_fusion_probe.py"
-sys.path.insert(0, str(PROBE.parent))
-import cudnn_fusion_probe  # noqa: E402
+PROBE = Path(cudnn_fusion_probe.__file__).resolve()
 
 
 @pytest.fixture

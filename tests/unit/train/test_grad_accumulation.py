@@ -13,6 +13,7 @@ eval-mode BatchNorm (running statistics: every image computed alone), dropout 0 
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -89,8 +90,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import torch.nn as nn
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
-    sys.path.insert(0, sys.argv[3])
-    from test_grad_accumulation import PER_RANK, batch, tiny_model
+    from test_grad_accumulation import PER_RANK, batch, tiny_model  # PYTHONPATH: this test's directory
     from ddp_train.learner import accumulate_gradients
     dist.init_process_group("gloo")
     rank, steps = dist.get_rank(), int(sys.argv[1])
@@ -120,12 +120,14 @@ def free_port() -> int:
 
 def ddp_gradients(tmp_path, steps: int) -> list[dict]:
     port, out = str(free_port()), str(tmp_path / f"steps{steps}")
-    here = str(__import__("pathlib").Path(__file__).parent)
-    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(steps), out, here],
+    # The ranks import this module: its directory on their path, before what the environment had.
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(filter(None, (here, os.environ.get("PYTHONPATH"))))
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(steps), out],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=trainer_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
                                               LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                                              MASTER_PORT=port))
+                                              MASTER_PORT=port, PYTHONPATH=path))
              for rank in range(WORLD)]
     for p in procs:
         output = p.communicate(timeout=600)[0]  # a bound on a hang: `make test` runs this beside the e2e suite

@@ -144,3 +144,8 @@ def test_a_report_that_cannot_be_written_is_a_warning_not_a_second_error(tmp_pat
 def test_ranks_are_named_as_slurm_names_their_node():
     assert peers.node_name({"SLURMD_NODENAME": "node7"}) == "node7"
     assert peers.node_name({}) == peers.socket.gethostname()
+
+
+def test_ranks_are_named_as_the_launcher_names_their_node_first():
+    # ddp-launch exports DDP_NODE_NAME from the scheduler's variables (a pod's name, SLURMD_NODENAME).
+    assert peers.node_name({"DDP_NODE_NAME": "ddp-train-worker-0", "SLURMD_NODENAME": "node7"}) == "ddp-train-worker-0"

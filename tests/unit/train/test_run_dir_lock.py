@@ -36,6 +36,39 @@ def test_who_may_take_a_run_dir(held_by, age_s, pid_alive, free):
     assert (decide(held_by, age_s, ME, pid_alive) is None) == free
 
 
+def test_a_lock_from_another_pid_namespace_on_this_host_is_not_judged_by_its_pid():
+    # A container of its own (a pod's, `apptainer run --pid`) numbers its processes from 1 on the
+    # same host name: its pid 9 is not this namespace's, gone or alive.
+    other = Owner("999", "node1", 9, "boot/1000")
+    assert decide(other, 1.0, ME._replace(pid_space="boot/2000"), pid_alive=False) is not None
+    assert decide(other, STALE_AFTER_S + 1, ME._replace(pid_space="boot/2000"), pid_alive=True) is None
+    # Same namespace, or a lock written before owners named theirs: the pid still decides.
+    assert decide(other, 1.0, ME._replace(pid_space="boot/1000"), pid_alive=False) is None
+    assert decide(other._replace(pid_space=""), 1.0, ME._replace(pid_space="boot/2000"), pid_alive=False) is None
+
+
+def test_the_owner_names_its_job_by_ddp_job_id_and_reads_no_schedulers_variable():
+    # ddp-launch exports DDP_JOB_ID from the scheduler's own variables (ddp_launch/job_identity.py);
+    # the job scripts' host check sets it from SLURM_JOB_ID (slurm/lib/ddp.sh).
+    assert rundir_lock.owner_here({"DDP_JOB_ID": "771234"}).job == "771234"
+    assert rundir_lock.owner_here({"SLURM_JOB_ID": "771234"}).job == ""
+
+
+def test_the_pid_namespace_is_the_boot_and_the_start_of_its_pid_1(tmp_path):
+    # proc(5): /proc/[pid]/stat, field 22 starttime; the command name (field 2) may hold spaces and ')'.
+    (tmp_path / "sys/kernel/random").mkdir(parents=True)
+    (tmp_path / "sys/kernel/random/boot_id").write_text("0f6d2c3e-7a1b-4c55-9e0d-2b8f4a6c1d77\n")
+    (tmp_path / "1").mkdir()
+    fields = ["S", "0", "1", "1", "0", "-1", "4194560", "31065", "2339826", "96", "3104", "65", "354", "6155",
+              "2436", "20", "0", "1", "0", "27"] + ["0"] * 32
+    (tmp_path / "1/stat").write_text("1 (pod (init) sh) " + " ".join(fields) + "\n")
+    assert rundir_lock.pid_space(str(tmp_path)) == "0f6d2c3e-7a1b-4c55-9e0d-2b8f4a6c1d77/27"
+    assert rundir_lock.pid_space(str(tmp_path / "absent")) == ""
+    assert rundir_lock.pid_space().count("/") == 1  # this machine's /proc says it
+    held = rundir_lock.RunDirLock(str(tmp_path), ME._replace(pid_space=rundir_lock.pid_space()))
+    assert rundir_lock.parse_owner(held._content().decode()) == held.me
+
+
 def test_a_run_outside_a_scheduler_is_not_the_same_job_as_another_one():
     assert decide(Owner("", "node2", 9), 1.0, ME._replace(job=""), False) is not None
 
