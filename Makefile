@@ -106,6 +106,7 @@ test: venv sysdeps lint
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py
 	$(VPY) benchmarks/trainer_throughput.py
+	$(VPY) benchmarks/cpu_bf16.py --only step
 	$(VPY) benchmarks/fabric_gate_cost.py
 
 # On a GPU node: every variant (inductor levers, max-autotune, fused blocks) at the trainer's batch, beside the guide's pipeline.

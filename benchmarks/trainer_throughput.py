@@ -3,12 +3,15 @@
     python benchmarks/trainer_throughput.py                               # CPU, narrow model
     python benchmarks/trainer_throughput.py --device cuda --width-scale 1  # GPU, the guide's model
 
-"ours" runs the real `python -m ddp_train` (world of 1, --recipe guide, default precision) and
-reads its per-epoch images/s from metrics.jsonl. "seed" reproduces the guide's loop in this
+"ours" runs the real `python -m ddp_train` (world of 1, --recipe guide) once per --precisions
+entry (on CPU: fp32, the old default, and bf16, the default where the CPU computes it natively)
+and reads its per-epoch images/s from metrics.jsonl. "seed" reproduces the guide's loop in this
 process: torchvision CIFAR100 + DataLoader(workers, shuffle) with per-image RandomCrop(32, 4),
-RandomHorizontalFlip, ToTensor, Normalize; fp16 autocast + GradScaler on GPU (fp32 on CPU); a
-fresh DataLoader iterator each epoch, timed from iterator creation as the guide does. Both time
-training only (no evaluation) and skip the first (warm-up) epoch.
+RandomHorizontalFlip, ToTensor, Normalize; fp16 autocast + GradScaler on GPU (fp32 on CPU, where
+the guide's autocast("cuda") casts nothing); a fresh DataLoader iterator each epoch, timed from
+iterator creation as the guide does. Both time training only (no evaluation) and skip the first
+(warm-up) epoch. With --rounds N every side runs N times, in an order that alternates between
+rounds, and the median is reported: a machine shared with other work slows every side alike.
 
 "forensics on/off" runs two gloo CPU workers under ddp-launch with the heartbeat, the step
 clock and its comm hook on (the default) and off (DDP_FORENSICS=0), interleaved, and times
@@ -32,6 +35,7 @@ import torch
 from ddp_train.layout import has_dataset
 from ddp_train.metrics import read_metrics
 from ddp_train.model import WideResNet
+from ddp_train.precision import choose_precision, read_cpu_bf16
 from ddp_train.synthetic import write_dataset
 
 MEAN, STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
@@ -48,6 +52,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                    help="DataLoader workers for the seed side (the guide uses 8)")
     p.add_argument("--data-dir", help="use this CIFAR-100 instead of generating one")
+    p.add_argument("--precisions", help="ddp-train --precision values for ours, comma-separated "
+                                        "(default: fp32,bf16 on cpu, auto on cuda)")
+    p.add_argument("--rounds", type=int, default=1, help="alternating rounds of every side, median reported")
     p.add_argument("--json", action="store_true", help="also print one JSON line with the figures")
     p.add_argument("--forensics-repeats", type=int, default=3,
                    help="on/off pairs of 2-worker runs for the forensics overhead (0: skip)")
@@ -57,15 +64,18 @@ def parse_args() -> argparse.Namespace:
     args.width_scale = args.width_scale or (1.0 if cuda else 1 / 16)
     args.batch_size = args.batch_size or (256 if cuda else 128)
     args.train_images = args.train_images or (50000 if cuda else 2048)
+    args.precisions = [x for x in (args.precisions or ("auto" if cuda else "fp32,bf16")).split(",") if x]
     if args.epochs < 2:
         p.error("--epochs must be at least 2 (the first one is warm-up)")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     return args
 
 
-def run_ours(args: argparse.Namespace, data_dir: Path, run_dir: Path) -> tuple[float, dict]:
+def run_ours(args: argparse.Namespace, data_dir: Path, run_dir: Path, precision: str = "auto") -> tuple[float, dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "ddp_train", "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-           "--recipe", "guide", "--precision", "auto", "--device", args.device, "--width-scale", str(args.width_scale),
+           "--recipe", "guide", "--precision", precision, "--device", args.device, "--width-scale", str(args.width_scale),
            "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
            "--limit-train", str(args.train_images), "--limit-test", "1000",
            "--target-accuracy", "2", "--checkpoint-every", "0", "--no-resume"]
@@ -195,21 +205,55 @@ def main() -> int:
             if args.json:
                 print(json.dumps({"forensics": forensics}))
             return 0
-        ours, run = run_ours(args, data_dir, Path(tmp) / "run")
-        seed = run_seed_pipeline(args, data_dir)
-    what = run["gpu_model"] or f"CPU, {torch.get_num_threads()} threads"
-    print(f"trainer_throughput: {args.device} ({what}), width scale {args.width_scale:g}, "
+        ours, runs, seed, rounds = side_by_side(args, data_dir, Path(tmp))
+    what = runs[args.precisions[0]]["gpu_model"] or f"CPU, {torch.get_num_threads()} threads"
+    cpu_model = runs[args.precisions[0]]["cpu_model"]
+    print(f"trainer_throughput: {args.device} ({what}, {cpu_model}), width scale {args.width_scale:g}, "
           f"batch {args.batch_size}, {args.train_images} train images, {args.epochs} epochs "
-          f"each (first excluded), precision ours {run['precision']}")
-    print(f"  ours (ddp-train: uint8 tensor on device, batched augment) : {ours:10,.1f} images/s")
+          f"each (first excluded), median of {args.rounds} alternating round(s)")
+    for requested in args.precisions:
+        run = runs[requested]
+        print(f"  ours {run['precision']:<4} (ddp-train --precision {requested}: uint8 tensor on device, batched "
+              f"augment) : {ours[requested]:10,.1f} images/s, {ours[requested] / seed:.2f}x seed")
+    if args.device == "cpu":
+        auto = choose_precision("auto", "cpu", False, read_cpu_bf16(os.environ))
+        print(f"  (--precision auto on this CPU: {auto.name}; {auto.reason})")
     print(f"  seed (torchvision + DataLoader, {args.workers} workers, per-image) : {seed:10,.1f} images/s")
-    print(f"  ratio ours/seed: {ours / seed:.2f}x")
+    if len(args.precisions) > 1:
+        first, last = args.precisions[0], args.precisions[-1]
+        # Each round's own ratio, then their median: a round shares its load between the two sides.
+        paired = statistics.median(b / a for a, b in zip(rounds[first], rounds[last]))
+        print(f"  ours {runs[last]['precision']}/{runs[first]['precision']}: {ours[last] / ours[first]:.2f}x "
+              f"(median of each round's ratio: {paired:.2f}x)")
     print_forensics(forensics)
     if args.json:
+        default = ours[args.precisions[-1]]
         print(json.dumps({"device": args.device, "model": what, "width_scale": args.width_scale,
-                          "batch_size": args.batch_size, "ours_images_per_s": ours,
-                          "seed_images_per_s": seed, "ratio": ours / seed, "forensics": forensics}))
+                          "batch_size": args.batch_size, "ours_images_per_s": default,
+                          "ours_by_precision": {runs[p]["precision"]: ours[p] for p in args.precisions},
+                          "seed_images_per_s": seed, "ratio": default / seed, "rounds": rounds,
+                          "forensics": forensics}))
     return 0
+
+
+def side_by_side(args: argparse.Namespace, data_dir: Path, tmp: Path) -> tuple[dict, dict, float, dict]:
+    """Every precision of ours and the seed, --rounds times in alternating order: (ours' median
+    images/s by requested precision, ours' run records, the seed's median images/s, every round's
+    images/s by side)."""
+    sides = [*args.precisions, "seed"]
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    runs: dict[str, dict] = {}
+    for i in range(args.rounds):
+        for side in (sides if i % 2 == 0 else sides[::-1]):
+            if side == "seed":
+                rates[side].append(run_seed_pipeline(args, data_dir))
+            else:
+                rate, runs[side] = run_ours(args, data_dir, tmp / f"run-{side}-{i}", side)
+                rates[side].append(rate)
+            # As each side finishes, so that a run cut off early keeps its figures.
+            print(f"  round {i + 1}: {side} {rates[side][-1]:,.1f} images/s", file=sys.stderr, flush=True)
+    ours = {p: statistics.median(rates[p]) for p in args.precisions}
+    return ours, runs, statistics.median(rates["seed"]), rates
 
 
 def print_forensics(f: dict | None) -> None:

@@ -77,13 +77,15 @@ class RunStart:
     train_images: int
     test_images: int
     resumed: Optional[Progress]  # the checkpoint's progress, None for a fresh start
+    precision_reason: str = ""  # why this precision (precision.choose_precision)
 
     def record(self) -> dict[str, Any]:
         world, resumed = self.world, self.resumed
         return dict(
             world_size=world.size, nodes=world.nodes, gpus_per_node=world.gpus_per_node,
             processes_per_node=world.processes_per_node, device=world.device, gpu_model=world.gpu_model,
-            cpu_model=world.cpu_model, precision=self.precision, batch_size=self.config.batch_size,
+            cpu_model=world.cpu_model, precision=self.precision,
+            precision_reason=self.precision_reason, batch_size=self.config.batch_size,
             batch_size_per_rank=self.steps.batch_per_rank, lr=self.lr, compile_mode=self.compile_mode,
             train_images=self.train_images, test_images=self.test_images,
             steps_per_epoch=self.steps.per_epoch, versions=world.versions,

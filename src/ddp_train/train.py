@@ -4,7 +4,8 @@ Speed comes from the data path: the whole dataset sits on the device as uint8, b
 gathered, augmented and normalised there (no DataLoader workers), the model runs in
 channels_last under bf16 autocast, compiled with CUDA graphs on GPUs (speed.py), and nothing
 syncs the GPU inside an epoch: the stop-signal vote is read one check after it started.
-(On CPU the model stays NCHW: measured faster.)
+(On CPU the model stays NCHW: measured faster; it runs under bf16 autocast where the CPU
+computes bf16 natively, precision.py.)
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from ddp_contract import heartbeat as hb
 from ddp_train import cudagraph_report, data, distributed, metrics, recovery, speed
 from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
 from ddp_train.console import Console
-from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, resolve_backend,
-                              resolve_precision)
+from ddp_train.config import TrainConfig, check_world, compile_by_default, for_device, resolve_backend
 from ddp_train.data import TrainBatches
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
 from ddp_train.evaluate import evaluate, target_reached
 from ddp_train.learner import Learner, Steps, accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
+from ddp_train.precision import Precision, agree_cpu_bf16, choose_precision, read_cpu_bf16
 from ddp_train.progress import ProgressBar
 from ddp_train.safety import heartbeat, peers, provenance, rundir, steptime
 from ddp_train.safety.signals import StopFlag, StopVote, stop_request_path
@@ -49,8 +50,9 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
         speed.use_compile_cache(speed.compile_cache_dir(config.compile_cache_dir, config.run_dir, env),
                                 os.environ)
     with seen_by(Seen.BY_EVERY_RANK_OF_NODE):
-        precision = resolve_precision(config.precision, device.type,
-                                      device.type == "cuda" and torch.cuda.is_bf16_supported())
+        cpu_bf16 = read_cpu_bf16(env) if device.type == "cpu" else None  # once per process
+        precision = choose_precision(config.precision, device.type,
+                                     device.type == "cuda" and torch.cuda.is_bf16_supported(), cpu_bf16)
         config = dataclasses.replace(config, backend=resolve_backend(config.backend, device.type))  # recorded
     stop = StopFlag(stop_request_path(config.run_dir) if dist_env.is_main else None).install()
     # Hang forensics before the process group: torch reads the Flight Recorder's variables then.
@@ -59,6 +61,9 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     heartbeat.use_run_dir_for_flight_recorder(config.run_dir, env, os.environ)
     try:
         distributed.init_process_group(dist_env, device, config.dist_timeout_s, config.backend)
+        if cpu_bf16 is not None and config.precision == "auto":  # nodes' CPUs may differ: one answer for all
+            precision = choose_precision(config.precision, device.type, False,
+                                         agree_cpu_bf16(distributed.all_gather_objects(cpu_bf16)))
         hosts = peers.hosts_by_rank(env) if distributed.active() else []
         started.mark("group_ready_at")
         with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device):
@@ -101,7 +106,7 @@ class Run:
     config: TrainConfig
     dist_env: DistEnv
     device: torch.device
-    precision: str
+    precision: Precision
     console: Console
     log: metrics.MetricsWriter
     beat: heartbeat.Heartbeat
@@ -120,7 +125,7 @@ class Run:
 
 
 def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device,
-          precision: str, stop: StopFlag, beat: heartbeat.Heartbeat, console: Console,
+          precision: Precision, stop: StopFlag, beat: heartbeat.Heartbeat, console: Console,
           started: Optional[recovery.StartClock] = None) -> int:
     started = started or recovery.StartClock()
     wall_start = time.perf_counter()
@@ -170,7 +175,7 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     return finish(run, time.perf_counter() - wall_start)
 
 
-def set_up(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device, precision: str,
+def set_up(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device, precision: Precision,
            beat: heartbeat.Heartbeat, console: Console, started: recovery.StartClock) -> Run:
     """The run dir, the data, the learner, the checkpoint to resume, DDP and the step clock, once."""
     log = metrics.MetricsWriter(config.run_dir, enabled=dist_env.is_main)
@@ -182,7 +187,7 @@ def set_up(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, devic
     train_set, test_set, data_note = data.prepare(config, dist_env.is_main, device)  # uint8, on the device
 
     # The model and what trains it; then the checkpoint, if there is one to resume.
-    learner = build_learner(config, dist_env, device, precision)
+    learner = build_learner(config, dist_env, device, precision.name)
     checkpoints = Checkpointer(config, learner, dist_env, device)
     started.mark("resume_started_at")
     resumed = checkpoints.resume()
@@ -214,12 +219,12 @@ def introduce(run: Run, env: Mapping[str, str]) -> None:
     config, console = run.config, run.console
     distributed.announce_network_transport(env, run.device, run.dist_env.local_rank, config.backend)
     record_provenance(config, run.dist_env, console)
-    start = metrics.RunStart(run.world, config, run.precision, run.learner.lr_peak, run.fast.compile_mode,
-                             run.steps, len(run.train_set), len(run.test_set), run.resumed)
+    start = metrics.RunStart(run.world, config, run.precision.name, run.learner.lr_peak, run.fast.compile_mode,
+                             run.steps, len(run.train_set), len(run.test_set), run.resumed, run.precision.reason)
     run.log.write("run", **start.record())
     # Rank 0's write failed (a full disk, in the run dir or under its logs): every rank stops.
     distributed.agree_or_raise(run.log.failed or console.failed, run.device)
-    console.say(start.header())
+    console.say(start.header(), run.precision.line())
     if run.data_note:
         console.say(run.data_note)
     if run.resumed:

@@ -567,9 +567,12 @@ def runai_root(runai_image: str, tmp_path: Path) -> Path:
 # (277 k parameters) trains about 2.7x faster per CPU core than 0.25 (1.09 M), and every e2e job shares this
 # machine's 2 cores with the rest of `make test`.
 TRAIN_ARGS = "--epochs 2 --batch-size 64 --width-scale 0.125 --allow-unverified-data"
-# A job a test acts on mid-run (a stop, a kill, a second job) keeps the 0.25 model: its epochs (about 7 s
-# here) are the runway the action needs to land before the run ends, and such a run's cost is bounded by
-# the action, not by its epochs.
+# A job a test acts on mid-run (a stop, a kill, a second job) keeps the 0.25 model: its epochs are the
+# runway the action needs to land before the run ends, and such a run's cost is bounded by the action,
+# not by its epochs. They took about 7 s here in fp32; bf16, the default on this machine's CPU (it has
+# AVX512_BF16: ddp_train/precision.py), takes about 0.6 of that (the same tests on both, one after the
+# other under the same load: medians of 10-11 s in fp32, 5-7 s in bf16), so the tests count about twice
+# the epochs they counted in fp32 to keep the runway's seconds.
 MIDRUN_TRAIN_ARGS = TRAIN_ARGS.replace("--width-scale 0.125", "--width-scale 0.25")
 
 

@@ -128,7 +128,8 @@ def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_ki
 
 @LONG
 def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_finishes(cluster, job_env, tmp_path):
-    env = {**job_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 6") + " --checkpoint-every 1"}
+    # Eight epochs after the second checkpoint (four in fp32): the runway of the second job's start.
+    env = {**job_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 10") + " --checkpoint-every 1"}
     first, run_dir = started_job(cluster, env, tmp_path)
     # The lock goes at the end, and a checkpoint being written (a .tmp, renamed: checkpoint.save_atomic)
     # is not one yet.

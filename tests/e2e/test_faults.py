@@ -92,7 +92,8 @@ def test_killed_workers_on_one_node_fail_the_job_quickly_naming_the_rank(cluster
 
 
 def test_with_max_restarts_torchrun_restarts_and_the_trainer_resumes(cluster, job_env, tmp_path):
-    job_env = {**job_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 3") + " --checkpoint-every 1",
+    # Four epochs after the first checkpoint: the kill's runway (two in fp32, conftest's MIDRUN_TRAIN_ARGS).
+    job_env = {**job_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 5") + " --checkpoint-every 1",
                "DDP_LAUNCH_ARGS": "--max-restarts 1"}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     one_saved = checkpointed(1)
@@ -162,10 +163,10 @@ STOPS = {"USR2": ({}, ["--batch", "--signal=USR2"]), "TERM": (UNSQUASHED, ["--si
 def test_a_stop_signal_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path,
                                                                              stop_signal):
     mount_env, scancel_args = STOPS[stop_signal]
-    # Six epochs of about 7 s on a quiet machine: the stop must land before the last one ends. The request file is read
-    # every 5 s (signals.REQUEST_POLL_S) and USR2 takes scancel -> slurmctld -> the batch shell's
-    # trap first; with three epochs a loaded machine let the run finish before it saw the request.
-    job_env = {**job_env, **mount_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 6")}
+    # Ten epochs of about 4 s on a quiet machine (six in fp32): the stop must land before the last one ends. The
+    # request file is read every 5 s (signals.REQUEST_POLL_S) and USR2 takes scancel -> slurmctld -> the batch
+    # shell's trap first; with three fp32 epochs a loaded machine let the run finish before it saw the request.
+    job_env = {**job_env, **mount_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 10")}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
     _wait_for_epochs(cluster, run_dir, 1)
@@ -200,7 +201,7 @@ def test_a_stop_in_a_job_array_requeues_that_task_alone_and_each_task_has_its_ow
     # sbatch --output names files. Task 0's SLURM_JOB_ID is the array's, and scontrol given that id
     # requeues every task (Lightning-AI/pytorch-lightning#15022): the stop must requeue <array>_0 alone.
     job_env = {**job_env, "DDP_RUN_DIR": str(tmp_path / "sweep-%A_%a"),
-               "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 6")}
+               "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 10")}  # as the stop test above
     array = cluster.sbatch([*sbatch_args(tmp_path, "--array=0-1", "--nodes=1"), "slurm/olivia-multinode.sh"],
                            env=job_env)
     tasks = [f"{array}_{index}" for index in (0, 1)]

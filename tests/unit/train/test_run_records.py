@@ -85,16 +85,17 @@ def test_the_run_record_has_the_fields_plotting_and_ddp_bench_read():
     config = config_from_args(["--batch-size", "256"])
     resumed = Progress(epoch=3, step=7)
     start = metrics.RunStart(WORLD, config, "bf16", 0.08, "reduce-overhead",
-                             plan_steps(50000, 256, 8, 5, 0), 50000, 10000, resumed)
+                             plan_steps(50000, 256, 8, 5, 0), 50000, 10000, resumed, "auto, on a GPU")
 
     record = start.record()
 
     assert list(record) == [
         "world_size", "nodes", "gpus_per_node", "processes_per_node", "device", "gpu_model", "cpu_model",
-        "precision", "batch_size", "batch_size_per_rank", "lr", "compile_mode", "train_images",
+        "precision", "precision_reason", "batch_size", "batch_size_per_rank", "lr", "compile_mode", "train_images",
         "test_images", "steps_per_epoch", "versions", "resumed_from_epoch", "resumed_from_step", "config"]
     assert (record["gpus_per_node"], record["batch_size_per_rank"], record["steps_per_epoch"]) == (4, 32, 195)
     assert (record["resumed_from_epoch"], record["resumed_from_step"]) == (3, 7)
+    assert (record["precision"], record["precision_reason"]) == ("bf16", "auto, on a GPU")
     json.dumps(record)  # a metrics.jsonl line
     assert start.header() == ("ddp-train: 8 process(es) on 2 node(s), NVIDIA GH200, bf16, global batch 256 "
                               "(32 per rank), lr 0.08, recipe improved, reduce-overhead, 195 steps per epoch")

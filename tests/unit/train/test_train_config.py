@@ -108,13 +108,14 @@ def test_lr_scales_linearly_with_world_size_unless_disabled():
 
 
 @pytest.mark.parametrize("requested,device,bf16,expected", [
-    ("auto", "cpu", False, "fp32"),
+    ("auto", "cpu", False, "fp32"),  # a CPU that would emulate bf16 (precision.read_cpu_bf16)
+    ("auto", "cpu", True, "bf16"),  # a CPU that computes bf16 natively
     ("auto", "cuda", True, "bf16"),
     ("auto", "cuda", False, "fp16"),
     ("fp16", "cuda", True, "fp16"),
     ("fp32", "cuda", True, "fp32"),
 ])
-def test_precision_defaults_to_bf16_on_capable_gpus_and_fp32_on_cpu(requested, device, bf16, expected):
+def test_precision_defaults_to_bf16_where_the_device_computes_it(requested, device, bf16, expected):
     assert resolve_precision(requested, device, bf16) == expected
 
 
