@@ -143,11 +143,12 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
     for epoch in range(progress.epoch, config.epochs):
         if progress.finished:
             break
-        stopped_by, step, epoch_time, images, train_loss, lr = train_epoch(run, epoch, train_step, votes)
-        progress.add_training_time(images, epoch_time, warm_up_epoch=first_epoch_here)
+        trained = train_epoch(run, epoch, train_step, votes)
+        progress.add_training_time(trained.images, trained.seconds, warm_up_epoch=first_epoch_here)
         warm_up_epoch, first_epoch_here = first_epoch_here, False
+        stopped_by = trained.stopped_by
         if stopped_by:
-            progress.step = step
+            progress.step = trained.step
             break
 
         beat.phase(hb.EVAL)
@@ -155,7 +156,8 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
                           config.eval_batch_size, run.learner.autocast_dtype, config.tta)
         progress.epoch, progress.step = epoch + 1, 0
         progress.add_accuracy(result.accuracy)
-        end = metrics.EpochEnd(epoch + 1, config.epochs, epoch_time, images, train_loss, result, lr, warm_up_epoch)
+        end = metrics.EpochEnd(epoch + 1, config.epochs, trained.seconds, trained.images, trained.train_loss, result,
+                               trained.last_lr, warm_up_epoch)
         console.say(end.line())
         run.log.write("epoch", **end.record())
         distributed.agree_or_raise(run.log.failed or console.failed, device)
@@ -286,10 +288,20 @@ def report_recovery(run: Run, env: Mapping[str, str], started: recovery.StartClo
         run.console.say(recovery.line(recovered, started))
 
 
+@dataclass(frozen=True)
+class EpochTrained:
+    """What one epoch's training (train_epoch) did, up to its end or a stop the ranks agreed on."""
+    stopped_by: Optional[str]  # the signal the ranks agreed to stop for; None: the epoch ran to its end
+    step: int  # the step reached inside the epoch
+    seconds: float
+    images: int  # trained in this call (a resumed epoch counts from where it resumed)
+    train_loss: float  # the mean over this call's steps
+    last_lr: float
+
+
 def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                votes: StopVote) -> tuple[Optional[str], int, float, int, float, float]:
-    """The epoch's steps from where progress stands, until its end or a stop the ranks agreed on:
-    (stopped by, the step reached, seconds, images, mean train loss, the last LR)."""
+                votes: StopVote) -> EpochTrained:
+    """The epoch's steps from where progress stands, until its end or a stop the ranks agreed on."""
     config, progress, steps, learner, clock = run.config, run.progress, run.steps, run.learner, run.clock
     perm, first_step, step = run.batches.permutation(epoch), progress.step, progress.step
     learner.model.train()
@@ -316,7 +328,7 @@ def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.
     bar.close()
     clock.epoch_end()
     votes.drain()
-    return stopped_by, step, epoch_time, (step - first_step) * config.batch_size, train_loss, lr
+    return EpochTrained(stopped_by, step, epoch_time, (step - first_step) * config.batch_size, train_loss, lr)
 
 
 def leave_for_requeue(run: Run, stopped_by: str, stop: StopFlag) -> int:
