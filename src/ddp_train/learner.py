@@ -1,7 +1,7 @@
 """The recipe's code beside its values: the model and what trains it (SGD, the fp16 grad scaler,
 the loss, an EMA of the weights), built alike on every rank, and what the loop does with them each
-step: the learning rate, gradient accumulation, the EMA update. A checkpoint saves and restores the
-learner (checkpoint.py).
+step: the learning rate, gradient accumulation, the EMA update. Its state (state_dict, load_state_dict)
+is what a checkpoint saves and restores (checkpoint.py) and the warm-up puts back (speed.warm_up).
 
 - Steps and the learning rate: linear warm-up, then constant, cosine or linear decay to zero.
 - The weights' exponential moving average (--ema-decay > 0): updated after every step, evaluated
@@ -18,7 +18,7 @@ import contextlib
 import copy
 import math
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional
 
 import torch
 import torch.nn as nn
@@ -47,6 +47,35 @@ class Learner:
     autocast_dtype: Optional[torch.dtype]  # None: fp32, no autocast
     lr_peak: float
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything of the learner that a checkpoint keeps and the warm-up puts back, under the
+        checkpoint's keys (checkpoint.py adds the progress, the RNG and the config beside them).
+        A stateful part added to the learner is added here, to load_state_dict and to state_bytes.
+        The tensors are live references, as nn.Module.state_dict's are: clone them to keep them."""
+        return {"model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "ema": self.ema.state_dict() if self.ema is not None else None}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Back to `state` (a state_dict(), or a checkpoint that holds one), in place: DDP, compile and
+        CUDA graphs keep their pointers. No gradient is left pending. An EMA the state lacks (a
+        checkpoint of a run without --ema-decay) keeps its copy of the weights."""
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and state.get("ema") is not None:
+            with torch.no_grad():
+                self.ema.load_state_dict(state["ema"])
+
+    def state_bytes(self) -> int:
+        """A checkpoint's learner state before one exists: the weights, SGD's momentum buffers (one per
+        weight, when momentum is on) and the EMA's copy."""
+        copies = 1 + (self.optimizer.defaults.get("momentum", 0) > 0) + (self.ema is not None)
+        return estimated_bytes(self.model, copies)
+
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -74,6 +103,12 @@ def build_learner(config: TrainConfig, dist_env: DistEnv, device: torch.device, 
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
     torch.manual_seed(config.seed * 1_000_003 + dist_env.rank + 1)  # per-rank dropout masks
     return Learner(model, ema, optimizer, scaler, criterion, AUTOCAST_DTYPES[precision], lr_peak)
+
+
+def estimated_bytes(model: torch.nn.Module, copies: int) -> int:
+    """A checkpoint's size before one exists: the model's state `copies` times (weights,
+    momentum buffers, an EMA copy)."""
+    return copies * sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
 # -- The run's steps and the learning rate at each --

@@ -273,8 +273,7 @@ def warm_up(run: Run, train_step: Callable[[torch.Tensor, torch.Tensor], torch.T
         warm_x, warm_y = batches.batch(batches.permutation(progress.epoch), progress.epoch, progress.step)
         learner.model.train()
         run.beat.phase(hb.WARMUP)
-        setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, learner.model, learner.optimizer,
-                                learner.scaler, device, learner.ema)
+        setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, [learner], device)
         progress.setup_time_s += setup_s
         run.console.say(f"Warm-up ({fast.describe()}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
     run.console.say(*cudagraph_report.gather(fast.graph_state(device)).lines())

@@ -113,7 +113,7 @@ def test_warm_up_leaves_weights_statistics_optimizer_and_rng_as_they_were():
     plain_model, _, _, plain_step = tiny_training()
     plain_losses = [plain_step() for _ in range(3)]
     warm_model, warm_opt, warm_scaler, warm_step = tiny_training()
-    seconds = speed.warm_up(warm_step, 2, warm_model, warm_opt, warm_scaler, cpu)
+    seconds = speed.warm_up(warm_step, 2, [warm_model, warm_opt, warm_scaler], cpu)
     assert seconds > 0 and warm_opt.state_dict()["state"] == {}
     warm_losses = [warm_step() for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(plain_losses, warm_losses))  # same dropout masks too
