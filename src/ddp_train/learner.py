@@ -18,7 +18,7 @@ import contextlib
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Optional
 
 import torch
 import torch.nn as nn
@@ -26,13 +26,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import distributed
 from ddp_train.bn_blocks import block_for
-from ddp_train.config import TrainConfig, batch_per_rank, peak_lr
+from ddp_train.config import batch_per_rank
 from ddp_train.data import memory_format_for
-from ddp_train.distributed import DistEnv
 from ddp_train.layout import NUM_CLASSES
-from ddp_train.levers import resolve_bn_kernels
 from ddp_train.loss_scale import LossScaler
 from ddp_train.model import WideResNet
+
+if TYPE_CHECKING:
+    from ddp_train.resolve import Decisions
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -45,7 +46,6 @@ class Learner:
     scaler: LossScaler  # enabled for fp16 only
     criterion: nn.Module
     autocast_dtype: Optional[torch.dtype]  # None: fp32, no autocast
-    lr_peak: float
 
     def state_dict(self) -> dict[str, Any]:
         """Everything of the learner that a checkpoint keeps and the warm-up puts back, under the
@@ -89,20 +89,20 @@ class Learner:
         return self.ema or self.model
 
 
-def build_learner(config: TrainConfig, dist_env: DistEnv, device: torch.device, precision: str) -> Learner:
+def build_learner(decided: Decisions, rank: int, device: torch.device) -> Learner:
+    """The learner as decided (resolve.py), with the same initial weights on every rank."""
+    config, precision = decided.config, decided.precision.name
     torch.manual_seed(config.seed)  # identical initial weights on every rank
-    model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout,
-                       block=block_for(resolve_bn_kernels(config.bn_kernels, device.type)))
+    model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout, block=block_for(decided.bn_kernels))
     model = model.to(device, memory_format=memory_format_for(device))
     ema = make_ema(model, config.ema_decay)
-    lr_peak = peak_lr(config, dist_env.world_size)
     optimizer = torch.optim.SGD(
-        model.parameters(), lr=lr_peak, momentum=config.momentum, nesterov=config.nesterov,
+        model.parameters(), lr=decided.lr_peak, momentum=config.momentum, nesterov=config.nesterov,
         weight_decay=config.weight_decay, fused=device.type == "cuda" or precision == "fp16")
     scaler = LossScaler(device, enabled=precision == "fp16")  # skips on the device: needs the fused SGD
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
-    torch.manual_seed(config.seed * 1_000_003 + dist_env.rank + 1)  # per-rank dropout masks
-    return Learner(model, ema, optimizer, scaler, criterion, AUTOCAST_DTYPES[precision], lr_peak)
+    torch.manual_seed(config.seed * 1_000_003 + rank + 1)  # per-rank dropout masks
+    return Learner(model, ema, optimizer, scaler, criterion, AUTOCAST_DTYPES[precision])
 
 
 def estimated_bytes(model: torch.nn.Module, copies: int) -> int:

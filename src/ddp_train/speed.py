@@ -9,7 +9,7 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, MutableMapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, MutableMapping, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -18,9 +18,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import cudagraph_report, distributed, levers
 from ddp_train.checkpoint import rng_state, set_rng_state
-from ddp_train.config import TrainConfig, compile_by_default, resolve_compile_mode
-from ddp_train.cudagraph_report import CUDA_GRAPH_MODES
 from ddp_train.errors import Seen, TrainError
+
+if TYPE_CHECKING:
+    from ddp_train.resolve import Decisions
 
 COMPILE_CACHE_DIRNAME = "compile-cache"
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
@@ -59,10 +60,6 @@ def tune_backends(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.set_float32_matmul_precision("high")
-
-
-def uses_cuda_graphs(mode: str) -> bool:
-    return mode in CUDA_GRAPH_MODES
 
 
 def wrap_ddp(model: nn.Module, device: torch.device, bucket_cap_mb: float,
@@ -115,21 +112,18 @@ class FastModel:
         return cudagraph_report.observe(device.type, device.index, self.compiled, self.compile_mode, self.skips)
 
 
-def accelerate(model: nn.Module, config: TrainConfig, device: torch.device,
+def accelerate(model: nn.Module, decided: Decisions, device: torch.device,
                on_bucket: Optional[Callable[[], None]] = None) -> FastModel:
+    """The model as decided (resolve.py): DDP-wrapped in a world of several, the levers set, compiled."""
     ddp: nn.Module = model
     if distributed.active():
-        check_compression_backend(config.grad_compression, device)
-        ddp = wrap_ddp(model, device, config.bucket_cap_mb, config.grad_compression, on_bucket)
-    compiled = compile_by_default(config, device.type)
-    compile_mode = resolve_compile_mode(config, device.type) if compiled else "eager"
-    cuda_graphs = compiled and device.type == "cuda" and uses_cuda_graphs(compile_mode)
-    chosen = levers.resolve(config.inductor_levers, device.type, compiled)
-    levers.apply(chosen)
-    skips = cudagraph_report.SkipWatch.start() if compiled else None
-    forward = torch.compile(ddp, mode=compile_mode) if compiled else ddp
-    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs, skips, chosen,
-                     levers.resolve_bn_kernels(config.bn_kernels, device.type))
+        check_compression_backend(decided.config.grad_compression, device)
+        ddp = wrap_ddp(model, device, decided.config.bucket_cap_mb, decided.config.grad_compression, on_bucket)
+    levers.apply(decided.levers)
+    skips = cudagraph_report.SkipWatch.start() if decided.compiled else None
+    forward = torch.compile(ddp, mode=decided.compile_mode) if decided.compiled else ddp
+    return FastModel(ddp, forward, decided.compiled, decided.compile_mode, decided.cuda_graphs, skips, decided.levers,
+                     decided.bn_kernels)
 
 
 def bucket_layout(ddp: nn.Module) -> Optional[dict[str, Any]]:

@@ -11,6 +11,7 @@ import torch
 from ddp_train import checkpoint
 from ddp_train.distributed import DistEnv
 from ddp_train.learner import build_learner, estimated_bytes
+from ddp_train.resolve import resolve
 from ddp_train.errors import TrainError
 
 CPU = torch.device("cpu")
@@ -94,7 +95,7 @@ def _fixture_learner(run_dir):
     from ddp_train.config import TrainConfig
     config = TrainConfig(width_scale=1 / 32, batch_size=8, ema_decay=0.5, precision="fp16", run_dir=str(run_dir),
                          epochs=3, seed=7)
-    return config, build_learner(config, DistEnv(0, 1, 0, 1), CPU, "fp16")
+    return config, build_learner(resolve(config, "cpu", 1, gpu_bf16=False, cpu_bf16=None), 0, CPU)
 
 
 def _same(a, b) -> bool:

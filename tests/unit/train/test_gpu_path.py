@@ -13,6 +13,7 @@ import torch
 
 from train_helpers import TINY_ARGS, run_trainer, trainer_env
 from ddp_train import data, speed
+from ddp_train.cudagraph_report import uses_cuda_graphs
 from ddp_train.config import (compile_by_default, config_from_args, for_device, peak_lr,
                               resolve_compile_mode)
 from ddp_train.distributed import DistEnv, gpu_index
@@ -45,7 +46,7 @@ def test_cuda_graphs_are_the_cuda_default_and_a_mode_flag_overrides():
     assert resolve_compile_mode(config_from_args([]), "cpu") == "default"
     chosen = config_from_args(["--compile-mode", "max-autotune-no-cudagraphs"])
     assert resolve_compile_mode(chosen, "cuda") == "max-autotune-no-cudagraphs"
-    assert speed.uses_cuda_graphs("reduce-overhead") and not speed.uses_cuda_graphs("default")
+    assert uses_cuda_graphs("reduce-overhead") and not uses_cuda_graphs("default")
 
 
 def test_improved_recipe_has_no_dropout_module_and_the_guide_keeps_its_dropout():

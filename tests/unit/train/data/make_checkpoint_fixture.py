@@ -7,12 +7,13 @@ from ddp_train.checkpoint import Checkpointer, Progress
 from ddp_train.config import TrainConfig
 from ddp_train.distributed import DistEnv
 from ddp_train.learner import build_learner, update_ema
+from ddp_train.resolve import resolve
 
 run_dir = Path(sys.argv[1])
 config = TrainConfig(width_scale=1 / 32, batch_size=8, ema_decay=0.5, precision="fp16", run_dir=str(run_dir),
                      epochs=3, seed=7)
 cpu = torch.device("cpu")
-learner = build_learner(config, DistEnv(0, 1, 0, 1), cpu, "fp16")
+learner = build_learner(resolve(config, "cpu", 1, gpu_bf16=False, cpu_bf16=None), 0, cpu)
 torch.manual_seed(1)
 x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 100, (8,))
 for _ in range(2):
