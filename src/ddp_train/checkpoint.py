@@ -23,7 +23,7 @@ from ddp_train.distributed import DistEnv, agree_or_raise, all_gather_objects
 from ddp_train.errors import TrainError
 
 if TYPE_CHECKING:
-    from ddp_train.learner import Learner
+    from ddp_train.recipe.learner import Learner
 
 CHECKPOINT_NAME = "checkpoint.pt"
 PREVIOUS_NAME = "checkpoint.prev.pt"

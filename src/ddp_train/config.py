@@ -18,11 +18,11 @@ from typing import Any, Literal, Mapping, Optional, Sequence
 
 from ddp_contract.flag_errors import OneLineErrorParser
 
-from ddp_train import levers
+from ddp_train.fast import levers
 from ddp_train.errors import TrainError
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
-# What --precision auto takes on a GPU with bf16. fp16 (loss-scaled on the device: loss_scale.py) takes
+# What --precision auto takes on a GPU with bf16. fp16 (loss-scaled on the device: fast/loss_scale.py) takes
 # its place only if benchmarks/gpu_throughput.py --precisions bf16,fp16 measures it 2% or more faster
 # and it trains as well (docs/benchmarks.md, "fp16 against bf16").
 CUDA_AUTO_PRECISION = "bf16"
@@ -113,11 +113,11 @@ class TrainConfig:
                                choices=COMPILE_MODES)
     # "": <run-dir>/compile-cache (speed.compile_cache_dir).
     compile_cache_dir: str = option("", "persistent compile cache (default: <run-dir>/compile-cache)")
-    # levers.py: auto (the device's measured defaults), none, or names.
+    # fast/levers.py: auto (the device's measured defaults), none, or names.
     inductor_levers: str = option(
         "auto", "inductor options for a compiled step, comma-separated: coop-reductions, no-split-reductions, "
                 "conv1x1-mm, pdl, combo-kernels; auto (default): those measured to win on CUDA; none")
-    # levers.py: our Triton BatchNorm kernels (bn_blocks.py), or torch's.
+    # fast/levers.py: our Triton BatchNorm kernels (fast/bn_blocks.py), or torch's.
     bn_kernels: str = option(
         "auto", "BatchNorm+ReLU(+add) in training: torch (nn.BatchNorm2d, inductor's kernels when compiled) or "
                 "triton (our own kernels, CUDA only); auto (default): torch until a GPU measurement says otherwise",

@@ -11,10 +11,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from ddp_train import levers
+from ddp_train.fast import levers
 from ddp_train.config import (TrainConfig, check_world, compile_by_default, for_device, peak_lr, resolve_backend,
                               resolve_compile_mode)
-from ddp_train.cudagraph_report import uses_cuda_graphs
+from ddp_train.fast.cudagraph_report import uses_cuda_graphs
 from ddp_train.errors import Seen, seen_by
 from ddp_train.precision import CpuBf16, Precision, choose_precision
 
@@ -30,7 +30,7 @@ class Decisions:
     compiled: bool
     compile_mode: str  # "eager" when not compiled
     cuda_graphs: bool  # asked for; whether inductor kept them is cudagraph_report's answer
-    levers: tuple[str, ...]  # inductor levers for a compiled step (levers.py)
+    levers: tuple[str, ...]  # inductor levers for a compiled step (fast/levers.py)
     bn_kernels: str  # who computes BatchNorm in training: torch or triton
     lr_peak: float  # the learning rate after warm-up (config.peak_lr)
 

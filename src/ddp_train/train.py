@@ -2,7 +2,7 @@
 
 Speed comes from the data path: the whole dataset sits on the device as uint8, batches are
 gathered, augmented and normalised there (no DataLoader workers), the model runs in
-channels_last under bf16 autocast, compiled with CUDA graphs on GPUs (speed.py), and nothing
+channels_last under bf16 autocast, compiled with CUDA graphs on GPUs (fast/speed.py), and nothing
 syncs the GPU inside an epoch: the stop-signal vote is read one check after it started.
 (On CPU the model stays NCHW: measured faster; it runs under bf16 autocast where the CPU
 computes bf16 natively, precision.py.)
@@ -21,15 +21,17 @@ import torch
 
 from ddp_contract import heartbeat as hb
 
-from ddp_train import cudagraph_report, data, distributed, metrics, recovery, speed
+from ddp_train import distributed, metrics, recovery
+from ddp_train.fast import cudagraph_report, speed
+from ddp_train.recipe import data
 from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
 from ddp_train.console import Console
 from ddp_train.config import TrainConfig
-from ddp_train.data import TrainBatches
+from ddp_train.recipe.data import TrainBatches
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
-from ddp_train.evaluate import evaluate, target_reached
-from ddp_train.learner import Learner, Steps, accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
+from ddp_train.recipe.evaluate import evaluate, target_reached
+from ddp_train.recipe.learner import Learner, Steps, accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
 from ddp_train.precision import agree_cpu_bf16, read_cpu_bf16
 from ddp_train.resolve import Decisions, resolve
 from ddp_train.progress import ProgressBar

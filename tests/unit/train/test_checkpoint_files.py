@@ -10,7 +10,7 @@ import torch
 
 from ddp_train import checkpoint
 from ddp_train.distributed import DistEnv
-from ddp_train.learner import build_learner, estimated_bytes
+from ddp_train.recipe.learner import build_learner, estimated_bytes
 from ddp_train.resolve import resolve
 from ddp_train.errors import TrainError
 

@@ -1,4 +1,4 @@
-"""fp16 loss scaling on the device (ddp_train/loss_scale.py), checked on CPU tensors with the ops the
+"""fp16 loss scaling on the device (ddp_train/fast/loss_scale.py), checked on CPU tensors with the ops the
 GPU runs (torch's check, update and fused SGD kernels have CPU implementations): torch.amp.GradScaler
 is the reference for every decision, and nothing reads a value back from the device."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ddp_train import learner
+from ddp_train.recipe import learner
 from ddp_train.config import TrainConfig
 from ddp_train.resolve import resolve
-from ddp_train.loss_scale import LossScaler
+from ddp_train.fast.loss_scale import LossScaler
 
 CPU = torch.device("cpu")
 GROWTH_INTERVAL = 3

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_train import checkpoint, cli, learner, write_failure
+from ddp_train import checkpoint, cli, write_failure
+from ddp_train.recipe import learner
 from ddp_train.safety import rundir
 from ddp_train.errors import TrainError
 

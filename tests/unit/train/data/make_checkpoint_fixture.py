@@ -6,7 +6,7 @@ import torch
 from ddp_train.checkpoint import Checkpointer, Progress
 from ddp_train.config import TrainConfig
 from ddp_train.distributed import DistEnv
-from ddp_train.learner import build_learner, update_ema
+from ddp_train.recipe.learner import build_learner, update_ema
 from ddp_train.resolve import resolve
 
 run_dir = Path(sys.argv[1])

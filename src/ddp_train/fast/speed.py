@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_train import cudagraph_report, distributed, levers
+from ddp_train import distributed
+from ddp_train.fast import cudagraph_report, levers
 from ddp_train.checkpoint import rng_state, set_rng_state
 from ddp_train.errors import Seen, TrainError
 

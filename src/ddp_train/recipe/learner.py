@@ -25,12 +25,12 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import distributed
-from ddp_train.bn_blocks import block_for
+from ddp_train.fast.bn_blocks import block_for
 from ddp_train.config import batch_per_rank
-from ddp_train.data import memory_format_for
+from ddp_train.recipe.data import memory_format_for
 from ddp_train.layout import NUM_CLASSES
-from ddp_train.loss_scale import LossScaler
-from ddp_train.model import WideResNet
+from ddp_train.fast.loss_scale import LossScaler
+from ddp_train.recipe.model import WideResNet
 
 if TYPE_CHECKING:
     from ddp_train.resolve import Decisions
