@@ -155,16 +155,16 @@ class Run:
 
 def train(decided: Decisions, live: Live) -> int:
     wall_start = time.perf_counter()
-    config, console, beat, dist_env, device = decided.config, live.console, live.beat, live.dist_env, live.device
+    config, console, beat = decided.config, live.console, live.beat
     run = set_up(decided, live)
     introduce(run)
-    train_step = step_function(run, steptime.slowdown_s_for_tests(live.env, dist_env.rank))
+    train_step = step_function(run, steptime.slowdown_s_for_tests(live.env, live.dist_env.rank))
     warm_up(run, train_step)
     live.started.mark("training_at")
     report_recovery(run)
 
     # The loop: every rank takes the same steps and makes the same decisions.
-    progress, votes = run.progress, StopVote(live.stop, device, config.stop_check_every)
+    progress, votes = run.progress, StopVote(live.stop, live.device, config.stop_check_every)
     stopped_by: Optional[str] = None
     first_epoch_here = True
     for epoch in range(progress.epoch, config.epochs):
@@ -178,17 +178,7 @@ def train(decided: Decisions, live: Live) -> int:
             progress.step = trained.step
             break
 
-        beat.phase(hb.EVAL)
-        result = evaluate(run.learner.for_evaluation(), run.test_set, dist_env.rank, dist_env.world_size,
-                          config.eval_batch_size, run.learner.autocast_dtype, config.tta)
-        progress.epoch, progress.step = epoch + 1, 0
-        progress.add_accuracy(result.accuracy)
-        end = metrics.EpochEnd(epoch + 1, config.epochs, trained.seconds, trained.images, trained.train_loss, result,
-                               trained.last_lr, warm_up_epoch)
-        console.say(end.line())
-        run.log.write("epoch", **end.record())
-        distributed.agree_or_raise(run.log.failed or console.failed, device)
-        if target_reached(progress.accuracies, config.target_accuracy, config.patience):
+        if evaluate_epoch(run, epoch, trained, warm_up_epoch):
             progress.early_stopped = True
             console.say(f"Target accuracy reached. Early stopping after epoch {epoch + 1}.")
             break
@@ -357,6 +347,22 @@ def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.
     clock.epoch_end()
     votes.drain()
     return EpochTrained(stopped_by, step, epoch_time, (step - first_step) * config.batch_size, train_loss, lr)
+
+
+def evaluate_epoch(run: Run, epoch: int, trained: EpochTrained, warm_up_epoch: bool) -> bool:
+    """The trained epoch's evaluation, its line and record; whether the target accuracy is reached."""
+    config, progress, console = run.config, run.progress, run.console
+    run.beat.phase(hb.EVAL)
+    result = evaluate(run.learner.for_evaluation(), run.test_set, run.dist_env.rank, run.dist_env.world_size,
+                      config.eval_batch_size, run.learner.autocast_dtype, config.tta)
+    progress.epoch, progress.step = epoch + 1, 0
+    progress.add_accuracy(result.accuracy)
+    end = metrics.EpochEnd(epoch + 1, config.epochs, trained.seconds, trained.images, trained.train_loss, result,
+                           trained.last_lr, warm_up_epoch)
+    console.say(end.line())
+    run.log.write("epoch", **end.record())
+    distributed.agree_or_raise(run.log.failed or console.failed, run.device)
+    return target_reached(progress.accuracies, config.target_accuracy, config.patience)
 
 
 def leave_for_requeue(run: Run, stopped_by: str) -> int:
