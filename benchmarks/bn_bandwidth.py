@@ -1,4 +1,4 @@
-"""Our Triton BatchNorm kernels (ddp_train/bn_kernels.py) against the bandwidth limit and against
+"""Our Triton BatchNorm kernels (ddp_train/fast/bn_kernels.py) against the bandwidth limit and against
 inductor, on the BatchNorms of the trainer's model, in one run on one GPU.
 
     python benchmarks/bn_bandwidth.py                      # batch 1024 (the trainer's), bf16
@@ -13,7 +13,7 @@ bn1 (+ReLU) and as bn2 (+residual add, +ReLU):
   number of bytes (half read, half written) timed in the same run: the target is 80% of the copy.
   stats and grad stats include their finalize kernels. Each timing is `--calls` calls captured in one
   CUDA graph and replayed, so launch overhead is not in it; the best of `--trials` replays.
-- the whole BatchNorm, forward and backward, ours (ddp_train.bn_blocks.batch_norm_act) against
+- the whole BatchNorm, forward and backward, ours (ddp_train.fast.bn_blocks.batch_norm_act) against
   nn.BatchNorm2d + add + ReLU as inductor compiles it, both under torch.compile(mode="reduce-overhead")
   as the trainer runs them: --calls steps back to back, the best of three.
 
@@ -149,7 +149,7 @@ def case_tensors(case: Case, dtype: torch.dtype, device: str = "cuda"):
 
 
 def time_passes(case: Case, dtype: torch.dtype, calls: int, trials: int, device: str = "cuda") -> list[PassRow]:
-    from ddp_train import bn_kernels
+    from ddp_train.fast import bn_kernels
     x, residual, grad_y, weight, bias = case_tensors(case, dtype, device)
     rows, channels = bn_kernels.check_input(x)
     layout = bn_kernels.plan(rows, channels)
@@ -194,7 +194,7 @@ def step_seconds(forward: Callable[..., torch.Tensor], x: torch.Tensor, residual
 
 
 def time_steps(case: Case, dtype: torch.dtype, calls: int) -> StepRow:
-    from ddp_train.bn_blocks import batch_norm_act
+    from ddp_train.fast.bn_blocks import batch_norm_act
     x, residual, grad_y, _, _ = case_tensors(case, dtype)
     theirs, ours = nn.BatchNorm2d(case.channels).cuda(), nn.BatchNorm2d(case.channels).cuda()
 
@@ -232,7 +232,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("bn_bandwidth: no CUDA GPU is visible; run it on a GPU node", file=sys.stderr)
         return 2
     import triton
-    from ddp_train import bn_kernels
+    from ddp_train.fast import bn_kernels
     dtype = DTYPES[args.dtype]
     for name, value in (("TILE", args.tile), ("NUM_WARPS", args.warps), ("TARGET_PROGRAMS", args.programs)):
         if value:

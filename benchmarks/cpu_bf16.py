@@ -5,7 +5,7 @@ training run in fp32 and bf16, seed by seed.
     python benchmarks/cpu_bf16.py --only step        # the step under oneDNN's ISA caps
     python benchmarks/cpu_bf16.py --only training --seeds 0 --json
 
-step: the trainer's model (ddp_train.model, --width-scale and --batch-size, default the demo's
+step: the trainer's model (ddp_train.recipe.model, --width-scale and --batch-size, default the demo's
 1/16 and 128), forward + backward + SGD on one process, fp32 and bf16 autocast in alternating
 timed rounds (best of --rounds), as images per second of wall time and per CPU-second of the
 process (time.process_time, every thread): on a machine shared with other work the wall figures
@@ -66,7 +66,7 @@ def step_rates(width_scale: float, batch_size: int, rounds: int, round_s: float)
     autocast over alternating rounds ({"fp32": .., "bf16": .., "fp32_cpu": .., "bf16_cpu": ..})."""
     import torch
     import torch.nn as nn
-    from ddp_train.model import WideResNet
+    from ddp_train.recipe.model import WideResNet
 
     torch.manual_seed(0)
     model = WideResNet(100, width_scale, 0.0)

@@ -1,4 +1,4 @@
-"""Checks and times the cuDNN-frontend kernels of the fused blocks (ddp_train.cudnn_blocks) against
+"""Checks and times the cuDNN-frontend kernels of the fused blocks (ddp_train.fast.cudnn_blocks) against
 the reference ops, eager and compiled, on every fused convolution of the trainer's default model.
 
     python benchmarks/cudnn_fusion_probe.py                  # CUDA: every shape at the GPU default batch
@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 
 from ddp_train.config import GPU_BATCH_PER_RANK, TrainConfig
-from ddp_train.fused_blocks import (CHANNELS, FusedBasicBlock, reference_conv_stats,
+from ddp_train.fast.fused_blocks import (CHANNELS, FusedBasicBlock, reference_conv_stats,
                                     reference_conv_stats_backward)
-from ddp_train.model import WideResNet
+from ddp_train.recipe.model import WideResNet
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("cudnn_fusion_probe: no CUDA GPU is visible; run it on a GPU node", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    from ddp_train import cudnn_blocks
+    from ddp_train.fast import cudnn_blocks
     reason = cudnn_blocks.unavailable_reason()
     if reason:
         print(f"cudnn frontend: unavailable: {reason}")

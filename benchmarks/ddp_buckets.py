@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ddp_train.model import WideResNet
-from ddp_train.speed import wrap_ddp
+from ddp_train.recipe.model import WideResNet
+from ddp_train.fast.speed import wrap_ddp
 
 
 def free_port() -> int:

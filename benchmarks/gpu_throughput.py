@@ -12,13 +12,13 @@ graphs (mode="reduce-overhead", the trainer's CUDA default); one variant per ind
 top of graphs (VARIANTS below: each sets torch._inductor.config options while it compiles and
 runs); max-autotune, whose tuning results go to the persistent compile cache (--compile-cache-dir,
 resolved as the trainer resolves it); all-levers; and the fused residual blocks
-(ddp_train.fused_blocks), with the reference kernels and with the cuDNN-frontend ones
-(ddp_train.cudnn_blocks; "not run" with the reason where they cannot run); and our Triton BatchNorm
-kernels (triton-bn: ddp_train.bn_blocks, the trainer's --bn-kernels triton). Each row says
+(ddp_train.fast.fused_blocks), with the reference kernels and with the cuDNN-frontend ones
+(ddp_train.fast.cudnn_blocks; "not run" with the reason where they cannot run); and our Triton BatchNorm
+kernels (triton-bn: ddp_train.fast.bn_blocks, the trainer's --bn-kernels triton). Each row says
 whether its step ran as a CUDA graph, and inductor's reason where it did not. An option this torch does not have is reported in the table, not run.
 
 Precisions (--precisions, default bf16 on CUDA, fp32 on CPU): bf16 autocast, or fp16 autocast with
-the trainer's loss scaling on the device (ddp_train.loss_scale: scale, inf check, skip and update with
+the trainer's loss scaling on the device (ddp_train.fast.loss_scale: scale, inf check, skip and update with
 no host sync) and fused SGD. With several, each variant is built and warmed once per precision, and
 the timed steps alternate between them in --rounds rounds in one process, so both see the same card,
 clocks and neighbours; each precision's row is its best round, and a line gives the ratio to the
@@ -48,13 +48,13 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.nn as nn
 
-from ddp_train import cudagraph_report, fused_blocks, levers, speed
-from ddp_train.bn_blocks import TritonBasicBlock
+from ddp_train.fast import cudagraph_report, fused_blocks, levers, speed
+from ddp_train.fast.bn_blocks import TritonBasicBlock
 from ddp_train.config import GPU_BATCH_PER_RANK
-from ddp_train.data import memory_format_for, normalize, random_crop_flip
-from ddp_train.fused_blocks import FusedBasicBlock
-from ddp_train.loss_scale import LossScaler
-from ddp_train.model import BasicBlock, WideResNet
+from ddp_train.recipe.data import memory_format_for, normalize, random_crop_flip
+from ddp_train.fast.fused_blocks import FusedBasicBlock
+from ddp_train.fast.loss_scale import LossScaler
+from ddp_train.recipe.model import BasicBlock, WideResNet
 
 # The step's autocast dtype per --precisions name (None: fp32, no autocast); fp16 is loss-scaled.
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
@@ -70,7 +70,7 @@ class Variant:
     inductor: tuple[tuple[str, Any], ...] = ()  # torch._inductor.config names, dotted as config.patch takes them
     fused_blocks: bool = False
     cudnn_kernels: bool = False  # the fused blocks with the cuDNN-frontend kernels plugged in
-    triton_bn: bool = False  # the blocks' BatchNorms on our Triton kernels (ddp_train.bn_blocks)
+    triton_bn: bool = False  # the blocks' BatchNorms on our Triton kernels (ddp_train.fast.bn_blocks)
 
     def needs_cuda(self) -> bool:
         return self.mode in cudagraph_report.CUDA_GRAPH_MODES
@@ -78,7 +78,7 @@ class Variant:
 
 # The levers for the memory-bound part of the step (BatchNorm statistics and normalisation, ReLU,
 # the residual add), each measured alone on top of the trainer's default (reduce-overhead); the
-# trainer takes the same names (--inductor-levers, ddp_train/levers.py).
+# trainer takes the same names (--inductor-levers, ddp_train/fast/levers.py).
 # All together: cooperative reductions stand for both reduction levers (inductor turns split
 # reductions off when both are on), under max-autotune.
 ALL_LEVERS = levers.options(("coop-reductions", "conv1x1-mm", "pdl", "combo-kernels"))
@@ -93,10 +93,10 @@ VARIANTS = (
     Variant("fused-blocks", "reduce-overhead", "graphs + the fused blocks' custom ops (the reference "
             "kernels)", fused_blocks=True),
     Variant("fused-cudnn", "reduce-overhead", "graphs + the fused blocks with the cuDNN-frontend kernels "
-            "(ddp_train.cudnn_blocks)", fused_blocks=True, cudnn_kernels=True),
+            "(ddp_train.fast.cudnn_blocks)", fused_blocks=True, cudnn_kernels=True),
     Variant("eager-fused", None, "eager + the fused blocks' custom ops", fused_blocks=True),
     Variant("triton-bn", "reduce-overhead", "graphs + the blocks' BatchNorm, ReLU and residual add on our "
-            "Triton kernels (ddp_train.bn_blocks, --bn-kernels triton)", triton_bn=True),
+            "Triton kernels (ddp_train.fast.bn_blocks, --bn-kernels triton)", triton_bn=True),
 )
 BY_NAME = {v.name: v for v in VARIANTS}
 
@@ -236,7 +236,7 @@ def block_of(variant: Variant) -> type[BasicBlock]:
 
 def make_step(args: argparse.Namespace, device: torch.device, variant: Variant, batch: int, precision: str
               ) -> Callable[[int], torch.Tensor]:
-    """The trainer's step on resident uint8 data, as ddp_train.learner builds it for `precision`
+    """The trainer's step on resident uint8 data, as ddp_train.recipe.learner builds it for `precision`
     (autocast, fp16's loss scaling, fused SGD); returns step(i) -> detached loss."""
     torch.manual_seed(0)
     model = WideResNet(100, args.width_scale, args.dropout, block=block_of(variant)).to(
@@ -277,7 +277,7 @@ def not_run_because(variant: Variant, device: torch.device) -> str:
     if variant.cudnn_kernels:
         if device.type != "cuda":
             return "the cuDNN kernels need a GPU"
-        from ddp_train import cudnn_blocks
+        from ddp_train.fast import cudnn_blocks
         return cudnn_blocks.unavailable_reason()
     return ""
 
@@ -288,7 +288,7 @@ def block_kernels(variant: Variant) -> Iterator[None]:
     if not variant.cudnn_kernels:
         yield
         return
-    from ddp_train import cudnn_blocks
+    from ddp_train.fast import cudnn_blocks
     before = fused_blocks.KERNELS.get("cuda")
     print(f"  {variant.name}: {cudnn_blocks.use_cudnn_kernels()}", flush=True)
     try:

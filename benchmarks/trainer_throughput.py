@@ -34,7 +34,7 @@ import torch
 
 from ddp_train.layout import has_dataset
 from ddp_train.metrics import read_metrics
-from ddp_train.model import WideResNet
+from ddp_train.recipe.model import WideResNet
 from ddp_train.precision import choose_precision, read_cpu_bf16
 from ddp_train.synthetic import write_dataset
 

@@ -23,7 +23,7 @@ from ddp_train.distributed import DistEnv, agree_or_raise, all_gather_objects
 from ddp_train.errors import TrainError
 
 if TYPE_CHECKING:
-    from ddp_train.learner import Learner
+    from ddp_train.recipe.learner import Learner
 
 CHECKPOINT_NAME = "checkpoint.pt"
 PREVIOUS_NAME = "checkpoint.prev.pt"
@@ -149,12 +149,6 @@ def load(path: Path) -> dict[str, Any]:
     return state
 
 
-def estimated_bytes(model: torch.nn.Module, copies: int) -> int:
-    """A checkpoint's size before one exists: the model's state `copies` times (weights,
-    momentum buffers, an EMA copy)."""
-    return copies * sum(t.numel() * t.element_size() for t in model.state_dict().values())
-
-
 def wants_resume(requested: Optional[bool], checkpoint_exists: bool) -> bool:
     """--resume (True) and --no-resume (False) decide; with neither, a checkpoint there is resumed."""
     return requested if requested is not None else checkpoint_exists
@@ -195,7 +189,7 @@ class Checkpointer:
         self.config, self.learner, self.dist_env, self.device = config, learner, dist_env, device
 
     def resume(self) -> Optional[Progress]:
-        """The saved progress, with weights, optimizer, scaler, EMA and this rank's RNG restored;
+        """The saved progress, with the learner's state and this rank's RNG restored;
         None for a fresh start. A checkpoint that does not fit is one TrainError on every rank."""
         if not wants_resume(self.config.resume, self.path.exists()):
             return None
@@ -215,13 +209,8 @@ class Checkpointer:
         problem = mismatch(saved["config"], self.config, self.path)
         if problem:
             raise TrainError(problem)
-        learner = self.learner
         try:
-            learner.model.load_state_dict(saved["model"])
-            learner.optimizer.load_state_dict(saved["optimizer"])
-            learner.scaler.load_state_dict(saved["scaler"])
-            if learner.ema is not None and saved.get("ema") is not None:
-                learner.ema.load_state_dict(saved["ema"])
+            self.learner.load_state_dict(saved)
             progress = Progress(**saved["progress"])
             rng = rng_for_rank(saved["rng"], self.dist_env.rank, self.dist_env.world_size)
             if rng is not None:
@@ -239,13 +228,9 @@ class Checkpointer:
             agree_or_raise(None, self.device)  # rank 0's write went through, or not
             return
         error: Optional[TrainError] = None
-        learner = self.learner
         try:
             save_atomic({
-                "model": learner.model.state_dict(),
-                "optimizer": learner.optimizer.state_dict(),
-                "scaler": learner.scaler.state_dict(),
-                "ema": learner.ema.state_dict() if learner.ema is not None else None,
+                **self.learner.state_dict(),  # model, optimizer, scaler, ema
                 "progress": asdict(progress),
                 "rng": rngs,
                 "config": self.config.to_dict(),
@@ -261,5 +246,4 @@ class Checkpointer:
         agree_or_raise(error, self.device)  # every rank stops together, one line from rank 0
 
     def estimated_bytes(self) -> int:
-        copies = 1 + (self.config.momentum > 0) + (self.learner.ema is not None)  # weights, momentum, EMA
-        return estimated_bytes(self.learner.model, copies)
+        return self.learner.state_bytes()

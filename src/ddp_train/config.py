@@ -11,16 +11,18 @@ import argparse
 import dataclasses
 import math
 import sys
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Literal, Mapping, Optional, Sequence
 
 from ddp_contract.flag_errors import OneLineErrorParser
 
-from ddp_train import levers
+from ddp_train.fast import levers
 from ddp_train.errors import TrainError
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
-# What --precision auto takes on a GPU with bf16. fp16 (loss-scaled on the device: loss_scale.py) takes
+# What --precision auto takes on a GPU with bf16. fp16 (loss-scaled on the device: fast/loss_scale.py) takes
 # its place only if benchmarks/gpu_throughput.py --precisions bf16,fp16 measures it 2% or more faster
 # and it trains as well (docs/benchmarks.md, "fp16 against bf16").
 CUDA_AUTO_PRECISION = "bf16"
@@ -50,7 +52,7 @@ DEVICES = ("auto", "cpu", "cuda")
 def option(default: Any, help: str, **argparse_options: Any) -> Any:
     """A TrainConfig field and its command-line flag in one place: the default, the --help text and
     any argparse options (choices, action) beside the declaration. The flag is the field's name with
-    dashes; its type comes from the field's annotation (build_parser)."""
+    dashes; its type comes from the field's annotation (flag_options)."""
     return dataclasses.field(default=default, metadata={"help": help, "argparse": argparse_options})
 
 
@@ -111,11 +113,11 @@ class TrainConfig:
                                choices=COMPILE_MODES)
     # "": <run-dir>/compile-cache (speed.compile_cache_dir).
     compile_cache_dir: str = option("", "persistent compile cache (default: <run-dir>/compile-cache)")
-    # levers.py: auto (the device's measured defaults), none, or names.
+    # fast/levers.py: auto (the device's measured defaults), none, or names.
     inductor_levers: str = option(
         "auto", "inductor options for a compiled step, comma-separated: coop-reductions, no-split-reductions, "
                 "conv1x1-mm, pdl, combo-kernels; auto (default): those measured to win on CUDA; none")
-    # levers.py: our Triton BatchNorm kernels (bn_blocks.py), or torch's.
+    # fast/levers.py: our Triton BatchNorm kernels (fast/bn_blocks.py), or torch's.
     bn_kernels: str = option(
         "auto", "BatchNorm+ReLU(+add) in training: torch (nn.BatchNorm2d, inductor's kernels when compiled) or "
                 "triton (our own kernels, CUDA only); auto (default): torch until a GPU measurement says otherwise",
@@ -201,23 +203,56 @@ class _OneLineErrorParser(OneLineErrorParser):
     usage_error = TrainError
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(config_class: type = None) -> argparse.ArgumentParser:
+    """One flag per field of config_class (TrainConfig), its type, choices or action from the field."""
     p = _OneLineErrorParser(
         prog="ddp-train",
         description="DDP WideResNet training on CIFAR-100 (start it with ddp-launch or torchrun).",
         argument_default=argparse.SUPPRESS,  # only flags the user gave reach the config
         allow_abbrev=False,  # `--epoch 2` must not quietly mean --epochs (ddp-launch refuses it too)
     )
-    for field in dataclasses.fields(TrainConfig):
-        options = dict(field.metadata["argparse"])
-        if "action" not in options and "choices" not in options:
-            options["type"] = FLAG_TYPES[field.type]
-        p.add_argument(_flag(field.name), help=field.metadata["help"], **options)
+    config_class = config_class or TrainConfig
+    hints = typing.get_type_hints(config_class)  # the annotations as types, not the strings they are here
+    for field in dataclasses.fields(config_class):
+        p.add_argument(_flag(field.name), help=field.metadata["help"], **flag_options(field, hints[field.name]))
     return p
 
 
-# The annotation (a string under `from __future__ import annotations`) -> the argparse type of its flag.
-FLAG_TYPES = {"str": str, "int": int, "float": float, "Optional[int]": int}
+def flag_options(field: dataclasses.Field, annotation: Any) -> dict[str, Any]:
+    """argparse's options for a field's flag, from its declaration (option()) and its annotation:
+    Optional[X] is X's flag (None is the default, never typed), Literal[...] is its choices, a bool
+    a switch (off by default) or a --x/--no-x pair, tuple[X, ...] one or more X. Anything else is a
+    declaration error, said when the parser is built rather than as a KeyError."""
+    options = dict(field.metadata["argparse"])
+    if "action" in options:
+        return options
+    base = _without_none(annotation)
+    if typing.get_origin(base) is Literal:
+        choices = typing.get_args(base)
+        return {"choices": choices, "type": type(choices[0]), **options}
+    if base is bool:
+        return {"action": "store_true" if field.default is False else argparse.BooleanOptionalAction, **options}
+    if typing.get_origin(base) is tuple and typing.get_args(base)[1:] == (Ellipsis,):
+        return {"nargs": "+", "type": _scalar_type(field, typing.get_args(base)[0]), **options}
+    if "choices" in options:
+        return options
+    return {"type": _scalar_type(field, base), **options}
+
+
+def _without_none(annotation: Any) -> Any:
+    """Optional[X] (Union[X, None], X | None) -> X; anything else unchanged."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        rest = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return annotation
+
+
+def _scalar_type(field: dataclasses.Field, annotation: Any) -> type:
+    if annotation in (str, int, float):
+        return annotation
+    raise TypeError(f"{field.name}: a flag cannot parse {annotation!r}; annotate it as str, int, "
+                    f"float, bool, a Literal, Optional of one of those, or tuple[X, ...]")
 
 
 def config_from_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
@@ -226,7 +261,7 @@ def config_from_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     values: dict[str, Any] = dict(RECIPES[recipe])
     if given.get("demo"):
         values.update(DEMO_PRESET)
-    values.update(given)
+    values.update({name: tuple(value) if isinstance(value, list) else value for name, value in given.items()})
     config = TrainConfig(**values)
     check_config(config)
     return config

@@ -21,8 +21,8 @@ from ddp_train.errors import TrainError
 if TYPE_CHECKING:  # they import torch
     from ddp_train.checkpoint import Progress
     from ddp_train.distributed import World
-    from ddp_train.evaluate import EvalResult
-    from ddp_train.learner import Steps
+    from ddp_train.recipe.evaluate import EvalResult
+    from ddp_train.recipe.learner import Steps
 
 METRICS_NAME = "metrics.jsonl"
 

@@ -2,7 +2,7 @@
 
 Speed comes from the data path: the whole dataset sits on the device as uint8, batches are
 gathered, augmented and normalised there (no DataLoader workers), the model runs in
-channels_last under bf16 autocast, compiled with CUDA graphs on GPUs (speed.py), and nothing
+channels_last under bf16 autocast, compiled with CUDA graphs on GPUs (fast/speed.py), and nothing
 syncs the GPU inside an epoch: the stop-signal vote is read one check after it started.
 (On CPU the model stays NCHW: measured faster; it runs under bf16 autocast where the CPU
 computes bf16 natively, precision.py.)
@@ -21,16 +21,19 @@ import torch
 
 from ddp_contract import heartbeat as hb
 
-from ddp_train import cudagraph_report, data, distributed, metrics, recovery, speed
+from ddp_train import distributed, metrics, recovery
+from ddp_train.fast import cudagraph_report, speed
+from ddp_train.recipe import data
 from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
 from ddp_train.console import Console
-from ddp_train.config import TrainConfig, check_world, compile_by_default, for_device, resolve_backend
-from ddp_train.data import TrainBatches
+from ddp_train.config import TrainConfig
+from ddp_train.recipe.data import TrainBatches
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
-from ddp_train.evaluate import evaluate, target_reached
-from ddp_train.learner import Learner, Steps, accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
-from ddp_train.precision import Precision, agree_cpu_bf16, choose_precision, read_cpu_bf16
+from ddp_train.recipe.evaluate import evaluate, target_reached
+from ddp_train.recipe.learner import Learner, Steps, accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
+from ddp_train.precision import agree_cpu_bf16, read_cpu_bf16
+from ddp_train.resolve import Decisions, resolve
 from ddp_train.progress import ProgressBar
 from ddp_train.safety import heartbeat, peers, provenance, rundir, steptime
 from ddp_train.safety.signals import StopFlag, StopVote, stop_request_path
@@ -39,21 +42,17 @@ from ddp_train.safety.signals import StopFlag, StopVote, stop_request_path
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     started = recovery.StartClock.started(env)  # a recovery's record measures this start (recovery.py)
     dist_env = DistEnv.from_env(env)
-    with seen_by(Seen.BY_EVERY_RANK_OF_NODE):  # the same GPUs for every rank of a node
+    with seen_by(Seen.BY_EVERY_RANK_OF_NODE):  # the same GPUs and CPUs for every rank of a node
         device = distributed.pick_device(config.device, dist_env)
-    config = for_device(config, device.type, dist_env.world_size)
-    with seen_by(Seen.BY_EVERY_RANK):  # the same flags and world size on every rank: rank 0 tells
-        check_world(config, dist_env.world_size)  # after for_device: the default batch is checked too
-    if compile_by_default(config, device.type):
+        cpu_bf16 = read_cpu_bf16(env) if device.type == "cpu" else None  # once per process
+    decided = resolve(config, device.type, dist_env.world_size,
+                      device.type == "cuda" and torch.cuda.is_bf16_supported(), cpu_bf16)
+    config = decided.config
+    if decided.compiled:
         # Before torch writes its /tmp default into os.environ (creating an optimizer does). Inductor
         # reads its cache directory from the process environment: written there, not read from it.
         speed.use_compile_cache(speed.compile_cache_dir(config.compile_cache_dir, config.run_dir, env),
                                 os.environ)
-    with seen_by(Seen.BY_EVERY_RANK_OF_NODE):
-        cpu_bf16 = read_cpu_bf16(env) if device.type == "cpu" else None  # once per process
-        precision = choose_precision(config.precision, device.type,
-                                     device.type == "cuda" and torch.cuda.is_bf16_supported(), cpu_bf16)
-        config = dataclasses.replace(config, backend=resolve_backend(config.backend, device.type))  # recorded
     stop = StopFlag(stop_request_path(config.run_dir) if dist_env.is_main else None).install()
     # Hang forensics before the process group: torch reads the Flight Recorder's variables then.
     forensics = heartbeat.Forensics.start(env, dist_env.rank, dist_env.local_rank, config.run_dir,
@@ -62,14 +61,13 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     try:
         distributed.init_process_group(dist_env, device, config.dist_timeout_s, config.backend)
         if cpu_bf16 is not None and config.precision == "auto":  # nodes' CPUs may differ: one answer for all
-            precision = choose_precision(config.precision, device.type, False,
-                                         agree_cpu_bf16(distributed.all_gather_objects(cpu_bf16)))
+            decided = decided.with_cpu_bf16(agree_cpu_bf16(distributed.all_gather_objects(cpu_bf16)))
         hosts = peers.hosts_by_rank(env) if distributed.active() else []
         started.mark("group_ready_at")
         with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device):
             try:
-                return train(config, env, dist_env, device, precision, stop, forensics.heartbeat,
-                             Console(dist_env.is_main), started)
+                return train(decided, Live(env, dist_env, device, stop, forensics.heartbeat,
+                                           Console(dist_env.is_main), started))
             except RuntimeError as exc:  # a failed collective: was it a node that went away?
                 lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),
                                        env.get("MASTER_ADDR", "?")) if hosts else None
@@ -98,18 +96,29 @@ def record_provenance(config: TrainConfig, dist_env: DistEnv, console: Console) 
     console.say(*provenance.summary_lines(manifest))
 
 
+@dataclass(frozen=True)
+class Live:
+    """The run's live parts, started by run() before train() and stopped after it: the environment, this
+    process's place in the process group, its device, the stop request, the heartbeat, the console and
+    the start's clock."""
+
+    env: Mapping[str, str]
+    dist_env: DistEnv
+    device: torch.device
+    stop: StopFlag
+    beat: heartbeat.Heartbeat
+    console: Console
+    started: recovery.StartClock = dataclasses.field(default_factory=recovery.StartClock)
+
+
 @dataclass
 class Run:
     """One training run's parts, built once by set_up: the loop reads them and goes back to neither the
     world (distributed) nor the flags (config) for anything else. progress is the one that changes."""
 
-    config: TrainConfig
-    dist_env: DistEnv
-    device: torch.device
-    precision: Precision
-    console: Console
+    decided: Decisions
+    live: Live
     log: metrics.MetricsWriter
-    beat: heartbeat.Heartbeat
     train_set: data.Split
     test_set: data.Split
     data_note: str
@@ -123,43 +132,53 @@ class Run:
     steps: Steps
     world: distributed.World
 
+    @property
+    def config(self) -> TrainConfig:
+        return self.decided.config
 
-def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device,
-          precision: Precision, stop: StopFlag, beat: heartbeat.Heartbeat, console: Console,
-          started: Optional[recovery.StartClock] = None) -> int:
-    started = started or recovery.StartClock()
+    @property
+    def dist_env(self) -> DistEnv:
+        return self.live.dist_env
+
+    @property
+    def device(self) -> torch.device:
+        return self.live.device
+
+    @property
+    def console(self) -> Console:
+        return self.live.console
+
+    @property
+    def beat(self) -> heartbeat.Heartbeat:
+        return self.live.beat
+
+
+def train(decided: Decisions, live: Live) -> int:
     wall_start = time.perf_counter()
-    run = set_up(config, env, dist_env, device, precision, beat, console, started)
-    introduce(run, env)
-    train_step = step_function(run, steptime.slowdown_s_for_tests(env, dist_env.rank))
+    config, console, beat = decided.config, live.console, live.beat
+    run = set_up(decided, live)
+    introduce(run)
+    train_step = step_function(run, steptime.slowdown_s_for_tests(live.env, live.dist_env.rank))
     warm_up(run, train_step)
-    started.mark("training_at")
-    report_recovery(run, env, started)
+    live.started.mark("training_at")
+    report_recovery(run)
 
     # The loop: every rank takes the same steps and makes the same decisions.
-    progress, votes = run.progress, StopVote(stop, device, config.stop_check_every)
+    progress, votes = run.progress, StopVote(live.stop, live.device, config.stop_check_every)
     stopped_by: Optional[str] = None
     first_epoch_here = True
     for epoch in range(progress.epoch, config.epochs):
         if progress.finished:
             break
-        stopped_by, step, epoch_time, images, train_loss, lr = train_epoch(run, epoch, train_step, votes)
-        progress.add_training_time(images, epoch_time, warm_up_epoch=first_epoch_here)
+        trained = train_epoch(run, epoch, train_step, votes)
+        progress.add_training_time(trained.images, trained.seconds, warm_up_epoch=first_epoch_here)
         warm_up_epoch, first_epoch_here = first_epoch_here, False
+        stopped_by = trained.stopped_by
         if stopped_by:
-            progress.step = step
+            progress.step = trained.step
             break
 
-        beat.phase(hb.EVAL)
-        result = evaluate(run.learner.for_evaluation(), run.test_set, dist_env.rank, dist_env.world_size,
-                          config.eval_batch_size, run.learner.autocast_dtype, config.tta)
-        progress.epoch, progress.step = epoch + 1, 0
-        progress.add_accuracy(result.accuracy)
-        end = metrics.EpochEnd(epoch + 1, config.epochs, epoch_time, images, train_loss, result, lr, warm_up_epoch)
-        console.say(end.line())
-        run.log.write("epoch", **end.record())
-        distributed.agree_or_raise(run.log.failed or console.failed, device)
-        if target_reached(progress.accuracies, config.target_accuracy, config.patience):
+        if evaluate_epoch(run, epoch, trained, warm_up_epoch):
             progress.early_stopped = True
             console.say(f"Target accuracy reached. Early stopping after epoch {epoch + 1}.")
             break
@@ -171,13 +190,14 @@ def train(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device
             break
 
     if stopped_by:
-        return leave_for_requeue(run, stopped_by, stop)
+        return leave_for_requeue(run, stopped_by)
     return finish(run, time.perf_counter() - wall_start)
 
 
-def set_up(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, device: torch.device, precision: Precision,
-           beat: heartbeat.Heartbeat, console: Console, started: recovery.StartClock) -> Run:
+def set_up(decided: Decisions, live: Live) -> Run:
     """The run dir, the data, the learner, the checkpoint to resume, DDP and the step clock, once."""
+    config, dist_env, device, console, beat, started = (decided.config, live.dist_env, live.device, live.console,
+                                                        live.beat, live.started)
     log = metrics.MetricsWriter(config.run_dir, enabled=dist_env.is_main)
     speed.tune_backends(device)
     # The run dir before anything else: writable, and an earlier run moved aside under --no-resume.
@@ -187,26 +207,26 @@ def set_up(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, devic
     train_set, test_set, data_note = data.prepare(config, dist_env.is_main, device)  # uint8, on the device
 
     # The model and what trains it; then the checkpoint, if there is one to resume.
-    learner = build_learner(config, dist_env, device, precision.name)
+    learner = build_learner(decided, dist_env.rank, device)
     checkpoints = Checkpointer(config, learner, dist_env, device)
     started.mark("resume_started_at")
     resumed = checkpoints.resume()
     started.mark("resume_done_at")
     if dist_env.is_main:
         rundir.warn_if_low_space(Path(config.run_dir), checkpoints.estimated_bytes())
-    clock = steptime.StepClock(device, enabled=distributed.active() and heartbeat.wanted(env))
+    clock = steptime.StepClock(device, enabled=distributed.active() and heartbeat.wanted(live.env))
 
     def on_bucket() -> None:  # DDP's comm hook, as each gradient bucket goes to the all-reduce
         beat.bucket()
         clock.bucket()
 
     # DDP (after the resume: it broadcasts rank 0's weights), with the comm hook when timing steps.
-    fast = speed.accelerate(learner.model, config, device, on_bucket if clock.enabled else None)
+    fast = speed.accelerate(learner.model, decided, device, on_bucket if clock.enabled else None)
     clock.enabled = clock.enabled and not fast.cuda_graphs
     if clock.enabled and not fast.compiled:
         # After DDP's forward broadcast its buffers: the time before it is waiting for peers.
         learner.model.register_forward_pre_hook(lambda _module, _inputs: clock.forward_started())
-    return Run(config, dist_env, device, precision, console, log, beat, train_set, test_set, data_note, learner,
+    return Run(decided, live, log, train_set, test_set, data_note, learner,
                checkpoints, resumed, resumed or Progress(), clock, fast,
                TrainBatches(train_set, config.batch_size, config.seed, dist_env.rank, dist_env.world_size),
                plan_steps(len(train_set), config.batch_size, dist_env.world_size, config.epochs,
@@ -214,17 +234,17 @@ def set_up(config: TrainConfig, env: Mapping[str, str], dist_env: DistEnv, devic
                distributed.describe_world(dist_env, device))
 
 
-def introduce(run: Run, env: Mapping[str, str]) -> None:
+def introduce(run: Run) -> None:
     """The transport line, the manifest, the run record and the header."""
-    config, console = run.config, run.console
-    distributed.announce_network_transport(env, run.device, run.dist_env.local_rank, config.backend)
+    config, console, precision = run.config, run.console, run.decided.precision
+    distributed.announce_network_transport(run.live.env, run.device, run.dist_env.local_rank, config.backend)
     record_provenance(config, run.dist_env, console)
-    start = metrics.RunStart(run.world, config, run.precision.name, run.learner.lr_peak, run.fast.compile_mode,
-                             run.steps, len(run.train_set), len(run.test_set), run.resumed, run.precision.reason)
+    start = metrics.RunStart(run.world, config, precision.name, run.decided.lr_peak, run.decided.compile_mode,
+                             run.steps, len(run.train_set), len(run.test_set), run.resumed, precision.reason)
     run.log.write("run", **start.record())
     # Rank 0's write failed (a full disk, in the run dir or under its logs): every rank stops.
     distributed.agree_or_raise(run.log.failed or console.failed, run.device)
-    console.say(start.header(), run.precision.line())
+    console.say(start.header(), precision.line())
     if run.data_note:
         console.say(run.data_note)
     if run.resumed:
@@ -271,39 +291,49 @@ def warm_up(run: Run, train_step: Callable[[torch.Tensor, torch.Tensor], torch.T
         warm_x, warm_y = batches.batch(batches.permutation(progress.epoch), progress.epoch, progress.step)
         learner.model.train()
         run.beat.phase(hb.WARMUP)
-        setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, learner.model, learner.optimizer,
-                                learner.scaler, device, learner.ema)
+        setup_s = speed.warm_up(lambda: train_step(warm_x, warm_y), passes, [learner], device)
         progress.setup_time_s += setup_s
         run.console.say(f"Warm-up ({fast.describe()}, {passes} pass(es), outside the training time): {setup_s:.1f} s")
     run.console.say(*cudagraph_report.gather(fast.graph_state(device)).lines())
 
 
-def report_recovery(run: Run, env: Mapping[str, str], started: recovery.StartClock) -> None:
+def report_recovery(run: Run) -> None:
     """Training again after spares took bad nodes' places: the recovery's record and line (recovery.py)."""
+    env, started = run.live.env, run.live.started
     recovered = recovery.from_env(env) if run.dist_env.is_main and recovery.first_start(env) else None
     if recovered is not None and not run.progress.finished:
         run.log.write("recovery", **recovery.record(recovered, started))
         run.console.say(recovery.line(recovered, started))
 
 
+@dataclass(frozen=True)
+class EpochTrained:
+    """What one epoch's training (train_epoch) did, up to its end or a stop the ranks agreed on."""
+    stopped_by: Optional[str]  # the signal the ranks agreed to stop for; None: the epoch ran to its end
+    step: int  # the step reached inside the epoch
+    seconds: float
+    images: int  # trained in this call (a resumed epoch counts from where it resumed)
+    train_loss: float  # the mean over this call's steps
+    last_lr: float
+
+
 def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                votes: StopVote) -> tuple[Optional[str], int, float, int, float, float]:
-    """The epoch's steps from where progress stands, until its end or a stop the ranks agreed on:
-    (stopped by, the step reached, seconds, images, mean train loss, the last LR)."""
+                votes: StopVote) -> EpochTrained:
+    """The epoch's steps from where progress stands, until its end or a stop the ranks agreed on."""
     config, progress, steps, learner, clock = run.config, run.progress, run.steps, run.learner, run.clock
     perm, first_step, step = run.batches.permutation(epoch), progress.step, progress.step
     learner.model.train()
     loss_sum = torch.zeros((), device=run.device)
     bar = ProgressBar(steps.per_epoch, f"Epoch {epoch + 1}/{config.epochs}", run.dist_env.is_main, run.console)
     stopped_by: Optional[str] = None
-    lr = learner.lr_peak
+    lr = run.decided.lr_peak
     t0 = time.perf_counter()
     while step < steps.per_epoch:
         stopped_by = votes.during_epoch(step, first_step)
         if stopped_by:
             break
         x, y = run.batches.batch(perm, epoch, step)
-        lr = lr_at(epoch * steps.per_epoch + step, steps.total, steps.warmup, learner.lr_peak, config.schedule)
+        lr = lr_at(epoch * steps.per_epoch + step, steps.total, steps.warmup, run.decided.lr_peak, config.schedule)
         learner.set_lr(lr)
         run.beat.step(epoch * steps.per_epoch + step)
         clock.begin()
@@ -316,10 +346,26 @@ def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.
     bar.close()
     clock.epoch_end()
     votes.drain()
-    return stopped_by, step, epoch_time, (step - first_step) * config.batch_size, train_loss, lr
+    return EpochTrained(stopped_by, step, epoch_time, (step - first_step) * config.batch_size, train_loss, lr)
 
 
-def leave_for_requeue(run: Run, stopped_by: str, stop: StopFlag) -> int:
+def evaluate_epoch(run: Run, epoch: int, trained: EpochTrained, warm_up_epoch: bool) -> bool:
+    """The trained epoch's evaluation, its line and record; whether the target accuracy is reached."""
+    config, progress, console = run.config, run.progress, run.console
+    run.beat.phase(hb.EVAL)
+    result = evaluate(run.learner.for_evaluation(), run.test_set, run.dist_env.rank, run.dist_env.world_size,
+                      config.eval_batch_size, run.learner.autocast_dtype, config.tta)
+    progress.epoch, progress.step = epoch + 1, 0
+    progress.add_accuracy(result.accuracy)
+    end = metrics.EpochEnd(epoch + 1, config.epochs, trained.seconds, trained.images, trained.train_loss, result,
+                           trained.last_lr, warm_up_epoch)
+    console.say(end.line())
+    run.log.write("epoch", **end.record())
+    distributed.agree_or_raise(run.log.failed or console.failed, run.device)
+    return target_reached(progress.accuracies, config.target_accuracy, config.patience)
+
+
+def leave_for_requeue(run: Run, stopped_by: str) -> int:
     """A checkpoint, then exit 75: the job script requeues and the next start resumes."""
     progress, checkpoints = run.progress, run.checkpoints
     if progress.step:  # a mid-epoch stop; an epoch-end stop has just saved
@@ -327,7 +373,7 @@ def leave_for_requeue(run: Run, stopped_by: str, stop: StopFlag) -> int:
     stopped = metrics.Stopped(stopped_by, progress.epoch, progress.step, checkpoints.path, EXIT_REQUEUE)
     run.log.write("stopped", **stopped.record())
     run.console.say(stopped.line())
-    stop.clear_request()
+    run.live.stop.clear_request()
     distributed.barrier()
     return EXIT_REQUEUE
 

@@ -96,6 +96,18 @@ def test_the_trainers_rooms_import_nothing_on_entry():
     assert [imported_packages(room.read_text()) for room in rooms] == [set(), set()]
 
 
+def test_the_speed_code_and_the_recipe_each_have_a_room_that_imports_nothing_on_entry():
+    """fast/ holds the GPU speed code and recipe/ what trains; config.py reads fast.levers without torch."""
+    graph = import_graph(OTHER_PACKAGES["ddp_train"])
+    fast = ("speed", "levers", "cudagraph_report", "fused_blocks", "cudnn_blocks", "bn_kernels", "bn_blocks",
+            "loss_scale")
+    recipe = ("model", "learner", "data", "evaluate")
+    assert {f"ddp_train.fast.{name}" for name in fast} | {f"ddp_train.recipe.{name}" for name in recipe} <= set(graph)
+    assert not {f"ddp_train.{name}" for name in fast + recipe} & set(graph)  # none left flat beside them
+    rooms = [OTHER_PACKAGES["ddp_train"] / room / "__init__.py" for room in ("fast", "recipe")]
+    assert [imported_packages(room.read_text()) for room in rooms] == [set(), set()]
+
+
 def test_the_contracts_commands_live_in_its_main_not_in_the_package_its_modules_import():
     """`python3 -m ddp_contract download DIR` needs ddp_contract.download, which needs the package: the
     dispatch in the package itself made package -> download -> package."""

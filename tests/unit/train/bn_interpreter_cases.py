@@ -1,4 +1,4 @@
-"""Our Triton BatchNorm kernels (ddp_train/bn_kernels.py, bn_blocks.py) against nn.BatchNorm2d, run by
+"""Our Triton BatchNorm kernels (ddp_train/fast/bn_kernels.py, bn_blocks.py) against nn.BatchNorm2d, run by
 Triton's interpreter on CPU tensors. The interpreter is chosen when triton is imported, so these
 cases run in a process of their own under TRITON_INTERPRET=1 (test_triton_bn.py starts it; by hand:
 `TRITON_INTERPRET=1 python -m pytest tests/unit/train/bn_interpreter_cases.py`). The file name keeps
@@ -23,9 +23,9 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from functorch.compile import make_boxed_func
 
-from ddp_train import bn_kernels
-from ddp_train.bn_blocks import TritonBasicBlock, batch_norm_act, bn_act, bn_act_backward
-from ddp_train.model import WideResNet
+from ddp_train.fast import bn_kernels
+from ddp_train.fast.bn_blocks import TritonBasicBlock, batch_norm_act, bn_act, bn_act_backward
+from ddp_train.recipe.model import WideResNet
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     raise RuntimeError("run these cases under TRITON_INTERPRET=1 (tests/unit/train/test_triton_bn.py starts them)")

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from ddp_train.data import random_crop_flip
+from ddp_train.recipe.data import random_crop_flip
 
 
 def candidate_views(image: torch.Tensor, pad: int) -> list[torch.Tensor]:

@@ -16,7 +16,7 @@ from train_helpers import trainer_env
 
 from bn_bandwidth import cases
 from ddp_train.config import GPU_BATCH_PER_RANK
-from ddp_train.model import BasicBlock, WideResNet
+from ddp_train.recipe.model import BasicBlock, WideResNet
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bn_bandwidth.py"
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddp_train import cli
-from ddp_train.data import load_split, normalize
+from ddp_train.recipe.data import load_split, normalize
 from ddp_train.errors import TrainError
 from ddp_train.synthetic import write_dataset
 

@@ -103,7 +103,7 @@ def test_the_precision_line_says_what_stays_fp32():
 
 def test_under_cpu_bf16_autocast_the_loss_parameters_and_gradients_stay_fp32():
     torch.manual_seed(0)
-    from ddp_train.model import WideResNet
+    from ddp_train.recipe.model import WideResNet
     model = WideResNet(100, 1 / 16, 0.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     conv_outputs = []

@@ -1,5 +1,5 @@
 """CUDA graphs are never off without a word: each rank's state after the warm-up and in the
-summary, and inductor's reason in one line where they are off (ddp_train/cudagraph_report.py)."""
+summary, and inductor's reason in one line where they are off (ddp_train/fast/cudagraph_report.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import logging
 import pytest
 import torch
 
-from ddp_train import cudagraph_report
-from ddp_train.cudagraph_report import GraphReport, GraphState, decide
+from ddp_train.fast import cudagraph_report
+from ddp_train.fast.cudagraph_report import GraphReport, GraphState, decide
 
 # The frame format of an FX node's meta["stack_trace"] (torch/fx/traceback.py), which inductor
 # appends to its mutation message after "Found from :".
-BN_FRAME = ('  File "/opt/ddp-hpc/src/ddp_train/model.py", line 41, in forward\n'
+BN_FRAME = ('  File "/opt/ddp-hpc/src/ddp_train/recipe/model.py", line 41, in forward\n'
             '    out = self.bn2(self.conv2(out))\n')
 
 
@@ -104,7 +104,7 @@ def test_ddp_wrapped_batchnorm_model_stays_on_graphs_or_says_why(tmp_path):
     # BatchNorm under DDP with reduce-overhead: https://github.com/pytorch/pytorch/issues/139207
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    from ddp_train.model import WideResNet
+    from ddp_train.recipe.model import WideResNet
     dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))
     try:

@@ -1,4 +1,4 @@
-"""The cuDNN-frontend kernels' CPU-visible parts (ddp_train/cudnn_blocks.py) and the probe that checks
+"""The cuDNN-frontend kernels' CPU-visible parts (ddp_train/fast/cudnn_blocks.py) and the probe that checks
 them on a GPU (benchmarks/cudnn_fusion_probe.py): availability and its reasons, the graph cache key,
 the libcudnn listing, the probe's shapes and command line. The kernels themselves need a GPU:
 tests/unit/train/test_fused_blocks.py has the GPU test."""
@@ -15,7 +15,7 @@ import cudnn_fusion_probe  # benchmarks/, on the path through pyproject.toml's p
 import pytest
 import torch
 
-from ddp_train import cudnn_blocks, fused_blocks
+from ddp_train.fast import cudnn_blocks, fused_blocks
 from ddp_train.config import GPU_BATCH_PER_RANK
 
 PROBE = Path(cudnn_fusion_probe.__file__).resolve()

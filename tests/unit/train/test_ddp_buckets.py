@@ -2,7 +2,7 @@
 all-reduce starts with the head's gradients and walks back to the stem, so it overlaps backward."""
 
 from ddp_buckets import buckets
-from ddp_train.model import WideResNet
+from ddp_train.recipe.model import WideResNet
 
 
 def test_full_model_buckets_fire_head_first_stem_last_within_the_cap():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ddp_train.data import Split
-from ddp_train.evaluate import evaluate, shard_bounds
+from ddp_train.recipe.data import Split
+from ddp_train.recipe.evaluate import evaluate, shard_bounds
 
 
 @pytest.mark.parametrize("n", [1, 7, 203, 10000])

@@ -1,4 +1,4 @@
-"""The fused residual block's custom ops (ddp_train/fused_blocks.py), checked on CPU with their
+"""The fused residual block's custom ops (ddp_train/fast/fused_blocks.py), checked on CPU with their
 reference implementation: torch's own op checks, numerical gradients, training equal to the plain
 blocks, one op each in torch.compile's graphs, and plugged-in kernels that are really called."""
 
@@ -11,9 +11,9 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from functorch.compile import make_boxed_func
 
-from ddp_train import fused_blocks
-from ddp_train.fused_blocks import FusedBasicBlock, Kernels, conv_stats, conv_stats_backward
-from ddp_train.model import WideResNet
+from ddp_train.fast import fused_blocks
+from ddp_train.fast.fused_blocks import FusedBasicBlock, Kernels, conv_stats, conv_stats_backward
+from ddp_train.recipe.model import WideResNet
 
 BLOCKS = 6  # WideResNet: three stages of two blocks
 WIDTH = 1 / 16
@@ -142,7 +142,7 @@ def test_on_the_gpu_fused_blocks_train_within_bf16_tolerance_of_the_plain_ones_o
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the cuDNN kernels of the fused blocks need a CUDA GPU")
 def test_on_the_gpu_the_cudnn_kernels_train_within_bf16_tolerance_of_the_plain_blocks(monkeypatch):
-    from ddp_train import cudnn_blocks
+    from ddp_train.fast import cudnn_blocks
     kernels = cudnn_blocks.kernels()
     if kernels is None:
         pytest.skip(f"the cuDNN kernels cannot run here: {cudnn_blocks.unavailable_reason()}")

@@ -12,9 +12,9 @@ import torch
 
 from train_helpers import trainer_env
 
-from ddp_train.bn_blocks import TritonBasicBlock
-from ddp_train.cudagraph_report import CUDA_GRAPH_MODES
-from ddp_train.model import WideResNet
+from ddp_train.fast.bn_blocks import TritonBasicBlock
+from ddp_train.fast.cudagraph_report import CUDA_GRAPH_MODES
+from ddp_train.recipe.model import WideResNet
 from gpu_throughput import (VARIANTS, Variant, block_of, forward_macs_per_image, inductor_option, inductor_options,
                             missing_options, not_run_because)
 

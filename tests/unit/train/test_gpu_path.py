@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from train_helpers import TINY_ARGS, run_trainer, trainer_env
-from ddp_train import data, speed
+from ddp_train.fast import speed
+from ddp_train.recipe import data
+from ddp_train.fast.cudagraph_report import uses_cuda_graphs
 from ddp_train.config import (compile_by_default, config_from_args, for_device, peak_lr,
                               resolve_compile_mode)
 from ddp_train.distributed import DistEnv, gpu_index
 from ddp_train.errors import TrainError
-from ddp_train.model import WideResNet
+from ddp_train.recipe.model import WideResNet
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -45,7 +47,7 @@ def test_cuda_graphs_are_the_cuda_default_and_a_mode_flag_overrides():
     assert resolve_compile_mode(config_from_args([]), "cpu") == "default"
     chosen = config_from_args(["--compile-mode", "max-autotune-no-cudagraphs"])
     assert resolve_compile_mode(chosen, "cuda") == "max-autotune-no-cudagraphs"
-    assert speed.uses_cuda_graphs("reduce-overhead") and not speed.uses_cuda_graphs("default")
+    assert uses_cuda_graphs("reduce-overhead") and not uses_cuda_graphs("default")
 
 
 def test_improved_recipe_has_no_dropout_module_and_the_guide_keeps_its_dropout():
@@ -113,7 +115,7 @@ def test_warm_up_leaves_weights_statistics_optimizer_and_rng_as_they_were():
     plain_model, _, _, plain_step = tiny_training()
     plain_losses = [plain_step() for _ in range(3)]
     warm_model, warm_opt, warm_scaler, warm_step = tiny_training()
-    seconds = speed.warm_up(warm_step, 2, warm_model, warm_opt, warm_scaler, cpu)
+    seconds = speed.warm_up(warm_step, 2, [warm_model, warm_opt, warm_scaler], cpu)
     assert seconds > 0 and warm_opt.state_dict()["state"] == {}
     warm_losses = [warm_step() for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(plain_losses, warm_losses))  # same dropout masks too

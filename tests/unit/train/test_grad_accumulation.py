@@ -23,10 +23,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ddp_train.learner import accumulate_gradients, gradient_sync
+from ddp_train.recipe.learner import accumulate_gradients, gradient_sync
 from ddp_train.config import check_world, config_from_args
 from ddp_train.errors import TrainError
-from ddp_train.model import WideResNet
+from ddp_train.recipe.model import WideResNet
 from train_helpers import TINY_ARGS, run_trainer, trainer_env
 
 WORLD, PER_RANK = 2, 8
@@ -91,7 +91,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
     from test_grad_accumulation import PER_RANK, batch, tiny_model  # PYTHONPATH: this test's directory
-    from ddp_train.learner import accumulate_gradients
+    from ddp_train.recipe.learner import accumulate_gradients
     dist.init_process_group("gloo")
     rank, steps = dist.get_rank(), int(sys.argv[1])
     model = tiny_model().eval()

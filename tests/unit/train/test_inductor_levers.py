@@ -5,7 +5,7 @@ import functools
 import pytest
 import torch._inductor.config as inductor_config
 
-from ddp_train import levers
+from ddp_train.fast import levers
 from ddp_train.config import TrainConfig, config_from_args
 from ddp_train.errors import TrainError
 

@@ -1,4 +1,4 @@
-"""fp16 loss scaling on the device (ddp_train/loss_scale.py), checked on CPU tensors with the ops the
+"""fp16 loss scaling on the device (ddp_train/fast/loss_scale.py), checked on CPU tensors with the ops the
 GPU runs (torch's check, update and fused SGD kernels have CPU implementations): torch.amp.GradScaler
 is the reference for every decision, and nothing reads a value back from the device."""
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ddp_train import learner
+from ddp_train.recipe import learner
 from ddp_train.config import TrainConfig
-from ddp_train.distributed import DistEnv
-from ddp_train.loss_scale import LossScaler
+from ddp_train.resolve import resolve
+from ddp_train.fast.loss_scale import LossScaler
 
 CPU = torch.device("cpu")
 GROWTH_INTERVAL = 3
@@ -187,7 +187,8 @@ def test_an_unfused_optimizer_is_refused_naming_the_fix():
 
 @pytest.mark.parametrize("precision, scaled", [("fp16", True), ("bf16", False), ("fp32", False)])
 def test_the_learner_scales_fp16_only_and_then_with_the_fused_sgd(precision, scaled):
-    built = learner.build_learner(TrainConfig(width_scale=1 / 16, batch_size=32), DistEnv(0, 1, 0, 1), CPU, precision)
+    built = learner.build_learner(resolve(TrainConfig(width_scale=1 / 16, batch_size=32, precision=precision), "cpu", 1,
+                                          gpu_bf16=False, cpu_bf16=None), 0, CPU)
     assert isinstance(built.scaler, LossScaler) and built.scaler.is_enabled() == scaled
     if scaled:
         assert built.optimizer.param_groups[0]["fused"]

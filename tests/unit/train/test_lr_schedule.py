@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddp_train.learner import lr_at
+from ddp_train.recipe.learner import lr_at
 
 
 def test_warmup_rises_linearly_to_the_peak():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ddp_train import checkpoint, cli, write_failure
+from ddp_train.recipe import learner
 from ddp_train.safety import rundir
 from ddp_train.errors import TrainError
 
@@ -137,7 +138,7 @@ def test_the_trainer_warns_about_low_space_before_the_first_epoch(data_dir, tmp_
 def test_the_estimate_counts_weights_momentum_and_ema(tmp_path):
     import torch
     model = torch.nn.Linear(10, 10)  # 110 float32 parameters
-    assert checkpoint.estimated_bytes(model, copies=2) == 2 * 110 * 4
+    assert learner.estimated_bytes(model, copies=2) == 2 * 110 * 4
 
 
 def test_a_disk_that_fills_up_mid_run_is_one_line_and_keeps_the_last_checkpoint(data_dir, tmp_path, capsys,

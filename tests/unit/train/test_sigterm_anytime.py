@@ -9,7 +9,8 @@ import signal
 import pytest
 import torch
 
-from ddp_train import checkpoint, cli, data, train
+from ddp_train import checkpoint, cli, train
+from ddp_train.recipe import data
 from ddp_train.errors import EXIT_REQUEUE
 
 TINY = ["--allow-unverified-data", "--batch-size", "32", "--width-scale", "0.0625", "--device", "cpu",

@@ -3,9 +3,10 @@
 import pytest
 
 import dataclasses
+from typing import Literal, Optional
 
 from ddp_train.config import (DEMO_PRESET, GUIDE_RECIPE, RECIPES, TrainConfig, build_parser, check_world,
-                              config_from_args, peak_lr, resolve_precision)
+                              config_from_args, option, peak_lr, resolve_precision)
 from ddp_train.errors import TrainError
 
 
@@ -122,3 +123,37 @@ def test_precision_defaults_to_bf16_where_the_device_computes_it(requested, devi
 def test_bf16_on_a_gpu_without_it_is_an_error():
     with pytest.raises(TrainError, match="fp16"):
         resolve_precision("bf16", "cuda", False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _EveryKindOfField:
+    """A field of each annotation a TrainConfig field may carry, declared as TrainConfig's are."""
+    clip: Optional[float] = option(None, "an Optional[float]: None unless given")
+    workers: Optional[int] = option(None, "an Optional[int]")
+    layout: Literal["nchw", "nhwc"] = option("nchw", "a Literal: its values are the choices")
+    mode: str = option("a", "a str with declared choices", choices=("a", "b"))
+    fused: bool = option(True, "a bool on by default: --fused/--no-fused")
+    trace: bool = option(False, "a bool off by default: a switch")
+    widths: tuple[int, ...] = option((16, 32), "a tuple: one or more ints")
+
+
+def test_a_flag_parses_every_annotation_a_field_can_have():
+    parser = build_parser(_EveryKindOfField)
+    given = vars(parser.parse_args(["--clip", "0.5", "--workers", "3", "--layout", "nhwc", "--mode", "b",
+                                    "--no-fused", "--trace", "--widths", "8", "16", "32"]))
+    assert given == {"clip": 0.5, "workers": 3, "layout": "nhwc", "mode": "b", "fused": False, "trace": True,
+                     "widths": [8, 16, 32]}
+    assert isinstance(given["clip"], float)
+    assert vars(parser.parse_args([])) == {}  # defaults stay the dataclass's
+    for bad in (["--clip", "tight"], ["--workers", "2.5"], ["--layout", "nwhc"], ["--widths", "8", "x"]):
+        with pytest.raises(TrainError):
+            parser.parse_args(bad)
+
+
+def test_a_field_whose_annotation_no_flag_can_parse_is_refused_by_name():
+    @dataclasses.dataclass(frozen=True)
+    class Odd:
+        ratio: complex = option(1j, "no flag parses a complex")
+
+    with pytest.raises(TypeError, match="ratio: a flag cannot parse"):
+        build_parser(Odd)

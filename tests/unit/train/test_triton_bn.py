@@ -1,4 +1,4 @@
-"""Our Triton BatchNorm (ddp_train/bn_kernels.py, bn_blocks.py): the kernels against nn.BatchNorm2d under
+"""Our Triton BatchNorm (ddp_train/fast/bn_kernels.py, bn_blocks.py): the kernels against nn.BatchNorm2d under
 Triton's interpreter (bn_interpreter_cases.py, in a process of its own), every kernel through Triton's
 own compiler for the clusters' GPUs (no GPU needed), the tiling plan, the --bn-kernels lever and its
 errors, and on a GPU the compiled kernels at the model's shapes and in a compiled training step with
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from train_helpers import TINY_ARGS, run_trainer, trainer_env
-from ddp_train import bn_kernels, cudagraph_report, levers, speed
-from ddp_train.bn_blocks import TritonBasicBlock, batch_norm_act, block_for
+from ddp_train.fast import bn_kernels, cudagraph_report, levers, speed
+from ddp_train.fast.bn_blocks import TritonBasicBlock, batch_norm_act, block_for
 from ddp_train.config import GPU_BATCH_PER_RANK, config_from_args
 from ddp_train.errors import TrainError
-from ddp_train.model import BasicBlock, WideResNet
+from ddp_train.recipe.model import BasicBlock, WideResNet
 
 ROOT = Path(__file__).resolve().parents[3]
 CASES = Path(__file__).with_name("bn_interpreter_cases.py")

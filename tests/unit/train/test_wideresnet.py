@@ -2,7 +2,7 @@
 
 import torch
 
-from ddp_train.model import WideResNet, scaled_widths
+from ddp_train.recipe.model import WideResNet, scaled_widths
 
 
 def parameter_count(model: torch.nn.Module) -> int:

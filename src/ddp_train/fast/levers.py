@@ -1,7 +1,7 @@
 """Inductor's options for the memory-bound part of a compiled step (BatchNorm statistics and
 normalisation, ReLU, the residual add), by name: what `--inductor-levers` takes and what
 benchmarks/gpu_throughput.py measures one by one; and `--bn-kernels`, which runs that part on our
-own Triton kernels instead (ddp_train/bn_kernels.py).
+own Triton kernels instead (ddp_train/fast/bn_kernels.py).
 
 Each lever is a set of `torch._inductor.config` options (names and meanings:
 torch/_inductor/config.py). They are set for the whole process before the model compiles, since
@@ -88,7 +88,7 @@ def apply(names: tuple[str, ...]) -> None:
 
 # --bn-kernels: who computes BatchNorm (+ReLU, +residual add) in training. torch: nn.BatchNorm2d,
 # which inductor turns into its own kernels when the model compiles; triton: our kernels
-# (ddp_train/bn_blocks.py), CUDA only. auto is torch on every device until benchmarks/gpu_throughput.py's
+# (ddp_train/fast/bn_blocks.py), CUDA only. auto is torch on every device until benchmarks/gpu_throughput.py's
 # triton-bn variant beats the graphs variant on a GPU (docs/benchmarks.md): then BN_CUDA_DEFAULT = "triton".
 BN_KERNELS = (AUTO, "torch", "triton")
 BN_CUDA_DEFAULT = "torch"

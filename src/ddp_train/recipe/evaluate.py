@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ddp_train.data import Split, normalize
+from ddp_train.recipe.data import Split, normalize
 from ddp_train.distributed import all_reduce_sum
 
 

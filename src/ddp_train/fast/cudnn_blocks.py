@@ -1,4 +1,4 @@
-"""cuDNN-frontend kernels for the fused blocks' two ops (ddp_train.fused_blocks): cuDNN graphs built
+"""cuDNN-frontend kernels for the fused blocks' two ops (ddp_train.fast.fused_blocks): cuDNN graphs built
 once per shape, plugged in for "cuda" by use_cudnn_kernels() here, a default nowhere.
 
 Written against nvidia-cudnn-frontend 1.32.0 (`cudnn.pygraph`, `cudnn.create_handle`,
@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import torch
 from torch import Tensor
 
-from ddp_train.fused_blocks import (CHANNELS, Kernels, _prologue, plug_in, reference_conv_stats,
+from ddp_train.fast.fused_blocks import (CHANNELS, Kernels, _prologue, plug_in, reference_conv_stats,
                                     reference_conv_stats_backward)
 
 INSTALL_HINT = "pip install nvidia-cudnn-frontend"

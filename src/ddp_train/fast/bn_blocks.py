@@ -1,5 +1,5 @@
 """BatchNorm2d with its ReLU and residual add, in training, as a custom op over our own Triton kernels
-(ddp_train/bn_kernels.py) and its backward as another; TritonBasicBlock is the residual block on them.
+(ddp_train/fast/bn_kernels.py) and its backward as another; TritonBasicBlock is the residual block on them.
 `--bn-kernels triton` builds the model from it; a default nowhere until a GPU figure says it wins.
 
     ddp_train::bn_act(x, weight, bias, residual?, relu, eps) -> y, mean, var, invstd
@@ -26,13 +26,13 @@ import torch.nn as nn
 from torch import Tensor
 
 from ddp_train.errors import Seen, TrainError
-from ddp_train.model import BasicBlock
+from ddp_train.recipe.model import BasicBlock
 
 
 @torch.library.custom_op("ddp_train::bn_act", mutates_args=())
 def bn_act(x: Tensor, weight: Tensor, bias: Tensor, residual: Optional[Tensor], relu: bool, eps: float
            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    from ddp_train import bn_kernels
+    from ddp_train.fast import bn_kernels
     return bn_kernels.forward(bn_kernels.channels_last(x), weight, bias, residual, relu, eps)
 
 
@@ -46,7 +46,7 @@ def _bn_act_fake(x, weight, bias, residual, relu, eps):
 @torch.library.custom_op("ddp_train::bn_act_backward", mutates_args=())
 def bn_act_backward(grad_y: Tensor, y: Tensor, x: Tensor, weight: Tensor, mean: Tensor, invstd: Tensor,
                     has_residual: bool, relu: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    from ddp_train import bn_kernels
+    from ddp_train.fast import bn_kernels
     return bn_kernels.backward(grad_y, y, bn_kernels.channels_last(x), weight, mean, invstd, has_residual, relu)
 
 

@@ -13,7 +13,7 @@ that torch.compile and DDP each see as one op: the seam for cuDNN's fused Hopper
 The BatchNorm finalize (statistics to scale and bias, the running statistics) stays plain torch
 on C-sized vectors. Every device runs the reference implementation, the plain PyTorch
 composition, unless a device's kernels are plugged in (`plug_in`). The cuDNN-frontend kernels
-(ddp_train.cudnn_blocks) are plugged in only by its `use_cudnn_kernels()`, which nothing calls
+(ddp_train.fast.cudnn_blocks) are plugged in only by its `use_cudnn_kernels()`, which nothing calls
 by default: they are not yet checked on a GPU (benchmarks/cudnn_fusion_probe.py checks them).
 """
 
@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ddp_train.model import BasicBlock
+from ddp_train.recipe.model import BasicBlock
 
 CHANNELS = (0, 2, 3)  # N, H, W: the dimensions BatchNorm2d reduces over
 

@@ -9,19 +9,20 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, MutableMapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, MutableMapping, Optional, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_train import cudagraph_report, distributed, levers
+from ddp_train import distributed
+from ddp_train.fast import cudagraph_report, levers
 from ddp_train.checkpoint import rng_state, set_rng_state
-from ddp_train.config import TrainConfig, compile_by_default, resolve_compile_mode
-from ddp_train.cudagraph_report import CUDA_GRAPH_MODES
 from ddp_train.errors import Seen, TrainError
-from ddp_train.loss_scale import LossScaler
+
+if TYPE_CHECKING:
+    from ddp_train.resolve import Decisions
 
 COMPILE_CACHE_DIRNAME = "compile-cache"
 INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
@@ -60,10 +61,6 @@ def tune_backends(device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
         torch.set_float32_matmul_precision("high")
-
-
-def uses_cuda_graphs(mode: str) -> bool:
-    return mode in CUDA_GRAPH_MODES
 
 
 def wrap_ddp(model: nn.Module, device: torch.device, bucket_cap_mb: float,
@@ -116,21 +113,18 @@ class FastModel:
         return cudagraph_report.observe(device.type, device.index, self.compiled, self.compile_mode, self.skips)
 
 
-def accelerate(model: nn.Module, config: TrainConfig, device: torch.device,
+def accelerate(model: nn.Module, decided: Decisions, device: torch.device,
                on_bucket: Optional[Callable[[], None]] = None) -> FastModel:
+    """The model as decided (resolve.py): DDP-wrapped in a world of several, the levers set, compiled."""
     ddp: nn.Module = model
     if distributed.active():
-        check_compression_backend(config.grad_compression, device)
-        ddp = wrap_ddp(model, device, config.bucket_cap_mb, config.grad_compression, on_bucket)
-    compiled = compile_by_default(config, device.type)
-    compile_mode = resolve_compile_mode(config, device.type) if compiled else "eager"
-    cuda_graphs = compiled and device.type == "cuda" and uses_cuda_graphs(compile_mode)
-    chosen = levers.resolve(config.inductor_levers, device.type, compiled)
-    levers.apply(chosen)
-    skips = cudagraph_report.SkipWatch.start() if compiled else None
-    forward = torch.compile(ddp, mode=compile_mode) if compiled else ddp
-    return FastModel(ddp, forward, compiled, compile_mode, cuda_graphs, skips, chosen,
-                     levers.resolve_bn_kernels(config.bn_kernels, device.type))
+        check_compression_backend(decided.config.grad_compression, device)
+        ddp = wrap_ddp(model, device, decided.config.bucket_cap_mb, decided.config.grad_compression, on_bucket)
+    levers.apply(decided.levers)
+    skips = cudagraph_report.SkipWatch.start() if decided.compiled else None
+    forward = torch.compile(ddp, mode=decided.compile_mode) if decided.compiled else ddp
+    return FastModel(ddp, forward, decided.compiled, decided.compile_mode, decided.cuda_graphs, skips, decided.levers,
+                     decided.bn_kernels)
 
 
 def bucket_layout(ddp: nn.Module) -> Optional[dict[str, Any]]:
@@ -156,31 +150,30 @@ def check_compression_backend(grad_compression: str, device: torch.device) -> No
                              f"all-reduce bf16 ({str(exc).splitlines()[0]}); use --grad-compression none") from None
 
 
-def warm_up(step: Callable[[], Any], passes: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-            scaler: LossScaler, device: torch.device,
-            ema: Optional[nn.Module] = None) -> float:
-    """Run `step` (a full training step on a real batch) `passes` times, then put the weights,
-    BatchNorm statistics, optimizer, scaler, EMA and RNG back as they were: the run trains exactly
-    as without it, and compile, cuDNN autotuning and CUDA-graph recording happen off the clock.
-    Returns the seconds it took (the run's setup time)."""
+class Stateful(Protocol):
+    """What the warm-up puts back: a learner (learner.Learner), or a module, optimizer, scaler."""
+
+    def state_dict(self) -> Mapping[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> Any: ...
+
+
+def warm_up(step: Callable[[], Any], passes: int, parts: Sequence[Stateful], device: torch.device) -> float:
+    """Run `step` (a full training step on a real batch) `passes` times, then put `parts` (the learner:
+    weights, BatchNorm statistics, optimizer, scaler, EMA) and the RNG back as they were: the run
+    trains exactly as without it, and compile, cuDNN autotuning and CUDA-graph recording happen off
+    the clock. Returns the seconds it took (the run's setup time)."""
     if passes <= 0:
         return 0.0
     started = time.perf_counter()
-    # state_dict() returns live references: clone them, or the restore would be a no-op.
-    saved_model = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    saved_ema = {k: v.detach().clone() for k, v in ema.state_dict().items()} if ema is not None else None
-    saved_optimizer = copy.deepcopy(optimizer.state_dict())
-    saved_scaler = copy.deepcopy(scaler.state_dict())
+    # state_dict() returns live references: copy them, or the restore would be a no-op.
+    saved = [copy.deepcopy(part.state_dict()) for part in parts]
     saved_rng = rng_state(device)
     for _ in range(passes):
         step()
-    with torch.no_grad():
-        model.load_state_dict(saved_model)  # copies in place: DDP, compile and graphs keep their pointers
-        if ema is not None and saved_ema is not None:
-            ema.load_state_dict(saved_ema)
-    optimizer.load_state_dict(saved_optimizer)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.load_state_dict(saved_scaler)
+    with torch.no_grad():  # copies in place: DDP, compile and graphs keep their pointers
+        for part, state in zip(parts, saved):
+            part.load_state_dict(state)
     set_rng_state(saved_rng, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

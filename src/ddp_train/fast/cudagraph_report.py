@@ -24,6 +24,10 @@ from typing import Any, Optional, Sequence
 # "cudagraphs"). Taken by name, so that a run that never compiles does not import inductor.
 SKIP_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes with triton.cudagraphs on
+
+
+def uses_cuda_graphs(mode: str) -> bool:
+    return mode in CUDA_GRAPH_MODES
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 
 

@@ -1,7 +1,7 @@
 """The recipe's code beside its values: the model and what trains it (SGD, the fp16 grad scaler,
 the loss, an EMA of the weights), built alike on every rank, and what the loop does with them each
-step: the learning rate, gradient accumulation, the EMA update. A checkpoint saves and restores the
-learner (checkpoint.py).
+step: the learning rate, gradient accumulation, the EMA update. Its state (state_dict, load_state_dict)
+is what a checkpoint saves and restores (checkpoint.py) and the warm-up puts back (speed.warm_up).
 
 - Steps and the learning rate: linear warm-up, then constant, cosine or linear decay to zero.
 - The weights' exponential moving average (--ema-decay > 0): updated after every step, evaluated
@@ -18,21 +18,22 @@ import contextlib
 import copy
 import math
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Optional
 
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import distributed
-from ddp_train.bn_blocks import block_for
-from ddp_train.config import TrainConfig, batch_per_rank, peak_lr
-from ddp_train.data import memory_format_for
-from ddp_train.distributed import DistEnv
+from ddp_train.fast.bn_blocks import block_for
+from ddp_train.config import batch_per_rank
+from ddp_train.recipe.data import memory_format_for
 from ddp_train.layout import NUM_CLASSES
-from ddp_train.levers import resolve_bn_kernels
-from ddp_train.loss_scale import LossScaler
-from ddp_train.model import WideResNet
+from ddp_train.fast.loss_scale import LossScaler
+from ddp_train.recipe.model import WideResNet
+
+if TYPE_CHECKING:
+    from ddp_train.resolve import Decisions
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -45,7 +46,35 @@ class Learner:
     scaler: LossScaler  # enabled for fp16 only
     criterion: nn.Module
     autocast_dtype: Optional[torch.dtype]  # None: fp32, no autocast
-    lr_peak: float
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything of the learner that a checkpoint keeps and the warm-up puts back, under the
+        checkpoint's keys (checkpoint.py adds the progress, the RNG and the config beside them).
+        A stateful part added to the learner is added here, to load_state_dict and to state_bytes.
+        The tensors are live references, as nn.Module.state_dict's are: clone them to keep them."""
+        return {"model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "ema": self.ema.state_dict() if self.ema is not None else None}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Back to `state` (a state_dict(), or a checkpoint that holds one), in place: DDP, compile and
+        CUDA graphs keep their pointers. No gradient is left pending. An EMA the state lacks (a
+        checkpoint of a run without --ema-decay) keeps its copy of the weights."""
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and state.get("ema") is not None:
+            with torch.no_grad():
+                self.ema.load_state_dict(state["ema"])
+
+    def state_bytes(self) -> int:
+        """A checkpoint's learner state before one exists: the weights, SGD's momentum buffers (one per
+        weight, when momentum is on) and the EMA's copy."""
+        copies = 1 + (self.optimizer.defaults.get("momentum", 0) > 0) + (self.ema is not None)
+        return estimated_bytes(self.model, copies)
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
@@ -60,20 +89,26 @@ class Learner:
         return self.ema or self.model
 
 
-def build_learner(config: TrainConfig, dist_env: DistEnv, device: torch.device, precision: str) -> Learner:
+def build_learner(decided: Decisions, rank: int, device: torch.device) -> Learner:
+    """The learner as decided (resolve.py), with the same initial weights on every rank."""
+    config, precision = decided.config, decided.precision.name
     torch.manual_seed(config.seed)  # identical initial weights on every rank
-    model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout,
-                       block=block_for(resolve_bn_kernels(config.bn_kernels, device.type)))
+    model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout, block=block_for(decided.bn_kernels))
     model = model.to(device, memory_format=memory_format_for(device))
     ema = make_ema(model, config.ema_decay)
-    lr_peak = peak_lr(config, dist_env.world_size)
     optimizer = torch.optim.SGD(
-        model.parameters(), lr=lr_peak, momentum=config.momentum, nesterov=config.nesterov,
+        model.parameters(), lr=decided.lr_peak, momentum=config.momentum, nesterov=config.nesterov,
         weight_decay=config.weight_decay, fused=device.type == "cuda" or precision == "fp16")
     scaler = LossScaler(device, enabled=precision == "fp16")  # skips on the device: needs the fused SGD
     criterion = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
-    torch.manual_seed(config.seed * 1_000_003 + dist_env.rank + 1)  # per-rank dropout masks
-    return Learner(model, ema, optimizer, scaler, criterion, AUTOCAST_DTYPES[precision], lr_peak)
+    torch.manual_seed(config.seed * 1_000_003 + rank + 1)  # per-rank dropout masks
+    return Learner(model, ema, optimizer, scaler, criterion, AUTOCAST_DTYPES[precision])
+
+
+def estimated_bytes(model: torch.nn.Module, copies: int) -> int:
+    """A checkpoint's size before one exists: the model's state `copies` times (weights,
+    momentum buffers, an EMA copy)."""
+    return copies * sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
 # -- The run's steps and the learning rate at each --
