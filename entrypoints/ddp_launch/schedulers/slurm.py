@@ -21,7 +21,7 @@ from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.job_identity import JobIdentity
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
-from ddp_launch.nodelist import expand_nodelist
+from ddp_launch.schedulers.nodelist import expand_nodelist
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, is_loopback, rendezvous_port
