@@ -25,6 +25,7 @@ class FabricRequest:
     require_fabric: bool = False        # --require-fabric
     gloo: bool = False                  # CPU workers: gloo over TCP, whatever the node's HCAs
     log_dir: str | None = None          # --log-dir: NCCL's log goes beside torchrun's
+    job_name: str | None = None         # the job in NCCL's log's name (the scheduler's JobIdentity.file_name)
 
 
 @dataclass(frozen=True)

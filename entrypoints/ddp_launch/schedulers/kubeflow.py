@@ -31,6 +31,9 @@ from ddp_launch.torchrun_command import (Rendezvous, job_rdzv_conf, join_timeout
 
 # --mode names and their lines in ddp-launch --help.
 MODES = {"kubeflow": "PET_NNODES or PET_MASTER_ADDR set (RunAI, Kubeflow): torchrun per pod"}
+# Auto detection's place (schedulers/__init__.py): after SLURM, whose jobs never set PET_*.
+DETECTION_PLACE = 30
+HELP = ""
 
 # First variable set wins. PET_* first: Trainer v2 sets only those, v1 sets
 # both with equal values, RunAI sets MASTER_ADDR (an IP) and RANK.
@@ -227,19 +230,20 @@ def identity(job: KubeflowEnv, facts: NodeFacts) -> JobIdentity:
     after they exit), and none is shared by two live jobs: object names are unique in a namespace
     (Kubernetes, "Object Names and IDs")."""
     pod = facts.hostname.split(".")[0] or None
-    node = (pod, "the pod's host name (its name)")
     uuid, name = job.workload
+    # The workload's name names NCCL's log file (nccl-<name>.%h.%p.log), as a user who submitted it knows it.
+    node = {"node_name": pod, "node_source": "the pod's host name (its name)", "file_name": name}
     if uuid or name:
-        return JobIdentity(f"{name}/{uuid}" if uuid and name else uuid or name, job.workload_source, *node)
+        return JobIdentity(f"{name}/{uuid}" if uuid and name else uuid or name, job.workload_source, **node)
     host = job.rdzv_endpoint[0] if job.rdzv_endpoint is not None else job.master_addr
     source = "PET_RDZV_ENDPOINT" if job.rdzv_endpoint is not None else job.master_addr_source
     if host is not None and ipv4_literal(host) is None and ":" not in host:
         named = OPERATOR_POD_NAME.fullmatch(host.split(".")[0].lower())
         if named:
-            return JobIdentity(named.group("job"), f"the PyTorchJob's name in {source}={host}", *node)
+            return JobIdentity(named.group("job"), f"the PyTorchJob's name in {source}={host}", **node)
     if pod is None:
         return JobIdentity(None, "", None, "")
-    return JobIdentity(f"pod {pod}", "the pod's host name (no workload or job name in its environment)", *node)
+    return JobIdentity(f"pod {pod}", "the pod's host name (no workload or job name in its environment)", **node)
 
 
 def questions(job: KubeflowEnv, options: LaunchOptions) -> ProbeQuestions:

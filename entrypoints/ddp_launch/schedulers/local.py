@@ -21,6 +21,9 @@ from ddp_launch.torchrun_command import max_restarts, torchrun_command, torchrun
 
 # --mode names and their lines in ddp-launch --help.
 MODES = {"local": "otherwise: torchrun --standalone on this machine"}
+# Auto detection's place (schedulers/__init__.py): last, since it takes whatever the others did not.
+DETECTION_PLACE = 90
+HELP = ""
 VARIABLES: dict[str, tuple[str, ...]] = {}
 ENV_PREFIXES: tuple[str, ...] = ()
 

@@ -35,8 +35,10 @@ MODES = {
     "slurm-node": "SLURM_JOB_ID set, one task per node: torchrun per node, c10d rendezvous",
 }
 
+# Auto detection's place (schedulers/__init__.py): after torchrun, before the pods.
+DETECTION_PLACE = 20
 # How a SLURM job finds its rendezvous, for ddp-launch --help (head() and _port() below).
-RENDEZVOUS_HELP = """rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
+HELP = """rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
   as an IPv4 address when it resolves; port 20000 + (job id mod 1000) * 10 + (step id mod 10)"""
 
 # Step-scoped names first: right for an srun that uses part of the allocation.
@@ -243,7 +245,7 @@ def identity(job: SlurmEnv, facts: NodeFacts) -> JobIdentity:
         node, source = job.nodes[index], f"node {index} of {job.nodes_source}"
     else:
         node, source = facts.hostname.split(".")[0] or None, "the host name"
-    return JobIdentity(str(job.job_id), "SLURM_JOB_ID", node, source)
+    return JobIdentity(str(job.job_id), "SLURM_JOB_ID", node, source, file_name=str(job.job_id))
 
 
 def questions(job: SlurmEnv, options: LaunchOptions) -> ProbeQuestions:

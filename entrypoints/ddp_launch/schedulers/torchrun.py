@@ -17,6 +17,9 @@ from ddp_launch.rendezvous import ipv4_literal
 
 # --mode names and their lines in ddp-launch --help.
 MODES = {"torchrun": "TORCHELASTIC_RUN_ID set: already a torchrun worker, run the workload"}
+# Auto detection's place (schedulers/__init__.py): first, so that a worker never nests torchrun.
+DETECTION_PLACE = 10
+HELP = ""
 VARIABLES = {
     "run_id": ("TORCHELASTIC_RUN_ID",),
     "rank": ("RANK",),
