@@ -97,6 +97,7 @@ def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
         gloo=options.cpu_workers is not None,
         log_dir=options.log_dir,
         job_name=identity.file_name,
+        gpu_grant=launch.scheduler.GPU_GRANT,
     ), facts, launch.data)
     return replace(planned, changes=planned.changes + fabric.changes, notes=planned.notes + fabric.notes,
                    fabric=fabric.fabric, findings=fabric.findings)

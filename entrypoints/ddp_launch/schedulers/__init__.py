@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.facts import NodeFacts, ProbeQuestions
+from ddp_launch.gpus import GrantVariables
 from ddp_launch.job_identity import JobIdentity
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
@@ -55,6 +56,8 @@ class Scheduler(Protocol):
     VARIABLES: Mapping[str, Any]    # question -> the variables that answer it, first set wins
     ENV_PREFIXES: tuple[str, ...]   # what every variable it sets starts with
     HELP: str                       # its paragraph in --help (how its jobs find the rendezvous), or ""
+    GPU_GRANT: GrantVariables       # its variables for the GPUs it granted (gpus.py reads them from here)
+    NODE_NAME: tuple[str, ...]      # the variables that name this node in the job, first set wins (or none)
 
     def detect(self, env: Mapping[str, str]) -> bool: ...
 
@@ -91,6 +94,18 @@ def env_prefixes() -> tuple[str, ...]:
 def help_text() -> str:
     """The schedulers' paragraphs for --help, in detection order."""
     return "\n\n".join(scheduler.HELP for scheduler in registered() if scheduler.HELP)
+
+
+def gpu_grants() -> GrantVariables:
+    """Every scheduler's GPU grant variables, in detection order: what the doctor judges a node by,
+    whoever scheduled it."""
+    return sum((scheduler.GPU_GRANT for scheduler in registered()), GrantVariables())
+
+
+def node_name(env: Mapping[str, str]) -> str | None:
+    """This node as a scheduler's variables name it, for a tool that runs beside a launch, not after one
+    (the doctor): the first set of every scheduler's NODE_NAME, in detection order."""
+    return next((env[name] for scheduler in registered() for name in scheduler.NODE_NAME if env.get(name)), None)
 
 
 def scheduler_for(mode: str, env: Mapping[str, str]) -> Scheduler:

@@ -39,6 +39,7 @@ PBS_MODULE = '''
 from dataclasses import dataclass
 
 from ddp_launch.job_identity import JobIdentity
+from ddp_launch.gpus import GrantVariables
 from ddp_launch.facts import ProbeQuestions
 from ddp_launch.plan import LaunchPlan
 from ddp_launch.torchrun_command import torchrun_command
@@ -48,6 +49,8 @@ MODES = {"pbs": "PBS_JOBID set: torchrun on this PBS node"}
 VARIABLES = {"job_id": ("PBS_JOBID",)}
 ENV_PREFIXES = ("PBS_",)
 HELP = "rendezvous on PBS: the first host of PBS_NODEFILE"
+GPU_GRANT = GrantVariables()
+NODE_NAME = ()
 
 
 def detect(env):
