@@ -51,7 +51,8 @@ class DoctorContext:
 
     @property
     def node(self) -> str:
-        """This node's name as the job's files and its scheduler name it (doctor-%N.json, --exclude), else its hostname."""
+        """This node's name as the job's files and its scheduler name it (doctor-%N.json, --exclude), else its
+        hostname."""
         return node_name(self.env) or self.facts.hostname or "this node"
 
 

@@ -69,9 +69,10 @@ def check_gpu_health(ctx: DoctorContext) -> Check:
         return [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
                 for command in (health.commands if found else ())]
 
-    judge = functools.partial(gpu_health.assess, ctx.accelerator, granted_gpus(ctx.env, ctx.accelerator, ctx.gpu_grant), found,
-                              runtime=container_runtime(ctx), devices=granted_devices(ctx.env, ctx.accelerator, ctx.gpu_grant),
-                              node=ctx.node)
+    granted = granted_gpus(ctx.env, ctx.accelerator, ctx.gpu_grant)
+    devices = granted_devices(ctx.env, ctx.accelerator, ctx.gpu_grant)
+    judge = functools.partial(gpu_health.assess, ctx.accelerator, granted, found,
+                              runtime=container_runtime(ctx), devices=devices, node=ctx.node)
     first = read()
     verdict = judge(first)
     if verdict.recheck:

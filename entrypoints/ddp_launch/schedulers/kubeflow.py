@@ -314,8 +314,8 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
                           f"torchrun stops the same way (\"Cuda is not available\") and nothing trains on CPU in its "
                           f"place: check that the pod requests {vendor.kubernetes_resource} and {vendor.device_plugin} "
                           f"runs on the node, or set nprocPerNode to cpu, auto or a count")
-    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator, GPU_GRANT),
-                               facts.cpu_count)
+    gpus_here = gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator, GPU_GRANT)
+    workers = workers_per_node(options, job.nproc, gpus_here, facts.cpu_count)
     restarts = max_restarts(options, job.max_restarts)
     rendezvous = Rendezvous(host, rdzv_port, job.run_id or job.master_addr or name, is_head,
                             join_timeout(options, job.rdzv_conf), job.rdzv_conf)

@@ -61,7 +61,8 @@ def plan(job: LocalEnv, options: LaunchOptions, env: Mapping[str, str], facts: N
     if options.nodes is not None and options.nodes != 1:
         raise LaunchError(f"--nodes {options.nodes} but no scheduler was found (local mode runs on this one "
                           f"machine): start ddp-launch with srun, in a RunAI/Kubeflow job, or drop --nodes")
-    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator, GPU_GRANT))
+    gpus_here = gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator, GPU_GRANT)
+    workers = workers_per_node(options, None, gpus_here)
     restarts = max_restarts(options)
     argv = torchrun_command(facts.python, "1", workers.count, None, restarts,
                             options.log_dir, options.workload)

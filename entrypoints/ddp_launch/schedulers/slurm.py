@@ -335,7 +335,8 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     is_head = index in (None, 0)
     host, address, head_note = _head(slurm, options, facts, is_head)
     port, port_note = _port(slurm, options)
-    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files, slurm.accelerator, GPU_GRANT))
+    gpus_here = gpu_count.count_gpus(env, facts.gpu_device_files, slurm.accelerator, GPU_GRANT)
+    workers = workers_per_node(options, None, gpus_here)
     run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
     restarts = max_restarts(options)
     job_conf = job_rdzv_conf(env)

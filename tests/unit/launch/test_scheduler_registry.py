@@ -12,7 +12,7 @@ import typing
 import pytest
 
 import ddp_launch.schedulers
-from ddp_launch import options
+from ddp_launch import options, planner
 from ddp_launch.schedulers import DETECTION_ORDER, Scheduler, registered, scheduler_for
 from launch_envs import env_of, plan_for
 
@@ -22,6 +22,10 @@ def test_every_shipped_scheduler_has_the_whole_protocol(scheduler):
     assert isinstance(scheduler, Scheduler)
     members = set(typing.get_type_hints(Scheduler)) | {"detect", "parse", "questions", "plan", "identity"}
     assert {member for member in members if not hasattr(scheduler, member)} == set()
+
+
+def test_the_planner_holds_its_scheduler_as_the_protocol():
+    assert typing.get_type_hints(planner.Launch)["scheduler"] is Scheduler
 
 
 def test_the_registry_is_the_package_in_detection_order_without_its_libraries():
