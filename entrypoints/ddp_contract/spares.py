@@ -31,7 +31,10 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ddp_contract import EXIT_USAGE
 from ddp_contract import quarantine
-from ddp_contract.scheduler_names import SLURM_JOB_NUM_NODES
+
+# The job's node count, spares included (sbatch(1), OUTPUT ENVIRONMENT VARIABLES): this runs in the
+# SLURM job script on the host (slurm/lib/ddp.sh), before any launch, so it reads SLURM's own name.
+SLURM_JOB_NUM_NODES = "SLURM_JOB_NUM_NODES"
 
 
 class Placement(NamedTuple):  # NamedTuple, not a dataclass: Python 3.6 on login nodes

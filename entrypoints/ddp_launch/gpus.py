@@ -1,9 +1,10 @@
 """How many GPUs this node (or this task) may use, from the scheduler's words first.
 
-Order: SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, the vendor's visible-device variables
-(CUDA_VISIBLE_DEVICES; ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES), then its device files
+Order: the scheduler's count of GPUs on this node, its per-node request, the vendor's visible-device
+variables (CUDA_VISIBLE_DEVICES; ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES), then its device files
 (/dev/nvidia[0-9]*, /dev/dri/renderD*: counted by the probe, NodeFacts.gpu_device_files).
-The vendor's words come from its Accelerator (accelerators.py), picked by the site profile.
+The scheduler's words come from its module (GrantVariables, each scheduler's GPU_GRANT), the vendor's
+from its Accelerator (accelerators.py), picked by the site profile: this module names neither.
 """
 
 from __future__ import annotations
@@ -11,11 +12,33 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp_contract.scheduler_names import (RUNAI_NUM_OF_GPUS, SLURM_GPUS_ON_NODE, SLURM_GPUS_PER_NODE, SLURM_JOB_GPUS,
-                                         SLURM_STEP_GPUS)
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import integer, is_digits
 from ddp_launch.errors import LaunchError
+
+
+@dataclass(frozen=True)
+class GrantVariables:
+    """A scheduler's variables for the GPUs it granted, each list tried in order (its module's GPU_GRANT).
+
+    Apptainer keeps these in the container's environment whether or not --nv / --rocm was given.
+    """
+
+    on_node: tuple[str, ...] = ()      # the count granted on this node ("4"), read before the visible devices
+    per_node: tuple[str, ...] = ()     # the job's per-node request ("gpu:a100:4"), counted where on_node is unset
+    device_ids: tuple[str, ...] = ()   # the node's own IDs of the granted GPUs ("0,1,2,3"), most specific first
+    pod_count: tuple[str, ...] = ()    # a count read after the visible devices (a pod's GPUs)
+
+    @property
+    def counts(self) -> tuple[str, ...]:
+        """The variables that hold a count of granted GPUs, in the order a message names them."""
+        return self.on_node + self.pod_count
+
+    def __add__(self, other: GrantVariables) -> GrantVariables:
+        """Both schedulers' words, this one's first in each list (schedulers.gpu_grants)."""
+        return GrantVariables(self.on_node + other.on_node, self.per_node + other.per_node,
+                              self.device_ids + other.device_ids, self.pod_count + other.pod_count)
+
 
 # Visible-device values that mean "no GPU" (SLURM writes NoDevFiles when
 # the step has no GPU gres; -1 is the common manual way to hide all devices).
@@ -28,7 +51,7 @@ class GpuCount:
     source: str  # the variable or probe the count came from, for --dry-run notes
 
 
-def parse_gpus_per_node(value: str, name: str = SLURM_GPUS_PER_NODE) -> int:
+def parse_gpus_per_node(value: str, name: str) -> int:
     """GPUs from --gpus-per-node forms: '4', 'gpu:4', 'gpu:a100:4', 'a100:2,v100:2'."""
     total = 0
     for entry in value.split(","):
@@ -56,12 +79,15 @@ def visible_setting(env: Mapping[str, str], accelerator: Accelerator) -> tuple[s
     return None
 
 
-def count_gpus(env: Mapping[str, str], device_files: int, accelerator: Accelerator) -> GpuCount | None:
+def count_gpus(env: Mapping[str, str], device_files: int, accelerator: Accelerator,
+               grant: GrantVariables) -> GpuCount | None:
     """GPUs on this node, or None when nothing says there are any."""
-    if env.get(SLURM_GPUS_ON_NODE, "").strip():
-        return GpuCount(integer(SLURM_GPUS_ON_NODE, env[SLURM_GPUS_ON_NODE]), SLURM_GPUS_ON_NODE)
-    if env.get(SLURM_GPUS_PER_NODE, "").strip():
-        return GpuCount(parse_gpus_per_node(env[SLURM_GPUS_PER_NODE]), SLURM_GPUS_PER_NODE)
+    for name in grant.on_node:
+        if env.get(name, "").strip():
+            return GpuCount(integer(name, env[name]), name)
+    for name in grant.per_node:
+        if env.get(name, "").strip():
+            return GpuCount(parse_gpus_per_node(env[name], name), name)
     visible = visible_setting(env, accelerator)
     if visible is not None:
         return GpuCount(visible_devices(visible[1]), visible[0])
@@ -72,32 +98,27 @@ def count_gpus(env: Mapping[str, str], device_files: int, accelerator: Accelerat
 
 # -- GPUs the scheduler granted, and whether the driver can reach them -----------------------
 
-# What says "this job was given GPUs", in the order a message names them (the vendor's visible-
-# device variables go after SLURM_JOB_GPUS). Apptainer keeps these in the container's environment
-# whether or not --nv / --rocm was given.
-COUNT_GRANT_VARIABLES = (SLURM_GPUS_ON_NODE, RUNAI_NUM_OF_GPUS)
-
-
-def grant_variables(accelerator: Accelerator) -> tuple[str, ...]:
-    return (SLURM_GPUS_ON_NODE, SLURM_JOB_GPUS) + accelerator.visible_variables + (RUNAI_NUM_OF_GPUS,)
+def grant_variables(accelerator: Accelerator, grant: GrantVariables) -> tuple[str, ...]:
+    """What says "this job was given GPUs", in the order a message names them."""
+    return grant.on_node + grant.device_ids + accelerator.visible_variables + grant.pod_count
 
 
 @dataclass(frozen=True)
 class GpuGrant:
     count: int
-    source: str  # "SLURM_GPUS_ON_NODE=4"
+    source: str  # the variable and its value: "CUDA_VISIBLE_DEVICES=0,1"
     accelerator: Accelerator  # whose driver must be able to use them
 
 
-def granted_gpus(env: Mapping[str, str], accelerator: Accelerator) -> GpuGrant | None:
+def granted_gpus(env: Mapping[str, str], accelerator: Accelerator, grant: GrantVariables) -> GpuGrant | None:
     """GPUs the scheduler gave this node, or None when it gave none (or said nothing)."""
-    for name in grant_variables(accelerator):
+    for name in grant_variables(accelerator, grant):
         value = env.get(name, "").strip()
         if not value:
             continue
-        if name in COUNT_GRANT_VARIABLES:
+        if name in grant.counts:
             count = int(value) if is_digits(value) else 0
-        else:  # SLURM_JOB_GPUS and the visible-device variables list devices: "0,1,2,3"
+        else:  # the scheduler's device IDs and the visible-device variables list devices: "0,1,2,3"
             count = visible_devices(value)
         if count > 0:
             return GpuGrant(count, f"{name}={value}", accelerator)
@@ -105,17 +126,15 @@ def granted_gpus(env: Mapping[str, str], accelerator: Accelerator) -> GpuGrant |
 
 
 # Which GPUs were granted, by name, where a tool lists more than the grant (a node shared with other
-# jobs): SLURM's GPU IDs first, the step's before the job's, because they are the node's own numbering
-# whatever the process sees ("The GPU IDs are not relative to any device cgroup, even if devices are
-# constrained with task/cgroup": srun(1) and sbatch(1), OUTPUT ENVIRONMENT VARIABLES), then the
-# runtime's visible-device variables, whose indices are relative to the devices the process sees, or
-# UUIDs (CUDA C Programming Guide, CUDA Environment Variables; ROCm docs, GPU isolation techniques).
-DEVICE_GRANT_VARIABLES = (SLURM_STEP_GPUS, SLURM_JOB_GPUS)
+# jobs): the scheduler's device IDs first, because they are the node's own numbering whatever the
+# process sees (GrantVariables.device_ids), then the runtime's visible-device variables, whose indices
+# are relative to the devices the process sees, or UUIDs (CUDA C Programming Guide, CUDA Environment
+# Variables; ROCm docs, GPU isolation techniques).
 
 
 @dataclass(frozen=True)
 class GrantedDevices:
-    variable: str                   # where the names came from: "SLURM_STEP_GPUS"
+    variable: str                   # where the names came from: a device-ID or visible-device variable
     names: tuple[str, ...]          # as written there: indices ("3"), UUIDs ("GPU-8932f937-..."), MIG ids
 
     @property
@@ -123,9 +142,9 @@ class GrantedDevices:
         return f"{self.variable}={','.join(self.names)}"
 
 
-def granted_devices(env: Mapping[str, str], accelerator: Accelerator) -> GrantedDevices | None:
+def granted_devices(env: Mapping[str, str], accelerator: Accelerator, grant: GrantVariables) -> GrantedDevices | None:
     """The granted GPUs by name, from the first variable that names any (none: nothing names them)."""
-    for name in DEVICE_GRANT_VARIABLES + accelerator.visible_variables:
+    for name in grant.device_ids + accelerator.visible_variables:
         value = env.get(name, "").strip()
         if value and value.lower() not in _NO_DEVICES:
             names = tuple(entry.strip() for entry in value.split(",") if entry.strip())

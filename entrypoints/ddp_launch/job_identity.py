@@ -21,6 +21,7 @@ class JobIdentity:
     job_source: str          # where it came from, for the plan's reason
     node_name: str | None    # this node (a SLURM node, a pod) as the job names it
     node_source: str
+    file_name: str | None = None   # the job in a file's name (NCCL's log: nccl-<file_name>...); None: "local"
 
 
 NO_IDENTITY = JobIdentity(None, "", None, "")

@@ -16,7 +16,7 @@ from ddp_launch.envvars import Setting, first_set, integer, port
 from ddp_launch.errors import LaunchError
 from ddp_launch.flags import FlagParser
 from ddp_launch.launch_options import DEFAULT_DNS_TIMEOUT_S, DEFAULT_MODULE, LaunchOptions, Workload
-from ddp_launch.schedulers import MODES, slurm
+from ddp_launch.schedulers import help_text, modes
 
 # Launcher settings that may also come from the environment (a site profile or
 # a job script sets them once; a flag on one run still wins).
@@ -36,7 +36,7 @@ USAGE = "ddp-launch [options] [-- workload arguments]\n       ddp-launch doctor|
 
 
 def mode_lines(modes: Mapping[str, str]) -> str:
-    """The help's modes, each scheduler module's own words (schedulers.MODES), in detection order."""
+    """The help's modes, each scheduler module's own words (schedulers.modes()), in detection order."""
     lines = []
     for mode, text in modes.items():
         first, *more = text.splitlines()
@@ -44,17 +44,20 @@ def mode_lines(modes: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
-EPILOG = "modes (auto detection, in this order):\n" + mode_lines(MODES) + """
+def epilog() -> str:
+    """The help's closing text: the modes, the precedence, each scheduler's own paragraph."""
+    return "modes (auto detection, in this order):\n" + mode_lines(modes()) + """
 
 precedence: command line > DDP_LAUNCH_* environment > scheduler environment > default
   DDP_LAUNCH_MODE, DDP_LAUNCH_RDZV_HOST, DDP_LAUNCH_RDZV_PORT, DDP_LAUNCH_SITE,
   DDP_LAUNCH_CPU_WORKERS, DDP_LAUNCH_MAX_RESTARTS, DDP_LAUNCH_RDZV_TIMEOUT (s, default 600),
   DDP_LAUNCH_DNS_TIMEOUT (s, default 120)
 
-""" + slurm.RENDEZVOUS_HELP + """
+""" + help_text() + """
 
 everything after -- goes to the workload unchanged (default workload: python -m ddp_train)
 """
+
 
 def positive_int(name: str, value: object, minimum: int = 1) -> int:
     return integer(name, value, minimum, expected="an integer >= 0" if minimum == 0 else None,
@@ -76,8 +79,8 @@ def merge_options(args: object, workload_args: tuple[str, ...], env: Mapping[str
 
     mode = _pick(get("mode"), "--mode", env, "mode")
     mode_value = str(mode.value) if mode else "auto"
-    if mode_value != "auto" and mode_value not in MODES:
-        raise LaunchError(f"{mode.source}={mode_value!r} is not a mode: choose one of {', '.join(['auto', *MODES])}")
+    if mode_value != "auto" and mode_value not in modes():
+        raise LaunchError(f"{mode.source}={mode_value!r} is not a mode: choose one of {', '.join(['auto', *modes()])}")
 
     cpu = _pick(get("cpu_workers"), "--cpu-workers", env, "cpu_workers")
     if cpu:
@@ -140,11 +143,11 @@ WORKLOAD_HINT = "put workload arguments after --"
 
 def build_parser(hint: str = WORKLOAD_HINT) -> argparse.ArgumentParser:
     """ddp-launch's flags; hint: what an unknown word's error adds (in a pod, where RunAI's words went)."""
-    parser = FlagParser(prog="ddp-launch", usage=USAGE, epilog=EPILOG, hint=hint,
+    parser = FlagParser(prog="ddp-launch", usage=USAGE, epilog=epilog(), hint=hint,
                         formatter_class=_help_formatter,
                         description="Turn a scheduler's environment into a correct torchrun launch.")
     add = parser.add_argument
-    add("--mode", help=f"auto (default), {', '.join(MODES)}")
+    add("--mode", help=f"auto (default), {', '.join(modes())}")
     add("--nodes", metavar="N", help="expected node count; an error if the scheduler disagrees")
     add("--nproc-per-node", metavar="N", help="workers per node (default: GPUs on the node)")
     add("--cpu-workers", metavar="N", help="N CPU workers per node with gloo (GPUs hidden)")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from types import ModuleType
 
 from ddp_launch import facts as node, gpus
 from ddp_launch.errors import LaunchError
@@ -24,7 +23,7 @@ from ddp_launch.job_identity import identity_env
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import LaunchPlan
 from ddp_launch.rendezvous import lookup_ipv4, waiting_resolver
-from ddp_launch.schedulers import scheduler_for
+from ddp_launch.schedulers import Scheduler, scheduler_for
 
 __all__ = ("Launch", "NodeFacts", "ProbeQuestions", "parse", "questions", "probe", "plan")
 
@@ -36,7 +35,7 @@ class Launch:
 
     options: LaunchOptions
     env: Mapping[str, str]
-    scheduler: ModuleType
+    scheduler: Scheduler
     job: object
     data: FabricData
 
@@ -84,7 +83,8 @@ def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
         raise LaunchError(f"--script {script!r} is not a file: give the path of a Python file "
                           f"(relative paths are taken from {facts.cwd})")
     planned = launch.scheduler.plan(launch.job, options, env, facts)
-    planned = replace(planned, changes=planned.changes + identity_env(launch.scheduler.identity(launch.job, facts), env))
+    identity = launch.scheduler.identity(launch.job, facts)
+    planned = replace(planned, changes=planned.changes + identity_env(identity, env))
     head = planned.rendezvous
     fabric = plan_fabric(FabricRequest(
         env=env,
@@ -96,6 +96,8 @@ def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
         require_fabric=options.require_fabric,
         gloo=options.cpu_workers is not None,
         log_dir=options.log_dir,
+        job_name=identity.file_name,
+        gpu_grant=launch.scheduler.GPU_GRANT,
     ), facts, launch.data)
     return replace(planned, changes=planned.changes + fabric.changes, notes=planned.notes + fabric.notes,
                    fabric=fabric.fabric, findings=fabric.findings)

@@ -3,12 +3,11 @@ launcher's own probe and plan, read once into a DoctorContext that every check r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Mapping, Optional, Tuple
 
 from ddp_contract.fabrics import AUTO
-from ddp_contract.scheduler_names import SLURMD_NODENAME
 from ddp_launch import planner
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.doctor.probes import Probes
@@ -18,8 +17,10 @@ from ddp_launch.fabric import FabricPlan, FabricRequest, directories_to_probe, p
 from ddp_launch.fabric.defaults import FabricData, read_all_fabric_defaults
 from ddp_launch.fabric.registry import fabric_named
 from ddp_launch.facts import NodeFacts
+from ddp_launch.gpus import GrantVariables
 from ddp_launch.options import read_options
 from ddp_launch.plan import LAUNCHER, LaunchPlan
+from ddp_launch.schedulers import gpu_grants, node_name
 from ddp_launch.sites import CONTAINER_RUNTIMES, SiteProfile
 
 # Set by the job scripts (slurm/lib/ddp.sh): the command that runs the image, apptainer or singularity.
@@ -41,6 +42,8 @@ class DoctorContext:
     launch: Optional[LaunchPlan] = None     # the launcher's plan; None when planning refused
     plan_problem: Optional[str] = None      # the launcher's one-line refusal, when it refused
     cpu_workers: Optional[Setting] = None   # CPU workers asked for (DDP_LAUNCH_CPU_WORKERS): GPUs unused on purpose
+    # Every scheduler's GPU variables: the doctor judges this node's grant whoever scheduled it.
+    gpu_grant: GrantVariables = field(default_factory=gpu_grants)
 
     @property
     def multi_node(self) -> bool:
@@ -48,8 +51,9 @@ class DoctorContext:
 
     @property
     def node(self) -> str:
-        """This node's name as the job's files and SLURM name it (doctor-%N.json, --exclude), else its hostname."""
-        return self.env.get(SLURMD_NODENAME) or self.facts.hostname or "this node"
+        """This node's name as the job's files and its scheduler name it (doctor-%N.json, --exclude), else its
+        hostname."""
+        return node_name(self.env) or self.facts.hostname or "this node"
 
 
 def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
@@ -82,7 +86,7 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
         fabric = FabricPlan(launch.fabric, tuple(c for c in launch.changes if c.origin != LAUNCHER), launch.findings)
     else:
         # The planner refused before the fabric: the node's own fabric settings still get checked.
-        fabric = plan_fabric(FabricRequest(env=env, multi_node=False), facts, data)
+        fabric = plan_fabric(FabricRequest(env=env, multi_node=False, gpu_grant=gpu_grants()), facts, data)
     return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, accelerator, data, launch,
                          problem, cpu_workers)
 

@@ -14,7 +14,7 @@ from ddp_launch.doctor.probes import driver_version_text
 from ddp_launch.doctor.report import FAIL, OK, SKIP, WARN, Check
 from ddp_launch.envvars import integer
 from ddp_launch.errors import LaunchError
-from ddp_launch.gpus import COUNT_GRANT_VARIABLES, granted_devices, granted_gpus
+from ddp_launch.gpus import granted_devices, granted_gpus
 
 
 def check_gpus(ctx: DoctorContext) -> Check:
@@ -24,8 +24,8 @@ def check_gpus(ctx: DoctorContext) -> Check:
     source = "torch.cuda.device_count()"  # ROCm builds of torch answer through torch.cuda too
     if not isinstance(visible, int):
         visible, source = ctx.facts.gpu_device_files, vendor.device_label
-    # The message names the variable the count came from: a RunAI pod has no SLURM_GPUS_ON_NODE.
-    granted_from = next((name for name in COUNT_GRANT_VARIABLES if ctx.env.get(name)), None)
+    # The message names the variable the count came from: a pod has no SLURM variables.
+    granted_from = next((name for name in ctx.gpu_grant.counts if ctx.env.get(name)), None)
     try:
         granted = integer(granted_from, ctx.env[granted_from]) if granted_from else None
     except LaunchError as error:
@@ -69,9 +69,10 @@ def check_gpu_health(ctx: DoctorContext) -> Check:
         return [gpu_health.CommandOutput(command.argv, *ctx.probes.read_command(command.argv))
                 for command in (health.commands if found else ())]
 
-    judge = functools.partial(gpu_health.assess, ctx.accelerator, granted_gpus(ctx.env, ctx.accelerator), found,
-                              runtime=container_runtime(ctx), devices=granted_devices(ctx.env, ctx.accelerator),
-                              node=ctx.node)
+    granted = granted_gpus(ctx.env, ctx.accelerator, ctx.gpu_grant)
+    devices = granted_devices(ctx.env, ctx.accelerator, ctx.gpu_grant)
+    judge = functools.partial(gpu_health.assess, ctx.accelerator, granted, found,
+                              runtime=container_runtime(ctx), devices=devices, node=ctx.node)
     first = read()
     verdict = judge(first)
     if verdict.recheck:

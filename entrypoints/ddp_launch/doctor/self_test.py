@@ -22,11 +22,11 @@ from ddp_launch.doctor.probes import run_fresh_interpreter
 from ddp_launch.doctor.report import FAIL, OK, SKIP, Check
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.defaults import fabric_files, load_fabric_defaults
-from ddp_launch.schedulers import ENV_PREFIXES
+from ddp_launch.schedulers import env_prefixes
 from ddp_launch.sites import available_sites, load_site, sites_dirs
 
 # Variables of the build job that must not steer the launcher's self-test plan.
-_SCHEDULER_PREFIXES = ENV_PREFIXES + ("DDP_LAUNCH_",)
+_SCHEDULER_PREFIXES = env_prefixes() + ("DDP_LAUNCH_",)
 ENTRY_POINTS = ("ddp-launch", "ddp-train")
 
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from ddp_contract import EXPECT_FABRIC_VAR, LOG_DIR_VAR, REQUIRE_FABRIC_VAR
 from ddp_contract.fabrics import AUTO
-from ddp_contract.scheduler_names import JOB_NAME_VARIABLES
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts
 from ddp_launch.fabric import ethernet
@@ -99,8 +98,7 @@ def nccl_debug_file(request: FabricRequest) -> str:
     # DDP_LAUNCH_LOG_DIR, when exported, has always named this place, even beside --log-dir.
     directory = env[LOG_DIR_VAR] if LOG_DIR_VAR in env else request.log_dir
     directory = directory or env.get("TMPDIR") or "/tmp"
-    job = next((env[name] for name in JOB_NAME_VARIABLES if env.get(name)), "local")
-    return os.path.join(directory, f"nccl-{job}.%h.%p.log")
+    return os.path.join(directory, f"nccl-{request.job_name or 'local'}.%h.%p.log")
 
 
 def _observe_transport(builder: EnvBuilder, request: FabricRequest, fabric: str) -> None:

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from ddp_launch.fabric.defaults import FabricDefaults
 from ddp_launch.facts import NodeFacts, Resolved
+from ddp_launch.gpus import GrantVariables
 from ddp_launch.plan import FABRIC_DEFAULT, EnvChange, Finding
 from ddp_launch.sites import SiteProfile
 
@@ -25,6 +26,8 @@ class FabricRequest:
     require_fabric: bool = False        # --require-fabric
     gloo: bool = False                  # CPU workers: gloo over TCP, whatever the node's HCAs
     log_dir: str | None = None          # --log-dir: NCCL's log goes beside torchrun's
+    job_name: str | None = None         # the job in NCCL's log's name (the scheduler's JobIdentity.file_name)
+    gpu_grant: GrantVariables = GrantVariables()   # the scheduler's GPU variables (its GPU_GRANT)
 
 
 @dataclass(frozen=True)

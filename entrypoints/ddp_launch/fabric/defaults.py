@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 
 from ddp_contract.data_files import FABRIC, check_header, find_or_fail, read_json_file, search_path
 from ddp_contract.records import ENV_TABLE, FLAG, LIST, STRING, TEXT, Field, Reader, one_of, regular_expression
-from ddp_contract.scheduler_names import SLURM_NETWORK
 from ddp_launch.accelerators import DEFAULT_ACCELERATOR, Accelerator, load_accelerator
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import registry
@@ -29,7 +28,7 @@ CONDITIONS = (
 # srun's --network as the step's tasks see it: srun reads SLURM_NETWORK as --network (srun(1), INPUT
 # ENVIRONMENT VARIABLES: "SLURM_NETWORK  Same as --network"), and slurm/lib/ddp.sh puts the site
 # profile's --network into the step's environment under that name, where the tasks inherit it.
-SRUN_NETWORK_VAR = SLURM_NETWORK
+SRUN_NETWORK_VAR = "SLURM_NETWORK"
 DISABLE_RDZV_GET = "disable_rdzv_get"
 
 

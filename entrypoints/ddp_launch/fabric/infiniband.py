@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ddp_contract.scheduler_names import RUNAI_NUM_OF_GPUS
 from ddp_launch.facts import NodeFacts, RdmaDevice
 from ddp_launch.fabric.common import EnvBuilder, FabricJob
 from ddp_launch.fabric.defaults import FabricDefaults
+from ddp_launch.gpus import GrantVariables
 
 RCP_SOURCE = "EPFL RCP RunAI multi-node guide (github.com/epfml/getting-started, docs/multinode.md)"
 # NCCL caps NSOCKS_PERTHREAD * SOCKET_NTHREADS at 64; with 4 threads, 16 sockets each.
@@ -48,7 +48,8 @@ def choose_roce_device(devices: tuple[RdmaDevice, ...]) -> RdmaDevice | None:
 
 
 def infiniband_defaults(builder: EnvBuilder, defaults: FabricDefaults, facts: NodeFacts,
-                        conditions: Mapping[str, object], env: Mapping[str, str]) -> None:
+                        conditions: Mapping[str, object], env: Mapping[str, str], grant: GrantVariables) -> None:
+    """RCP's settings for a RoCE device; grant: the scheduler's GPU variables, whose pod count sets the sockets."""
     roce = choose_roce_device(facts.rdma_devices)
     if roce is None:
         if any(d.is_roce for d in facts.rdma_devices):
@@ -64,11 +65,13 @@ def infiniband_defaults(builder: EnvBuilder, defaults: FabricDefaults, facts: No
     )
     for item in defaults.applicable(conditions):
         builder.default(item.name, item.value, item.source)
-    gpus = env.get(RUNAI_NUM_OF_GPUS, "")
-    if gpus.isdigit() and int(gpus) > 0:
-        builder.default("NCCL_NSOCKS_PERTHREAD", str(min(int(gpus), MAX_NSOCKS_PERTHREAD)),
-                        f"{RCP_SOURCE}: one socket per GPU (${RUNAI_NUM_OF_GPUS})")
+    for name in grant.pod_count:
+        gpus = env.get(name, "")
+        if gpus.isdigit() and int(gpus) > 0:
+            builder.default("NCCL_NSOCKS_PERTHREAD", str(min(int(gpus), MAX_NSOCKS_PERTHREAD)),
+                            f"{RCP_SOURCE}: one socket per GPU (${name})")
+            return
 
 
 def plan(builder: EnvBuilder, job: FabricJob) -> None:
-    infiniband_defaults(builder, job.defaults, job.facts, job.conditions, job.request.env)
+    infiniband_defaults(builder, job.defaults, job.facts, job.conditions, job.request.env, job.request.gpu_grant)

@@ -14,7 +14,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ddp_contract.scheduler_names import RUNAI_JOB_NAME, RUNAI_NUM_OF_GPUS
 from ddp_launch import gpus as gpu_count
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer, is_digits, port
@@ -31,12 +30,16 @@ from ddp_launch.torchrun_command import (Rendezvous, job_rdzv_conf, join_timeout
 
 # --mode names and their lines in ddp-launch --help.
 MODES = {"kubeflow": "PET_NNODES or PET_MASTER_ADDR set (RunAI, Kubeflow): torchrun per pod"}
+# Auto detection's place (schedulers/__init__.py): after SLURM, whose jobs never set PET_*.
+DETECTION_PLACE = 30
+HELP = ""
+NODE_NAME: tuple[str, ...] = ()   # a pod's name is its host name (identity() below)
 
 # First variable set wins. PET_* first: Trainer v2 sets only those, v1 sets
 # both with equal values, RunAI sets MASTER_ADDR (an IP) and RANK.
 VARIABLES = {
     "nnodes": ("PET_NNODES",),
-    "nproc": (RUNAI_NUM_OF_GPUS, "PET_NPROC_PER_NODE"),
+    "nproc": ("RUNAI_NUM_OF_GPUS", "PET_NPROC_PER_NODE"),
     "node_rank": ("PET_NODE_RANK", "RANK"),
     "master_addr": ("PET_MASTER_ADDR", "MASTER_ADDR"),
     "master_port": ("PET_MASTER_PORT", "MASTER_PORT"),
@@ -53,7 +56,7 @@ VARIABLES = {
 # JOB_NAME). Both stay the same in every pod of the workload and across its pods' restarts.
 IDENTITY_VARIABLES = {
     "workload_uuid": ("RUNAI_JOB_UUID", "JOB_UUID"),
-    "workload_name": (RUNAI_JOB_NAME, "JOB_NAME"),
+    "workload_name": ("RUNAI_JOB_NAME", "JOB_NAME"),
 }
 # The pod names a PyTorchJob's operator gives, whose rendezvous host is one: Kubeflow's training
 # operator v1 names a replica's pod <job>-<master|worker>-<index> (pkg/controller.v1/pytorch/envvar.go,
@@ -66,6 +69,9 @@ C10D_DEFAULT_PORT = 29400
 # Every variable the operator (torchrun's own PET_* names: torch.distributed.run reads each flag
 # from PET_<FLAG>) and RunAI set in a pod starts with one of these.
 ENV_PREFIXES = ("PET_", "RUNAI_")
+# The GPUs Run:ai granted the pod (NVIDIA Run:ai docs, "Workloads", Built-in Workload Environment
+# Variables: RUNAI_NUM_OF_GPUS, "the number of GPUs allocated to the workload"; fractional GPUs read "0.5").
+GPU_GRANT = gpu_count.GrantVariables(pod_count=("RUNAI_NUM_OF_GPUS",))
 # Either one marks a PyTorchJob/TrainJob pod (RunAI sets PET_NNODES).
 DETECTED_BY = ("PET_NNODES", "PET_MASTER_ADDR")
 # Pod-level values torchrun replaces with per-worker ones; removed so no
@@ -163,7 +169,7 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> KubeflowEnv:
         max_restarts=restarts,
         rdzv_endpoint=_endpoint(endpoint) if endpoint is not None else None,
         rdzv_conf=job_rdzv_conf(env),
-        gpus=gpu_count.granted_gpus(env, accelerator),
+        gpus=gpu_count.granted_gpus(env, accelerator, GPU_GRANT),
         accelerator=accelerator,
         workload=(_optional(env, "workload_uuid"), _optional(env, "workload_name")),
         workload_source=" and ".join(found.source for found in (first_set(env, IDENTITY_VARIABLES[key])
@@ -227,19 +233,20 @@ def identity(job: KubeflowEnv, facts: NodeFacts) -> JobIdentity:
     after they exit), and none is shared by two live jobs: object names are unique in a namespace
     (Kubernetes, "Object Names and IDs")."""
     pod = facts.hostname.split(".")[0] or None
-    node = (pod, "the pod's host name (its name)")
     uuid, name = job.workload
+    # The workload's name names NCCL's log file (nccl-<name>.%h.%p.log), as a user who submitted it knows it.
+    node = {"node_name": pod, "node_source": "the pod's host name (its name)", "file_name": name}
     if uuid or name:
-        return JobIdentity(f"{name}/{uuid}" if uuid and name else uuid or name, job.workload_source, *node)
+        return JobIdentity(f"{name}/{uuid}" if uuid and name else uuid or name, job.workload_source, **node)
     host = job.rdzv_endpoint[0] if job.rdzv_endpoint is not None else job.master_addr
     source = "PET_RDZV_ENDPOINT" if job.rdzv_endpoint is not None else job.master_addr_source
     if host is not None and ipv4_literal(host) is None and ":" not in host:
         named = OPERATOR_POD_NAME.fullmatch(host.split(".")[0].lower())
         if named:
-            return JobIdentity(named.group("job"), f"the PyTorchJob's name in {source}={host}", *node)
+            return JobIdentity(named.group("job"), f"the PyTorchJob's name in {source}={host}", **node)
     if pod is None:
         return JobIdentity(None, "", None, "")
-    return JobIdentity(f"pod {pod}", "the pod's host name (no workload or job name in its environment)", *node)
+    return JobIdentity(f"pod {pod}", "the pod's host name (no workload or job name in its environment)", **node)
 
 
 def questions(job: KubeflowEnv, options: LaunchOptions) -> ProbeQuestions:
@@ -307,8 +314,8 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
                           f"torchrun stops the same way (\"Cuda is not available\") and nothing trains on CPU in its "
                           f"place: check that the pod requests {vendor.kubernetes_resource} and {vendor.device_plugin} "
                           f"runs on the node, or set nprocPerNode to cpu, auto or a count")
-    workers = workers_per_node(options, job.nproc, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator),
-                               facts.cpu_count)
+    gpus_here = gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator, GPU_GRANT)
+    workers = workers_per_node(options, job.nproc, gpus_here, facts.cpu_count)
     restarts = max_restarts(options, job.max_restarts)
     rendezvous = Rendezvous(host, rdzv_port, job.run_id or job.master_addr or name, is_head,
                             join_timeout(options, job.rdzv_conf), job.rdzv_conf)

@@ -21,7 +21,12 @@ from ddp_launch.torchrun_command import max_restarts, torchrun_command, torchrun
 
 # --mode names and their lines in ddp-launch --help.
 MODES = {"local": "otherwise: torchrun --standalone on this machine"}
+# Auto detection's place (schedulers/__init__.py): last, since it takes whatever the others did not.
+DETECTION_PLACE = 90
+HELP = ""
+NODE_NAME: tuple[str, ...] = ()   # this machine by its host name
 VARIABLES: dict[str, tuple[str, ...]] = {}
+GPU_GRANT = gpu_count.GrantVariables()   # none of its own: the visible devices and the device files
 ENV_PREFIXES: tuple[str, ...] = ()
 
 
@@ -39,7 +44,7 @@ class LocalEnv:
 
 
 def parse(env: Mapping[str, str], accelerator: Accelerator) -> LocalEnv:
-    return LocalEnv(gpu_count.granted_gpus(env, accelerator), accelerator)
+    return LocalEnv(gpu_count.granted_gpus(env, accelerator, GPU_GRANT), accelerator)
 
 
 def identity(job: LocalEnv, facts: NodeFacts) -> JobIdentity:
@@ -56,7 +61,8 @@ def plan(job: LocalEnv, options: LaunchOptions, env: Mapping[str, str], facts: N
     if options.nodes is not None and options.nodes != 1:
         raise LaunchError(f"--nodes {options.nodes} but no scheduler was found (local mode runs on this one "
                           f"machine): start ddp-launch with srun, in a RunAI/Kubeflow job, or drop --nodes")
-    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator))
+    gpus_here = gpu_count.count_gpus(env, facts.gpu_device_files, job.accelerator, GPU_GRANT)
+    workers = workers_per_node(options, None, gpus_here)
     restarts = max_restarts(options)
     argv = torchrun_command(facts.python, "1", workers.count, None, restarts,
                             options.log_dir, options.workload)

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddp_contract import TASK_DEVICE_VAR
-from ddp_contract.scheduler_names import SLURM_JOB_ID, SLURMD_NODENAME
 from ddp_launch import gpus as gpu_count
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.envvars import Setting, first_set, integer
@@ -21,7 +20,7 @@ from ddp_launch.facts import NodeFacts, ProbeQuestions
 from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.job_identity import JobIdentity
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
-from ddp_launch.nodelist import expand_nodelist
+from ddp_launch.schedulers.nodelist import expand_nodelist
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, is_loopback, rendezvous_port
@@ -35,8 +34,10 @@ MODES = {
     "slurm-node": "SLURM_JOB_ID set, one task per node: torchrun per node, c10d rendezvous",
 }
 
+# Auto detection's place (schedulers/__init__.py): after torchrun, before the pods.
+DETECTION_PLACE = 20
 # How a SLURM job finds its rendezvous, for ddp-launch --help (head() and _port() below).
-RENDEZVOUS_HELP = """rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
+HELP = """rendezvous on SLURM: the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST),
   as an IPv4 address when it resolves; port 20000 + (job id mod 1000) * 10 + (step id mod 10)"""
 
 # Step-scoped names first: right for an srun that uses part of the allocation.
@@ -53,11 +54,13 @@ JOB_VARIABLES = {
     "num_tasks": ("SLURM_NTASKS", "SLURM_NPROCS"),
     "tasks_per_node": ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
 }
+# This node's name as SLURM knows it (srun sets it per task): the name ExcNodeList and --exclude take.
+NODE_NAME = ("SLURMD_NODENAME",)
 TASK_VARIABLES = {
-    "job_id": (SLURM_JOB_ID, "SLURM_JOBID"),   # SLURM_JOBID: the same id under its older name
+    "job_id": ("SLURM_JOB_ID", "SLURM_JOBID"),   # SLURM_JOBID: the same id under its older name
     "step_id": ("SLURM_STEP_ID", "SLURM_STEPID"),
     "node_index": ("SLURM_NODEID",),       # this node's index in the step
-    "node_name": (SLURMD_NODENAME,),
+    "node_name": NODE_NAME,
     "proc_id": ("SLURM_PROCID",),
     "local_id": ("SLURM_LOCALID",),
     "cpus_per_task": ("SLURM_CPUS_PER_TASK",),
@@ -65,6 +68,12 @@ TASK_VARIABLES = {
 # The three tables as one, the shape every scheduler module has: the step's
 # names are read when SLURM_STEP_NODELIST is set (srun), else the job's.
 VARIABLES = {"step": STEP_VARIABLES, "job": JOB_VARIABLES, "task": TASK_VARIABLES}
+# The GPUs SLURM granted (sbatch(1) and srun(1), OUTPUT ENVIRONMENT VARIABLES): SLURM_GPUS_ON_NODE
+# counts this node's; SLURM_GPUS_PER_NODE is --gpus-per-node as asked ("gpu:a100:4"); SLURM_STEP_GPUS
+# and SLURM_JOB_GPUS are the node's own IDs of the step's and the job's GPUs ("The GPU IDs are not
+# relative to any device cgroup, even if devices are constrained with task/cgroup"), the step's first.
+GPU_GRANT = gpu_count.GrantVariables(on_node=("SLURM_GPUS_ON_NODE",), per_node=("SLURM_GPUS_PER_NODE",),
+                                     device_ids=("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"))
 # Every variable SLURM sets for a job or a step starts with one of these.
 ENV_PREFIXES = ("SLURM_", "SLURMD_")
 
@@ -188,7 +197,7 @@ def parse(env: Mapping[str, str], accelerator: Accelerator) -> SlurmEnv:
         proc_id=proc_id,
         local_id=_int(first_set(env, TASK_VARIABLES["local_id"])),
         cpus_per_task=_int(first_set(env, TASK_VARIABLES["cpus_per_task"])),
-        gpus=gpu_count.granted_gpus(env, accelerator),
+        gpus=gpu_count.granted_gpus(env, accelerator, GPU_GRANT),
         accelerator=accelerator,
     )
     here = slurm.tasks_here()
@@ -243,7 +252,7 @@ def identity(job: SlurmEnv, facts: NodeFacts) -> JobIdentity:
         node, source = job.nodes[index], f"node {index} of {job.nodes_source}"
     else:
         node, source = facts.hostname.split(".")[0] or None, "the host name"
-    return JobIdentity(str(job.job_id), "SLURM_JOB_ID", node, source)
+    return JobIdentity(str(job.job_id), "SLURM_JOB_ID", node, source, file_name=str(job.job_id))
 
 
 def questions(job: SlurmEnv, options: LaunchOptions) -> ProbeQuestions:
@@ -326,7 +335,8 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     is_head = index in (None, 0)
     host, address, head_note = _head(slurm, options, facts, is_head)
     port, port_note = _port(slurm, options)
-    workers = workers_per_node(options, None, gpu_count.count_gpus(env, facts.gpu_device_files, slurm.accelerator))
+    gpus_here = gpu_count.count_gpus(env, facts.gpu_device_files, slurm.accelerator, GPU_GRANT)
+    workers = workers_per_node(options, None, gpus_here)
     run_id = f"{slurm.job_id}.{slurm.step_id or 0}"
     restarts = max_restarts(options)
     job_conf = job_rdzv_conf(env)

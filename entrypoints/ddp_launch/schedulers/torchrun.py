@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ddp_launch.envvars import is_digits
 from ddp_launch.facts import NodeFacts, ProbeQuestions
+from ddp_launch.gpus import GrantVariables
 from ddp_launch.job_identity import NO_IDENTITY, JobIdentity
 from ddp_launch.launch_options import LaunchOptions
 from ddp_launch.plan import Endpoint, LaunchPlan
@@ -17,6 +18,11 @@ from ddp_launch.rendezvous import ipv4_literal
 
 # --mode names and their lines in ddp-launch --help.
 MODES = {"torchrun": "TORCHELASTIC_RUN_ID set: already a torchrun worker, run the workload"}
+# Auto detection's place (schedulers/__init__.py): first, so that a worker never nests torchrun.
+DETECTION_PLACE = 10
+HELP = ""
+NODE_NAME: tuple[str, ...] = ()   # the launch that started torchrun exported DDP_NODE_NAME
+GPU_GRANT = GrantVariables()   # torchrun's agent checked the GPUs; its workers check none
 VARIABLES = {
     "run_id": ("TORCHELASTIC_RUN_ID",),
     "rank": ("RANK",),

@@ -34,9 +34,11 @@ from typing import Mapping, Optional, Sequence
 import torch.distributed as dist
 
 from ddp_contract import NODE_NAME_VAR, ROLL_CALL_REPORT
-from ddp_contract.scheduler_names import SLURMD_NODENAME
 from ddp_train.errors import PeerLost
 
+# A trainer started without ddp-launch (srun python -m ddp_train) has no DDP_NODE_NAME: SLURM's name
+# for the node (srun(1), OUTPUT ENVIRONMENT VARIABLES) is still the one the quarantine and ExcNodeList need.
+SLURMD_NODENAME = "SLURMD_NODENAME"
 ROLL_CALL_S = 15.0  # every live rank fails within this of the first (they share the timeout)
 KEY = "ddp-train/roll-call/{rank}"
 PRINTED_KEY = "ddp-train/roll-call/printed"

@@ -5,10 +5,12 @@ from __future__ import annotations
 from fakes.node import RCP_GIDS, fabric_plan, node_facts
 
 from ddp_launch.facts import roce_v2_ipv4_gid_index
+from ddp_launch.schedulers import kubeflow
 
 
 def env_for(node, env=None):
-    return {c.name: c.value for c in fabric_plan(node, env=env or {}).changes}
+    """The plan for a RunAI pod: the planner hands the fabric its scheduler's GPU variables."""
+    return {c.name: c.value for c in fabric_plan(node, env=env or {}, gpu_grant=kubeflow.GPU_GRANT).changes}
 
 
 def test_gid_index_is_the_ipv4_mapped_roce_v2_entry(node):

@@ -129,7 +129,8 @@ def test_user_socket_ifname_that_matches_nothing_is_warned(node):
 
 def test_expected_fabric_turns_on_nccl_net_logging_to_a_file(node, tmp_path):
     node.cxi(1)
-    env = changes(node, env={"DDP_LAUNCH_LOG_DIR": str(tmp_path), "SLURM_JOB_ID": "77"})
+    # The job's name comes from its scheduler's identity (SLURM's job id 77: planner.plan passes it on).
+    env = changes(node, env={"DDP_LAUNCH_LOG_DIR": str(tmp_path)}, job_name="77")
     assert env["DDP_EXPECT_FABRIC"] == "slingshot"
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
     assert env["NCCL_DEBUG_FILE"] == f"{tmp_path}/nccl-77.%h.%p.log"
@@ -194,7 +195,7 @@ def test_socket_ifname_check_follows_nccl_syntax(value, problem):
 
 def test_log_dir_places_the_nccl_log_beside_torchruns(node, tmp_path):
     node.cxi(1)
-    env = changes(node, env={"SLURM_JOB_ID": "77"}, log_dir="/scratch/logs")
+    env = changes(node, job_name="77", log_dir="/scratch/logs")
     assert env["NCCL_DEBUG_FILE"] == "/scratch/logs/nccl-77.%h.%p.log"
 
 

@@ -7,9 +7,12 @@ from ddp_launch.accelerators import load_accelerator
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import probe
 from ddp_launch.gpus import GpuCount, count_gpus, parse_gpus_per_node, visible_devices
+from ddp_launch.schedulers import gpu_grants
 
 NVIDIA = load_accelerator("nvidia", {})
 AMD = load_accelerator("amd", {})
+# Every scheduler's GPU variables (each module's GPU_GRANT), as the doctor reads them.
+EVERY = gpu_grants()
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -17,13 +20,13 @@ AMD = load_accelerator("amd", {})
     ("gpu:a100:4(S:0-1)", 4),
 ])
 def test_gpus_per_node_forms(value, expected):
-    assert parse_gpus_per_node(value) == expected
+    assert parse_gpus_per_node(value, "SLURM_GPUS_PER_NODE") == expected
 
 
 @pytest.mark.parametrize("value", ["gpu", "gpu:a100", "four", "gpu:-1"])
 def test_bad_gpus_per_node_names_the_variable(value):
     with pytest.raises(LaunchError, match=r"SLURM_GPUS_PER_NODE=.*gpu:a100:4"):
-        parse_gpus_per_node(value)
+        parse_gpus_per_node(value, "SLURM_GPUS_PER_NODE")
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -36,34 +39,34 @@ def test_visible_devices(value, expected):
 
 def test_slurm_gpus_on_node_wins_over_everything():
     env = {"SLURM_GPUS_ON_NODE": "4", "SLURM_GPUS_PER_NODE": "gpu:2", "CUDA_VISIBLE_DEVICES": "0"}
-    assert count_gpus(env, 8, NVIDIA) == GpuCount(4, "SLURM_GPUS_ON_NODE")
+    assert count_gpus(env, 8, NVIDIA, EVERY) == GpuCount(4, "SLURM_GPUS_ON_NODE")
 
 
 def test_gpus_per_node_used_when_gpus_on_node_is_absent():
-    assert count_gpus({"SLURM_GPUS_PER_NODE": "gpu:a100:4"}, 0, NVIDIA) == GpuCount(4, "SLURM_GPUS_PER_NODE")
+    assert count_gpus({"SLURM_GPUS_PER_NODE": "gpu:a100:4"}, 0, NVIDIA, EVERY) == GpuCount(4, "SLURM_GPUS_PER_NODE")
 
 
 def test_cuda_visible_devices_beats_device_files():
-    assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, 8, NVIDIA) == GpuCount(2, "CUDA_VISIBLE_DEVICES")
+    assert count_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, 8, NVIDIA, EVERY) == GpuCount(2, "CUDA_VISIBLE_DEVICES")
 
 
 def test_device_files_are_the_last_resort_and_none_means_no_gpu():
-    assert count_gpus({}, 4, NVIDIA) == GpuCount(4, "/dev/nvidia[0-9]*")
-    assert count_gpus({}, 0, NVIDIA) is None
-    assert count_gpus({}, 8, AMD) == GpuCount(8, "/dev/dri/renderD*")
+    assert count_gpus({}, 4, NVIDIA, EVERY) == GpuCount(4, "/dev/nvidia[0-9]*")
+    assert count_gpus({}, 0, NVIDIA, EVERY) is None
+    assert count_gpus({}, 8, AMD, EVERY) == GpuCount(8, "/dev/dri/renderD*")
 
 
 def test_amd_counts_rocr_visible_devices_first_and_ignores_cuda_visible_devices():
     # ROCm docs, GPU isolation techniques: ROCR_VISIBLE_DEVICES (ROCr), then HIP_VISIBLE_DEVICES.
     env = {"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "0", "CUDA_VISIBLE_DEVICES": "0,1,2"}
-    assert count_gpus(env, 8, AMD) == GpuCount(2, "ROCR_VISIBLE_DEVICES")
-    assert count_gpus({"HIP_VISIBLE_DEVICES": "0,1,2"}, 8, AMD) == GpuCount(3, "HIP_VISIBLE_DEVICES")
-    assert count_gpus({"ROCR_VISIBLE_DEVICES": "0"}, 8, NVIDIA) == GpuCount(8, "/dev/nvidia[0-9]*")
+    assert count_gpus(env, 8, AMD, EVERY) == GpuCount(2, "ROCR_VISIBLE_DEVICES")
+    assert count_gpus({"HIP_VISIBLE_DEVICES": "0,1,2"}, 8, AMD, EVERY) == GpuCount(3, "HIP_VISIBLE_DEVICES")
+    assert count_gpus({"ROCR_VISIBLE_DEVICES": "0"}, 8, NVIDIA, EVERY) == GpuCount(8, "/dev/nvidia[0-9]*")
 
 
 def test_non_integer_gpus_on_node_is_an_error():
     with pytest.raises(LaunchError, match="SLURM_GPUS_ON_NODE='4x'"):
-        count_gpus({"SLURM_GPUS_ON_NODE": "4x"}, 0, NVIDIA)
+        count_gpus({"SLURM_GPUS_ON_NODE": "4x"}, 0, NVIDIA, EVERY)
 
 
 def test_device_files_count_only_numbered_nodes(fake_dev):
@@ -107,13 +110,13 @@ NO_DRIVER = "libcuda.so.1 not found: the NVIDIA driver libraries are not in this
     ({}, None),
 ])
 def test_granted_gpus_reads_each_schedulers_words(env, expected):
-    assert granted_gpus(env, NVIDIA) == expected
+    assert granted_gpus(env, NVIDIA, EVERY) == expected
 
 
 def test_amd_grants_come_from_rocr_visible_devices_not_cuda_visible_devices():
-    assert granted_gpus({"ROCR_VISIBLE_DEVICES": "0,1"}, AMD) == GpuGrant(2, "ROCR_VISIBLE_DEVICES=0,1", AMD)
-    assert granted_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, AMD) is None
-    assert granted_gpus({"ROCR_VISIBLE_DEVICES": "0,1"}, NVIDIA) is None
+    assert granted_gpus({"ROCR_VISIBLE_DEVICES": "0,1"}, AMD, EVERY) == GpuGrant(2, "ROCR_VISIBLE_DEVICES=0,1", AMD)
+    assert granted_gpus({"CUDA_VISIBLE_DEVICES": "0,1"}, AMD, EVERY) is None
+    assert granted_gpus({"ROCR_VISIBLE_DEVICES": "0,1"}, NVIDIA, EVERY) is None
 
 
 @pytest.mark.parametrize("env, accelerator, expected", [
@@ -130,7 +133,7 @@ def test_amd_grants_come_from_rocr_visible_devices_not_cuda_visible_devices():
     ({"SLURM_GPUS_ON_NODE": "4"}, NVIDIA, None),
 ])
 def test_granted_devices_are_named_by_slurms_ids_first_then_the_runtimes_visible_devices(env, accelerator, expected):
-    assert granted_devices(env, accelerator) == expected
+    assert granted_devices(env, accelerator, EVERY) == expected
 
 
 def test_granted_but_unusable_gpus_on_a_gpu_node_name_apptainer_nv_and_the_cpu_way():

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddp_launch.errors import LaunchError
-from ddp_launch.nodelist import expand_nodelist
+from ddp_launch.schedulers.nodelist import expand_nodelist
 
 
 @pytest.mark.parametrize("hostlist, expected", [
