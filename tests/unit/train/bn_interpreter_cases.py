@@ -15,17 +15,15 @@ nearest, so bf16 results may be one bf16 step further from the reference than on
 from __future__ import annotations
 
 import os
-from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from torch._functorch.aot_autograd import aot_module_simplified
-from functorch.compile import make_boxed_func
 
 from ddp_train.fast import bn_kernels
 from ddp_train.fast.bn_blocks import TritonBasicBlock, batch_norm_act, bn_act, bn_act_backward
 from ddp_train.recipe.model import WideResNet
+from compiled_graphs import compiled_step_graphs, op_count
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     raise RuntimeError("run these cases under TRITON_INTERPRET=1 (tests/unit/train/test_triton_bn.py starts them)")
@@ -198,24 +196,11 @@ def test_under_bf16_autocast_the_gradients_are_no_further_from_float64_than_the_
 
 def test_torch_compile_sees_one_op_per_batchnorm_forward_and_backward():
     plain, ours = twin_models()
-    graphs = {}
-
-    def capture(name, gm, _inputs):
-        graphs[name] = gm
-        return make_boxed_func(gm.forward)
-
-    def backend(gm, inputs):
-        return aot_module_simplified(gm, inputs, fw_compiler=partial(capture, "forward"),
-                                     bw_compiler=partial(capture, "backward"))
-    compiled = torch.compile(ours, backend=backend, fullgraph=True)  # fullgraph: no graph break
     x, _ = batch()
-    compiled(x).square().mean().backward()
+    graphs = compiled_step_graphs(ours, x)  # fullgraph: no graph break
     plain(x).square().mean().backward()
-
-    def count(name, op):
-        return sum(1 for n in graphs[name].graph.nodes if n.target is op)
-    assert count("forward", torch.ops.ddp_train.bn_act.default) == 2 * BLOCKS
-    assert count("backward", torch.ops.ddp_train.bn_act_backward.default) == 2 * BLOCKS
+    assert op_count(graphs["forward"], torch.ops.ddp_train.bn_act.default) == 2 * BLOCKS
+    assert op_count(graphs["backward"], torch.ops.ddp_train.bn_act_backward.default) == 2 * BLOCKS
     for (name, p), q in zip(plain.named_parameters(), ours.parameters()):
         assert relative_error(q.grad, p.grad) < 1e-4, f"compiled gradient of {name}"
 

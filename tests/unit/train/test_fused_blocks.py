@@ -4,16 +4,14 @@ blocks, one op each in torch.compile's graphs, and plugged-in kernels that are r
 
 from __future__ import annotations
 
-from functools import partial
 
 import pytest
 import torch
-from torch._functorch.aot_autograd import aot_module_simplified
-from functorch.compile import make_boxed_func
 
 from ddp_train.fast import fused_blocks
 from ddp_train.fast.fused_blocks import FusedBasicBlock, Kernels, conv_stats, conv_stats_backward
 from ddp_train.recipe.model import WideResNet
+from compiled_graphs import compiled_step_graphs, op_count
 
 BLOCKS = 6  # WideResNet: three stages of two blocks
 WIDTH = 1 / 16
@@ -174,24 +172,11 @@ def several_bf16_steps_on_the_gpu():
 
 def test_torch_compile_sees_one_op_per_convolution_forward_and_backward():
     plain, fused = twin_models(torch.float64)
-    graphs = {}
-
-    def capture(name, gm, _inputs):
-        graphs[name] = gm
-        return make_boxed_func(gm.forward)
-
-    def backend(gm, inputs):
-        return aot_module_simplified(gm, inputs, fw_compiler=partial(capture, "forward"),
-                                     bw_compiler=partial(capture, "backward"))
-    compiled = torch.compile(fused, backend=backend, fullgraph=True)  # fullgraph: no graph break
     x = torch.randn(8, 3, 32, 32, dtype=torch.float64)
-    compiled(x).square().mean().backward()
+    graphs = compiled_step_graphs(fused, x)  # fullgraph: no graph break
     plain(x).square().mean().backward()
-
-    def count(name, op):
-        return sum(1 for n in graphs[name].graph.nodes if n.target is op)
-    assert count("forward", torch.ops.ddp_train.conv_stats.default) == 2 * BLOCKS
-    assert count("backward", torch.ops.ddp_train.conv_stats_backward.default) == 2 * BLOCKS
+    assert op_count(graphs["forward"], torch.ops.ddp_train.conv_stats.default) == 2 * BLOCKS
+    assert op_count(graphs["backward"], torch.ops.ddp_train.conv_stats_backward.default) == 2 * BLOCKS
     for (name, p), f in zip(plain.named_parameters(), fused.parameters()):
         torch.testing.assert_close(f.grad, p.grad, rtol=1e-8, atol=1e-12, msg=f"compiled gradient of {name}")
 
