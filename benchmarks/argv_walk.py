@@ -7,7 +7,10 @@ the file that holds the running frame of our own code (src/ddp_train and entrypo
 and stops at the first epoch's progress bar, where the epoch loop begins. It prints:
 
   files entered   the distinct files the walk went through
-  returns         the times it came back to a file it had left before (A -> B -> A counts one)
+  returns         the times it came back to a file it had left before (A -> B -> A counts one), and
+                  how many of them are an import's: a move into or out of a module's top level
+                  (the trainer's modules load after the flags are parsed, so that --help and a flag
+                  error need no torch: each module loaded costs two moves wherever it is imported)
   the walk        each file in the order entered, with how many times it was entered
 
 Library calls (torch, argparse) are skipped: the walk is of our code. Run it on two checkouts to
@@ -39,29 +42,33 @@ def ours(filename: str) -> str | None:
     return None
 
 
-def walk(argv: list[str]) -> list[str]:
+def walk(argv: list[str]) -> tuple[list[str], list[bool]]:
     """The files of our code in the order the running frame moved through them, consecutive repeats
-    folded, from cli.main until the epoch loop starts."""
+    folded, from cli.main until the epoch loop starts; and for each move, whether an import made it
+    (it enters a module's top level, or comes back from one)."""
     from ddp_train import cli
 
     trail: list[str] = []
+    loading: list[bool] = []
     stack: list[str | None] = []
 
-    def enter(name: str | None) -> None:
+    def enter(name: str | None, by_import: bool) -> None:
         if name is not None and (not trail or trail[-1] != name):
             trail.append(name)
+            loading.append(by_import)
 
     def profile(frame, event, _arg):
+        by_import = frame.f_code.co_name == "<module>"
         if event == "call":
             name = ours(frame.f_code.co_filename)
             if name is not None and frame.f_code.co_name == "__init__" and name.endswith("progress.py"):
                 raise EpochLoopReached
             stack.append(name)
-            enter(name)
+            enter(name, by_import)
         elif event == "return" and stack:
             stack.pop()
             # Back in the caller: the innermost frame of ours that is still running.
-            enter(next((name for name in reversed(stack) if name is not None), None))
+            enter(next((name for name in reversed(stack) if name is not None), None), by_import)
 
     sys.setprofile(profile)
     try:
@@ -70,7 +77,7 @@ def walk(argv: list[str]) -> list[str]:
         pass
     finally:
         sys.setprofile(None)
-    return trail
+    return trail, loading
 
 
 def figures(trail: list[str]) -> tuple[int, int]:
@@ -80,6 +87,16 @@ def figures(trail: list[str]) -> tuple[int, int]:
         left.add(previous)
         returns += current in left
     return len(set(trail)), returns
+
+
+def returns_by_import(trail: list[str], loading: list[bool]) -> int:
+    """How many of figures()'s returns an import made (walk's `loading` flags, one per move)."""
+    left: set[str] = set()
+    returns = 0
+    for index in range(1, len(trail)):
+        left.add(trail[index - 1])
+        returns += trail[index] in left and loading[index]
+    return returns
 
 
 def main() -> int:
@@ -94,11 +111,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         data = Path(scratch) / "data"
         synthetic.write_dataset(data, train=64, test=16, seed=2)
-        trail = walk(["--data-dir", str(data), "--run-dir", str(Path(scratch) / "run"), "--device", "cpu",
+        trail, loading = walk(["--data-dir", str(data), "--run-dir", str(Path(scratch) / "run"), "--device", "cpu",
                       "--allow-unverified-data", "--batch-size", "32", "--width-scale", "0.0625", "--epochs", "1"])
     entered, returns = figures(trail)
     print(f"argv -> epoch loop: {entered} files entered, {returns} returns to a file already left "
           f"({len(trail)} moves)")
+    by_import = returns_by_import(trail, loading)
+    print(f"  of the returns, {by_import} are imports' (modules loaded) and {returns - by_import} calls'")
     if args.show:
         for name, count in Counter(trail).most_common():
             print(f"  {count:3d}  {name}")

@@ -166,6 +166,14 @@ class RunDirLock:
         self._stop = threading.Event()
         self._thread = None  # type: Optional[threading.Thread]
 
+    @classmethod
+    def taken(cls, run_dir, env):
+        # type: (str, Mapping[str, str]) -> RunDirLock
+        """The lock of run_dir taken by this process (owner_here), or LockHeld; OSError: unwritable."""
+        lock = cls(run_dir, owner_here(env))
+        lock.acquire()
+        return lock
+
     def _content(self) -> bytes:
         return json.dumps(dict(self.me._asdict(), since=round(time.time(), 3))).encode()
 

@@ -244,6 +244,3 @@ class Checkpointer:
                                                      write_failure.describe(exc, self.path.parent),
                                                      "the checkpoint already there is unchanged"))
         agree_or_raise(error, self.device)  # every rank stops together, one line from rank 0
-
-    def estimated_bytes(self) -> int:
-        return self.learner.state_bytes()

@@ -10,7 +10,7 @@ import datetime
 import hashlib
 import platform
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import torch
@@ -32,10 +32,10 @@ class DistEnv:
     local_rank: int = 0
     local_world_size: int = 1
     task_device: Optional[int] = None   # DDP_TASK_DEVICE: its own GPU among those it sees (SLURM bound one)
+    is_main: bool = field(init=False, repr=False, compare=False)  # rank 0: it writes the run's files and lines
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_main", self.rank == 0)  # set once, with the rank it follows
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "DistEnv":
@@ -82,25 +82,25 @@ def gpu_index(dist_env: DistEnv, visible: int) -> int:
 
     A task bound to its own GPU (SLURM --gpus-per-task=1) sees that one alone; LOCAL_RANK keeps
     torch's meaning (its index on the node), so ddp-launch's slurm-task mode names the task's GPU
-    in DDP_TASK_DEVICE instead.
+    in DDP_TASK_DEVICE instead. Every rank of a node sees the same GPUs: local rank 0 tells (errors.Seen).
     """
     if dist_env.task_device is not None:
         if dist_env.task_device >= visible:
             raise TrainError(f"{TASK_DEVICE_VAR}={dist_env.task_device} but this task sees {visible} GPU(s): "
-                             f"start it with ddp-launch inside the srun step that bound its GPU")
+                             f"start it with ddp-launch inside the srun step that bound its GPU", Seen.BY_EVERY_RANK_OF_NODE)
         return dist_env.task_device
     if dist_env.local_world_size > visible:
         raise TrainError(
             f"{dist_env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only {visible} "
             f"GPU(s) visible: start one process per GPU (--nproc-per-node {visible}), or pass "
-            f"--device cpu for CPU workers")
+            f"--device cpu for CPU workers", Seen.BY_EVERY_RANK_OF_NODE)
     return dist_env.local_rank
 
 
 def pick_device(requested: str, dist_env: DistEnv) -> torch.device:
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise TrainError("--device cuda but no CUDA GPU is visible (check --nv / --gpus)")
+            raise TrainError("--device cuda but no CUDA GPU is visible (check --nv / --gpus)", Seen.BY_EVERY_RANK_OF_NODE)
         index = gpu_index(dist_env, torch.cuda.device_count())
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
@@ -108,7 +108,7 @@ def pick_device(requested: str, dist_env: DistEnv) -> torch.device:
 
 
 def init_process_group(dist_env: DistEnv, device: torch.device, timeout_s: float, backend: str) -> None:
-    """backend: config.resolve_backend's answer (nccl, or gloo on CPU or CUDA tensors)."""
+    """backend: resolve.resolve_backend's answer (nccl, or gloo on CPU or CUDA tensors)."""
     if dist_env.world_size == 1:
         return
     kwargs: dict[str, Any] = {}
@@ -272,10 +272,10 @@ class World:
     cpu_model: str
     threads_per_process: int
     versions: dict[str, Optional[str]]
+    gpus_per_node: int = field(init=False)
 
-    @property
-    def gpus_per_node(self) -> int:
-        return self.processes_per_node if self.device == "cuda" else 0
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus_per_node", self.processes_per_node if self.device == "cuda" else 0)
 
 
 def versions(device: torch.device) -> dict[str, Optional[str]]:

@@ -16,7 +16,8 @@ import platform
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ddp_train.config import resolve_precision
+from ddp_train.config import CUDA_AUTO_PRECISION, PRECISIONS
+from ddp_train.errors import Seen, TrainError
 
 # The CPUID flags of bf16 arithmetic: AVX512_BF16 (bf16 dot products; Intel Cooper Lake, Sapphire
 # Rapids and later, AMD Zen 4 and later) and AMX-BF16 (tile matrix multiplies; Intel Sapphire Rapids
@@ -102,10 +103,27 @@ class Precision:
 
 def choose_precision(requested: str, device_type: str, gpu_bf16: bool, cpu: Optional[CpuBf16]) -> Precision:
     """--precision as given, or auto: on CPU by cpu (read_cpu_bf16, agree_cpu_bf16), on a GPU by
-    config.resolve_precision's rule."""
+    resolve_precision's rule."""
     name = resolve_precision(requested, device_type, cpu.native if cpu is not None else gpu_bf16)
     if requested != "auto":
         return Precision(name, f"--precision {requested}")
     if cpu is not None:
         return Precision(name, f"auto: {cpu.reason}")
     return Precision(name, "auto, on a GPU")
+
+
+def resolve_precision(requested: str, device_type: str, bf16_supported: bool) -> str:
+    """auto: bf16 on GPUs that support it (fp16 with a GradScaler on older ones); on CPU bf16 where
+    it computes bf16 natively (bf16_supported: read_cpu_bf16), fp32 where it would emulate it. Every rank
+    of a node has the same device and CPU: local rank 0 tells."""
+    if requested == "auto":
+        if device_type != "cuda":
+            return "bf16" if bf16_supported else "fp32"
+        return CUDA_AUTO_PRECISION if bf16_supported else "fp16"
+    if requested not in PRECISIONS:
+        raise TrainError(f"unknown precision {requested!r}: use one of {', '.join(PRECISIONS)}",
+                         Seen.BY_EVERY_RANK_OF_NODE)
+    if requested == "bf16" and device_type == "cuda" and not bf16_supported:
+        raise TrainError("--precision bf16 but this GPU has no bf16 support: use --precision fp16",
+                         Seen.BY_EVERY_RANK_OF_NODE)
+    return requested

@@ -13,7 +13,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol
 
 from ddp_contract import RECOVERY_VAR, RENDEZVOUS_STARTED_VAR
 
@@ -148,6 +148,23 @@ def line(recovery: Recovery, clock: StartClock) -> str:
     took = f"training again {total:.1f} s after the fault" if total is not None else "training again"
     detail = ", ".join(f"{part} {seconds:.1f} s" for part, seconds in parts(marks))
     return f"Recovered: replaced {swapped}; {took}" + (f" ({detail})" if detail else "")
+
+
+class _Writes(Protocol):
+    def write(self, record_type: str, **fields: Any) -> None: ...
+
+
+class _Says(Protocol):
+    def say(self, *lines: str) -> None: ...
+
+
+def announce(env: Mapping[str, str], clock: StartClock, log: _Writes, console: _Says) -> None:
+    """On rank 0, as the first step is about to run: the recovery's record (metrics.MetricsWriter) and
+    its line (console.Console), when this is the first start of a step that spares joined."""
+    recovered = from_env(env) if first_start(env) else None
+    if recovered is not None:
+        log.write("recovery", **record(recovered, clock))
+        console.say(line(recovered, clock))
 
 
 def first_start(env: Mapping[str, str]) -> bool:

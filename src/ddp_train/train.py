@@ -27,24 +27,22 @@ from ddp_train.recipe import data
 from ddp_train.checkpoint import Checkpointer, Progress, checkpoint_path
 from ddp_train.console import Console
 from ddp_train.config import TrainConfig
-from ddp_train.recipe.data import TrainBatches
 from ddp_train.distributed import DistEnv
-from ddp_train.errors import EXIT_OK, EXIT_REQUEUE, Seen, seen_by
+from ddp_train.errors import EXIT_OK, EXIT_REQUEUE
 from ddp_train.recipe.evaluate import evaluate, target_reached
 from ddp_train.recipe.learner import Learner, Steps, accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
 from ddp_train.precision import agree_cpu_bf16, read_cpu_bf16
 from ddp_train.resolve import Decisions, resolve
 from ddp_train.progress import ProgressBar
 from ddp_train.safety import heartbeat, peers, provenance, rundir, steptime
-from ddp_train.safety.signals import StopFlag, StopVote, stop_request_path
+from ddp_train.safety.signals import StopFlag, StopVote
 
 
 def run(config: TrainConfig, env: Mapping[str, str]) -> int:
     started = recovery.StartClock.started(env)  # a recovery's record measures this start (recovery.py)
     dist_env = DistEnv.from_env(env)
-    with seen_by(Seen.BY_EVERY_RANK_OF_NODE):  # the same GPUs and CPUs for every rank of a node
-        device = distributed.pick_device(config.device, dist_env)
-        cpu_bf16 = read_cpu_bf16(env) if device.type == "cpu" else None  # once per process
+    device = distributed.pick_device(config.device, dist_env)
+    cpu_bf16 = read_cpu_bf16(env) if device.type == "cpu" else None  # once per process
     decided = resolve(config, device.type, dist_env.world_size,
                       device.type == "cuda" and torch.cuda.is_bf16_supported(), cpu_bf16)
     config = decided.config
@@ -53,21 +51,23 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
         # reads its cache directory from the process environment: written there, not read from it.
         speed.use_compile_cache(speed.compile_cache_dir(config.compile_cache_dir, config.run_dir, env),
                                 os.environ)
-    stop = StopFlag(stop_request_path(config.run_dir) if dist_env.is_main else None).install()
+    stop = StopFlag.installed_for(config.run_dir, dist_env.is_main)
     # Hang forensics before the process group: torch reads the Flight Recorder's variables then.
-    forensics = heartbeat.Forensics.start(env, dist_env.rank, dist_env.local_rank, config.run_dir,
-                                          config.dist_timeout_s) if heartbeat.wanted(env) else heartbeat.Forensics.off()
-    heartbeat.use_run_dir_for_flight_recorder(config.run_dir, env, os.environ)
+    forensics = heartbeat.Forensics.for_run(env, dist_env.rank, dist_env.local_rank, config.run_dir,
+                                            config.dist_timeout_s, os.environ)
     try:
         distributed.init_process_group(dist_env, device, config.dist_timeout_s, config.backend)
         if cpu_bf16 is not None and config.precision == "auto":  # nodes' CPUs may differ: one answer for all
             decided = decided.with_cpu_bf16(agree_cpu_bf16(distributed.all_gather_objects(cpu_bf16)))
-        hosts = peers.hosts_by_rank(env) if distributed.active() else []
+        hosts = peers.hosts_by_rank(env) if dist_env.world_size > 1 else []
         started.mark("group_ready_at")
-        with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device):
+        with rundir.held_by_this_job(Path(config.run_dir), env, dist_env.is_main, device,
+                                     fresh=config.resume is False) as moved_to:
+            console = Console(dist_env.is_main)
+            if moved_to:
+                console.say(f"--no-resume: the earlier run's checkpoints and metrics are kept in {moved_to}/")
             try:
-                return train(decided, Live(env, dist_env, device, stop, forensics.heartbeat,
-                                           Console(dist_env.is_main), started))
+                return train(decided, Live(env, dist_env, device, stop, forensics.heartbeat, console, started))
             except RuntimeError as exc:  # a failed collective: was it a node that went away?
                 lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),
                                        env.get("MASTER_ADDR", "?")) if hosts else None
@@ -80,20 +80,6 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
         forensics.stop()
         distributed.destroy_process_group()
         stop.uninstall()
-
-
-def record_provenance(config: TrainConfig, dist_env: DistEnv, console: Console) -> None:
-    """The run's manifest, from every rank's mapped libraries (a collective), and its three lines."""
-    every_rank = distributed.all_gather_objects(provenance.this_process())
-    if not dist_env.is_main:
-        return
-    prefix = hb.flight_recorder_prefix(config.run_dir)
-    trainer_set = {name: "Flight Recorder dumps into <run-dir>/forensics" for name in heartbeat.FR_DUMP_VARS
-                   if os.environ.get(name) == prefix}
-    manifest = provenance.manifest(dataclasses.asdict(config), os.environ, trainer_set, every_rank,
-                                   str(torch.__version__))
-    provenance.write(config.run_dir, manifest)
-    console.say(*provenance.summary_lines(manifest))
 
 
 @dataclass(frozen=True)
@@ -119,16 +105,13 @@ class Run:
     decided: Decisions
     live: Live
     log: metrics.MetricsWriter
-    train_set: data.Split
-    test_set: data.Split
-    data_note: str
+    data: data.RunData
     learner: Learner
     checkpoints: Checkpointer
     resumed: Optional[Progress]
     progress: Progress
     clock: steptime.StepClock
     fast: speed.FastModel
-    batches: TrainBatches
     steps: Steps
     world: distributed.World
 
@@ -195,16 +178,12 @@ def train(decided: Decisions, live: Live) -> int:
 
 
 def set_up(decided: Decisions, live: Live) -> Run:
-    """The run dir, the data, the learner, the checkpoint to resume, DDP and the step clock, once."""
-    config, dist_env, device, console, beat, started = (decided.config, live.dist_env, live.device, live.console,
-                                                        live.beat, live.started)
+    """The data, the learner, the checkpoint to resume, DDP and the step clock, once (the run dir is
+    ready: run() holds it)."""
+    config, dist_env, device, beat, started = decided.config, live.dist_env, live.device, live.beat, live.started
     log = metrics.MetricsWriter(config.run_dir, enabled=dist_env.is_main)
     speed.tune_backends(device)
-    # The run dir before anything else: writable, and an earlier run moved aside under --no-resume.
-    moved_to = rundir.prepare_on_rank0(Path(config.run_dir), config.resume is False, dist_env.is_main, device)
-    if moved_to:
-        console.say(f"--no-resume: the earlier run's checkpoints and metrics are kept in {moved_to}/")
-    train_set, test_set, data_note = data.prepare(config, dist_env.is_main, device)  # uint8, on the device
+    run_data = data.prepare(config, dist_env, device)  # uint8, on the device
 
     # The model and what trains it; then the checkpoint, if there is one to resume.
     learner = build_learner(decided, dist_env.rank, device)
@@ -213,8 +192,8 @@ def set_up(decided: Decisions, live: Live) -> Run:
     resumed = checkpoints.resume()
     started.mark("resume_done_at")
     if dist_env.is_main:
-        rundir.warn_if_low_space(Path(config.run_dir), checkpoints.estimated_bytes())
-    clock = steptime.StepClock(device, enabled=distributed.active() and heartbeat.wanted(live.env))
+        rundir.warn_if_low_space(Path(config.run_dir), learner.state_bytes())
+    clock = steptime.StepClock(device, enabled=dist_env.world_size > 1 and heartbeat.wanted(live.env))
 
     def on_bucket() -> None:  # DDP's comm hook, as each gradient bucket goes to the all-reduce
         beat.bucket()
@@ -226,10 +205,8 @@ def set_up(decided: Decisions, live: Live) -> Run:
     if clock.enabled and not fast.compiled:
         # After DDP's forward broadcast its buffers: the time before it is waiting for peers.
         learner.model.register_forward_pre_hook(lambda _module, _inputs: clock.forward_started())
-    return Run(decided, live, log, train_set, test_set, data_note, learner,
-               checkpoints, resumed, resumed or Progress(), clock, fast,
-               TrainBatches(train_set, config.batch_size, config.seed, dist_env.rank, dist_env.world_size),
-               plan_steps(len(train_set), config.batch_size, dist_env.world_size, config.epochs,
+    return Run(decided, live, log, run_data, learner, checkpoints, resumed, resumed or Progress(), clock, fast,
+               plan_steps(run_data.train_images, config.batch_size, dist_env.world_size, config.epochs,
                           config.warmup_epochs),
                distributed.describe_world(dist_env, device))
 
@@ -238,15 +215,19 @@ def introduce(run: Run) -> None:
     """The transport line, the manifest, the run record and the header."""
     config, console, precision = run.config, run.console, run.decided.precision
     distributed.announce_network_transport(run.live.env, run.device, run.dist_env.local_rank, config.backend)
-    record_provenance(config, run.dist_env, console)
+    # What exactly ran: every rank's mapped libraries (a collective), rank 0's manifest and its lines.
+    every_rank = distributed.all_gather_objects(provenance.this_process())
+    if run.dist_env.is_main:
+        console.say(*provenance.record(config.run_dir, dataclasses.asdict(config), os.environ, every_rank,
+                                       str(torch.__version__)))
     start = metrics.RunStart(run.world, config, precision.name, run.decided.lr_peak, run.decided.compile_mode,
-                             run.steps, len(run.train_set), len(run.test_set), run.resumed, precision.reason)
+                             run.steps, run.data.train_images, run.data.test_images, run.resumed, precision.reason)
     run.log.write("run", **start.record())
     # Rank 0's write failed (a full disk, in the run dir or under its logs): every rank stops.
     distributed.agree_or_raise(run.log.failed or console.failed, run.device)
     console.say(start.header(), precision.line())
-    if run.data_note:
-        console.say(run.data_note)
+    if run.data.note:
+        console.say(run.data.note)
     if run.resumed:
         console.say(f"Resumed from {run.checkpoints.path} at epoch {run.progress.epoch + 1}, step {run.progress.step}")
 
@@ -287,7 +268,7 @@ def warm_up(run: Run, train_step: Callable[[torch.Tensor, torch.Tensor], torch.T
     progress, fast, learner, device = run.progress, run.fast, run.learner, run.device
     passes = speed.warmup_passes(device, fast.compiled, fast.cuda_graphs) if not progress.finished else 0
     if passes:
-        batches = run.batches
+        batches = run.data.batches
         warm_x, warm_y = batches.batch(batches.permutation(progress.epoch), progress.epoch, progress.step)
         learner.model.train()
         run.beat.phase(hb.WARMUP)
@@ -299,11 +280,8 @@ def warm_up(run: Run, train_step: Callable[[torch.Tensor, torch.Tensor], torch.T
 
 def report_recovery(run: Run) -> None:
     """Training again after spares took bad nodes' places: the recovery's record and line (recovery.py)."""
-    env, started = run.live.env, run.live.started
-    recovered = recovery.from_env(env) if run.dist_env.is_main and recovery.first_start(env) else None
-    if recovered is not None and not run.progress.finished:
-        run.log.write("recovery", **recovery.record(recovered, started))
-        run.console.say(recovery.line(recovered, started))
+    if run.dist_env.is_main and not run.progress.finished:
+        recovery.announce(run.live.env, run.live.started, run.log, run.console)
 
 
 @dataclass(frozen=True)
@@ -321,7 +299,7 @@ def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.
                 votes: StopVote) -> EpochTrained:
     """The epoch's steps from where progress stands, until its end or a stop the ranks agreed on."""
     config, progress, steps, learner, clock = run.config, run.progress, run.steps, run.learner, run.clock
-    perm, first_step, step = run.batches.permutation(epoch), progress.step, progress.step
+    perm, first_step, step = run.data.batches.permutation(epoch), progress.step, progress.step
     learner.model.train()
     loss_sum = torch.zeros((), device=run.device)
     bar = ProgressBar(steps.per_epoch, f"Epoch {epoch + 1}/{config.epochs}", run.dist_env.is_main, run.console)
@@ -332,7 +310,7 @@ def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.
         stopped_by = votes.during_epoch(step, first_step)
         if stopped_by:
             break
-        x, y = run.batches.batch(perm, epoch, step)
+        x, y = run.data.batches.batch(perm, epoch, step)
         lr = lr_at(epoch * steps.per_epoch + step, steps.total, steps.warmup, run.decided.lr_peak, config.schedule)
         learner.set_lr(lr)
         run.beat.step(epoch * steps.per_epoch + step)
@@ -353,7 +331,7 @@ def evaluate_epoch(run: Run, epoch: int, trained: EpochTrained, warm_up_epoch: b
     """The trained epoch's evaluation, its line and record; whether the target accuracy is reached."""
     config, progress, console = run.config, run.progress, run.console
     run.beat.phase(hb.EVAL)
-    result = evaluate(run.learner.for_evaluation(), run.test_set, run.dist_env.rank, run.dist_env.world_size,
+    result = evaluate(run.learner.for_evaluation(), run.data.test_set, run.dist_env.rank, run.dist_env.world_size,
                       config.eval_batch_size, run.learner.autocast_dtype, config.tta)
     progress.epoch, progress.step = epoch + 1, 0
     progress.add_accuracy(result.accuracy)

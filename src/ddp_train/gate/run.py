@@ -25,7 +25,7 @@ from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR
 from ddp_contract.nccl_log import check_nccl_transport
 
 from ddp_train import distributed, write_failure
-from ddp_train.config import BACKENDS, resolve_backend
+from ddp_train.config import BACKENDS
 from ddp_train.console import Console
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE, Seen, TrainError
@@ -33,6 +33,7 @@ from ddp_train.exit_edge import in_a_job_of_several, leave_now, prints_here, say
 from ddp_train.gate.judge import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
                                   SizeResult, decide, expectation_from_profile, expected_period, faster_of,
                                   judged_expectation, needs_narrowing, pair_rounds, rounds_to_repeat, write_report)
+from ddp_train.resolve import resolve_backend
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:

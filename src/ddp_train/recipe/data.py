@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ddp_train.config import TrainConfig, batch_per_rank
-from ddp_train.distributed import agree_or_raise, barrier
+from ddp_train.config import TrainConfig
+from ddp_train.distributed import DistEnv, agree_or_raise, barrier
 from ddp_train.errors import TrainError
 from ddp_train.layout import NUM_CLASSES, OFFICIAL_MD5, has_dataset, split_path
 from ddp_train.synthetic import write_dataset
@@ -110,9 +110,22 @@ def load_cifar100(data_dir: str | Path, verify: bool) -> tuple[Split, Split]:
     return load_split(data_dir, "train", verify), load_split(data_dir, "test", verify)
 
 
-def prepare(config: TrainConfig, is_main: bool, device: torch.device) -> tuple[Split, Split, str]:
+@dataclass(frozen=True)
+class RunData:
+    """The run's data on the device: both splits, this rank's training batches and a note to print."""
+    train_set: Split
+    test_set: Split
+    batches: "TrainBatches"
+    note: str  # about a generated or a limited dataset; "" for the whole real one
+    train_images: int
+    test_images: int
+
+
+def prepare(config: TrainConfig, dist_env: DistEnv, device: torch.device) -> RunData:
     """Load (or, for --demo without real data, generate) the dataset onto `device`, with a note
-    to print about it; every rank agrees on errors."""
+    to print about it, and cut this rank's batches from it; every rank agrees on errors.
+    config.batch_size is the resolved one (resolve.for_device)."""
+    is_main = dist_env.is_main
     data_dir, verify, note = Path(config.data_dir), not config.allow_unverified_data, ""
     if config.demo and not has_dataset(data_dir):
         data_dir, verify = Path(config.run_dir) / SYNTHETIC_DIRNAME, False
@@ -137,7 +150,9 @@ def prepare(config: TrainConfig, is_main: bool, device: torch.device) -> tuple[S
     if config.limit_train or config.limit_test:
         note = note or (f"Using the first {len(train_set)} training and {len(test_set)} "
                         f"test images of {data_dir}")
-    return train_set.to(device), test_set.to(device), note
+    train_set, test_set = train_set.to(device), test_set.to(device)
+    batches = TrainBatches(train_set, config.batch_size, config.seed, dist_env.rank, dist_env.world_size)
+    return RunData(train_set, test_set, batches, note, len(train_set), len(test_set))
 
 
 def memory_format_for(device: torch.device) -> torch.memory_format:
@@ -189,6 +204,11 @@ def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
     """Augmentation randomness is a function of the position, so a resumed run replays it."""
     prime = 1_000_003
     return (((seed * prime + epoch) * prime + step) * prime + rank) % (2**63)
+
+
+def batch_per_rank(batch_size: int, world_size: int) -> int:
+    """Each rank's share of the global --batch-size (resolve.check_world makes it divide evenly)."""
+    return batch_size // world_size
 
 
 def epoch_permutation(n: int, seed: int, epoch: int, device: torch.device) -> torch.Tensor:

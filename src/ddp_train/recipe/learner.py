@@ -26,8 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import distributed
 from ddp_train.fast.bn_blocks import block_for
-from ddp_train.config import batch_per_rank
-from ddp_train.recipe.data import memory_format_for
+from ddp_train.recipe.data import batch_per_rank, memory_format_for
 from ddp_train.layout import NUM_CLASSES
 from ddp_train.fast.loss_scale import LossScaler
 from ddp_train.recipe.model import WideResNet

@@ -113,6 +113,15 @@ class Forensics:
         return cls(Heartbeat())
 
     @classmethod
+    def for_run(cls, env: Mapping[str, str], rank: int, local_rank: int, run_dir: str, dist_timeout_s: float,
+                environ: dict) -> "Forensics":
+        """Started where the launcher asked (wanted), off elsewhere; and the Flight Recorder's dump
+        pointed at the run dir (in `environ`, before the process group starts: torch reads it then)."""
+        forensics = cls.start(env, rank, local_rank, run_dir, dist_timeout_s) if wanted(env) else cls.off()
+        use_run_dir_for_flight_recorder(run_dir, env, environ)
+        return forensics
+
+    @classmethod
     def start(cls, env: Mapping[str, str], rank: int, local_rank: int, run_dir: str,
               dist_timeout_s: float) -> "Forensics":
         directory = env.get(hb.HEARTBEAT_DIR_VAR)

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ddp_contract import ENV_SOURCES_VAR
+from ddp_contract.heartbeat import flight_recorder_prefix
+
+from ddp_train.safety.heartbeat import FR_DUMP_VARS
 
 MANIFEST_NAME = "manifest.json"
 ENV_PREFIXES = ("NCCL_", "FI_", "GLOO_", "TORCH_")
@@ -247,6 +250,19 @@ def summary_lines(m: Mapping[str, Any]) -> tuple[str, str, str]:
 def _span(ranks: Sequence[int]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks[-1] - ranks[0] == len(ranks) - 1 \
         else ",".join(map(str, ranks))
+
+
+def record(run_dir: str, config: Mapping[str, Any], environ: Mapping[str, str], every_rank: Sequence[Mapping[str, Any]],
+           torch_version: str) -> tuple[str, str, str]:
+    """Rank 0's part: the manifest from every rank's this_process(), written to the run dir, and its
+    three lines. The Flight Recorder's variables that hold the trainer's own prefix are named as set
+    by the trainer (safety.heartbeat.use_run_dir_for_flight_recorder)."""
+    prefix = flight_recorder_prefix(run_dir)
+    trainer_set = {name: "Flight Recorder dumps into <run-dir>/forensics" for name in FR_DUMP_VARS
+                   if environ.get(name) == prefix}
+    m = manifest(config, environ, trainer_set, every_rank, torch_version)
+    write(run_dir, m)
+    return summary_lines(m)
 
 
 def write(run_dir: str | Path, m: Mapping[str, Any]) -> Path:

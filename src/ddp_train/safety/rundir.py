@@ -120,37 +120,29 @@ def prepare(run_dir: Path, fresh: bool, now: datetime.datetime) -> Optional[Path
                          f"or pass another --run-dir") from None
 
 
-def prepare_on_rank0(run_dir: Path, fresh: bool, is_main: bool, device: torch.device) -> Optional[Path]:
-    """prepare() on rank 0, before anything else; the other ranks wait for its moves (a collective)
-    and fail with it."""
-    error, moved_to = None, None
-    if is_main:
-        try:
-            moved_to = prepare(run_dir, fresh, now=datetime.datetime.now(datetime.timezone.utc))
-        except TrainError as exc:
-            error = exc
-    agree_or_raise(error, device)
-    return moved_to
-
-
 @contextlib.contextmanager
-def held_by_this_job(run_dir: Path, env: Mapping[str, str], is_main: bool, device: torch.device) -> Iterator[None]:
+def held_by_this_job(run_dir: Path, env: Mapping[str, str], is_main: bool, device: torch.device,
+                     fresh: bool) -> Iterator[Optional[Path]]:
     """Rank 0 holds <run-dir>/.ddp-run.lock (ddp_contract.rundir_lock) while the block runs, taken
-    before anything in the run dir is read or written; a second job there stops every rank with
-    one line naming the job that has it."""
-    error, lock = None, None
+    before anything in the run dir is read or written, then prepares the run dir (prepare: writable,
+    and under --no-resume, `fresh`, the earlier run moved aside). A second job there or a run dir
+    that fails its checks stops every rank with one line; the other ranks wait for rank 0's moves
+    (one collective). Yields where the earlier run went, or None."""
+    error, lock, moved_to = None, None, None
     if is_main:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            lock = rundir_lock.RunDirLock(str(run_dir), rundir_lock.owner_here(env))
-            lock.acquire()
+            lock = rundir_lock.RunDirLock.taken(str(run_dir), env)
+            moved_to = prepare(run_dir, fresh, now=datetime.datetime.now(datetime.timezone.utc))
         except rundir_lock.LockHeld as held:
-            error, lock = TrainError(str(held)), None
+            error = TrainError(str(held))
         except OSError as exc:
-            error, lock = TrainError(unwritable_message(run_dir, exc.errno, exc.strerror or str(exc))), None
-    agree_or_raise(error, device)
+            error = TrainError(unwritable_message(run_dir, exc.errno, exc.strerror or str(exc)))
+        except TrainError as exc:
+            error = exc
     try:
-        yield
+        agree_or_raise(error, device)
+        yield moved_to
     finally:
         if lock is not None:
             lock.release()

@@ -45,6 +45,12 @@ class StopFlag:
     def _handle(self, signum: int, frame: object) -> None:
         self.signum = signum
 
+    @classmethod
+    def installed_for(cls, run_dir: "str | Path", is_main: bool) -> "StopFlag":
+        """Installed for a run: the signals on every rank, and on rank 0 the run dir's stop request
+        file too (`ddp-launch stop` writes it; rank 0's vote carries it to every rank)."""
+        return cls(stop_request_path(run_dir) if is_main else None).install()
+
     def install(self) -> "StopFlag":
         self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
         return self

@@ -15,7 +15,8 @@ import torch
 from train_helpers import TINY_ARGS, run_trainer
 from test_transport_check import CUDA, SOCKETS_LOG, fabric_env
 from ddp_train import distributed
-from ddp_train.config import config_from_args, resolve_backend
+from ddp_train.config import config_from_args
+from ddp_train.resolve import resolve_backend
 from ddp_train.errors import TrainError
 
 

@@ -15,8 +15,8 @@ from train_helpers import TINY_ARGS, run_trainer, trainer_env
 from ddp_train.fast import speed
 from ddp_train.recipe import data
 from ddp_train.fast.cudagraph_report import uses_cuda_graphs
-from ddp_train.config import (compile_by_default, config_from_args, for_device, peak_lr,
-                              resolve_compile_mode)
+from ddp_train.config import config_from_args
+from ddp_train.resolve import compile_by_default, for_device, peak_lr, resolve_compile_mode
 from ddp_train.distributed import DistEnv, gpu_index
 from ddp_train.errors import TrainError
 from ddp_train.recipe.model import WideResNet

@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 
 from ddp_train.recipe.learner import accumulate_gradients, gradient_sync
-from ddp_train.config import check_world, config_from_args
+from ddp_train.config import config_from_args
+from ddp_train.resolve import check_world
 from ddp_train.errors import TrainError
 from ddp_train.recipe.model import WideResNet
 from train_helpers import TINY_ARGS, run_trainer, trainer_env

@@ -1,6 +1,6 @@
 """The Olivia job scripts against the Sigma2 "PyTorch on Olivia" guide: a script that runs the guide's
 recipe uses the guide's values for its GPU count; one that does not names the recipe it runs and states
-the peak LR it trains at, which must be what the trainer computes (ddp_train.config.peak_lr), and the
+the peak LR it trains at, which must be what the trainer computes (ddp_train.resolve.peak_lr), and the
 guide's command for its GPU count where the guide has a run on that many GPUs."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_train.config import config_from_args, peak_lr
+from ddp_train.config import config_from_args
+from ddp_train.resolve import peak_lr
 
 REPO = Path(__file__).resolve().parents[3]
 OLIVIA_SCRIPTS = sorted(REPO.glob("slurm/olivia-*.sh"))

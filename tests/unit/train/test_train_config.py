@@ -5,8 +5,9 @@ import pytest
 import dataclasses
 from typing import Literal, Optional
 
-from ddp_train.config import (DEMO_PRESET, GUIDE_RECIPE, RECIPES, TrainConfig, build_parser, check_world,
-                              config_from_args, option, peak_lr, resolve_precision)
+from ddp_train.config import DEMO_PRESET, GUIDE_RECIPE, RECIPES, TrainConfig, build_parser, config_from_args, option
+from ddp_train.precision import resolve_precision
+from ddp_train.resolve import check_world, peak_lr
 from ddp_train.errors import TrainError
 
 
