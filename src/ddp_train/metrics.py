@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # they import torch
     from ddp_train.checkpoint import Progress
     from ddp_train.distributed import World
     from ddp_train.recipe.evaluate import EvalResult
-    from ddp_train.recipe.learner import Steps
+    from ddp_train.recipe.data import Steps
 
 METRICS_NAME = "metrics.jsonl"
 

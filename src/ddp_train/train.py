@@ -30,7 +30,7 @@ from ddp_train.config import TrainConfig
 from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_OK, EXIT_REQUEUE
 from ddp_train.recipe.evaluate import evaluate, target_reached
-from ddp_train.recipe.learner import Learner, Steps, accumulate_gradients, build_learner, lr_at, plan_steps, update_ema
+from ddp_train.recipe.learner import Learner, accumulate_gradients, build_learner, lr_at, update_ema
 from ddp_train.precision import agree_cpu_bf16, read_cpu_bf16
 from ddp_train.resolve import Decisions, resolve
 from ddp_train.progress import ProgressBar
@@ -112,7 +112,6 @@ class Run:
     progress: Progress
     clock: steptime.StepClock
     fast: speed.FastModel
-    steps: Steps
     world: distributed.World
 
     @property
@@ -182,7 +181,6 @@ def set_up(decided: Decisions, live: Live) -> Run:
     ready: run() holds it)."""
     config, dist_env, device, beat, started = decided.config, live.dist_env, live.device, live.beat, live.started
     log = metrics.MetricsWriter(config.run_dir, enabled=dist_env.is_main)
-    speed.tune_backends(device)
     run_data = data.prepare(config, dist_env, device)  # uint8, on the device
 
     # The model and what trains it; then the checkpoint, if there is one to resume.
@@ -206,8 +204,6 @@ def set_up(decided: Decisions, live: Live) -> Run:
         # After DDP's forward broadcast its buffers: the time before it is waiting for peers.
         learner.model.register_forward_pre_hook(lambda _module, _inputs: clock.forward_started())
     return Run(decided, live, log, run_data, learner, checkpoints, resumed, resumed or Progress(), clock, fast,
-               plan_steps(run_data.train_images, config.batch_size, dist_env.world_size, config.epochs,
-                          config.warmup_epochs),
                distributed.describe_world(dist_env, device))
 
 
@@ -221,7 +217,7 @@ def introduce(run: Run) -> None:
         console.say(*provenance.record(config.run_dir, dataclasses.asdict(config), os.environ, every_rank,
                                        str(torch.__version__)))
     start = metrics.RunStart(run.world, config, precision.name, run.decided.lr_peak, run.decided.compile_mode,
-                             run.steps, run.data.train_images, run.data.test_images, run.resumed, precision.reason)
+                             run.data.steps, run.data.train_images, run.data.test_images, run.resumed, precision.reason)
     run.log.write("run", **start.record())
     # Rank 0's write failed (a full disk, in the run dir or under its logs): every rank stops.
     distributed.agree_or_raise(run.log.failed or console.failed, run.device)
@@ -298,7 +294,7 @@ class EpochTrained:
 def train_epoch(run: Run, epoch: int, train_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                 votes: StopVote) -> EpochTrained:
     """The epoch's steps from where progress stands, until its end or a stop the ranks agreed on."""
-    config, progress, steps, learner, clock = run.config, run.progress, run.steps, run.learner, run.clock
+    config, progress, steps, learner, clock = run.config, run.progress, run.data.steps, run.learner, run.clock
     perm, first_step, step = run.data.batches.permutation(epoch), progress.step, progress.step
     learner.model.train()
     loss_sum = torch.zeros((), device=run.device)

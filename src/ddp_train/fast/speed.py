@@ -16,7 +16,6 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_train import distributed
 from ddp_train.fast import cudagraph_report, levers
 from ddp_train.checkpoint import rng_state, set_rng_state
 from ddp_train.errors import Seen, TrainError
@@ -115,9 +114,11 @@ class FastModel:
 
 def accelerate(model: nn.Module, decided: Decisions, device: torch.device,
                on_bucket: Optional[Callable[[], None]] = None) -> FastModel:
-    """The model as decided (resolve.py): DDP-wrapped in a world of several, the levers set, compiled."""
+    """The model as decided (resolve.py), on tuned backends (tune_backends): DDP-wrapped in a world of
+    several, the levers set, compiled."""
+    tune_backends(device)
     ddp: nn.Module = model
-    if distributed.active():
+    if decided.world_size > 1:  # the process group is up: train.run started it
         check_compression_backend(decided.config.grad_compression, device)
         ddp = wrap_ddp(model, device, decided.config.bucket_cap_mb, decided.config.grad_compression, on_bucket)
     levers.apply(decided.levers)

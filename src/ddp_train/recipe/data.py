@@ -10,7 +10,8 @@ horizontal flip, the Olivia guide's transforms, done as one gather per batch on 
 instead of per-image PIL work in DataLoader workers (the guide's bottleneck).
 
 Batches: each epoch's shuffle (the same on every rank) and each step's slice of it, augmented with
-a seed taken from the step's position, so a resumed run replays them.
+a seed taken from the step's position, so a resumed run replays them; and the run's steps, which
+the training set and the batch make (plan_steps).
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class RunData:
     train_set: Split
     test_set: Split
     batches: "TrainBatches"
+    steps: "Steps"
     note: str  # about a generated or a limited dataset; "" for the whole real one
     train_images: int
     test_images: int
@@ -123,8 +125,8 @@ class RunData:
 
 def prepare(config: TrainConfig, dist_env: DistEnv, device: torch.device) -> RunData:
     """Load (or, for --demo without real data, generate) the dataset onto `device`, with a note
-    to print about it, and cut this rank's batches from it; every rank agrees on errors.
-    config.batch_size is the resolved one (resolve.for_device)."""
+    to print about it, and cut this rank's batches and the run's steps from it; every rank agrees on
+    errors. config.batch_size is the resolved one (resolve.for_device)."""
     is_main = dist_env.is_main
     data_dir, verify, note = Path(config.data_dir), not config.allow_unverified_data, ""
     if config.demo and not has_dataset(data_dir):
@@ -152,7 +154,8 @@ def prepare(config: TrainConfig, dist_env: DistEnv, device: torch.device) -> Run
                         f"test images of {data_dir}")
     train_set, test_set = train_set.to(device), test_set.to(device)
     batches = TrainBatches(train_set, config.batch_size, config.seed, dist_env.rank, dist_env.world_size)
-    return RunData(train_set, test_set, batches, note, len(train_set), len(test_set))
+    steps = plan_steps(len(train_set), config.batch_size, dist_env.world_size, config.epochs, config.warmup_epochs)
+    return RunData(train_set, test_set, batches, steps, note, len(train_set), len(test_set))
 
 
 def memory_format_for(device: torch.device) -> torch.memory_format:
@@ -209,6 +212,25 @@ def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
 def batch_per_rank(batch_size: int, world_size: int) -> int:
     """Each rank's share of the global --batch-size (resolve.check_world makes it divide evenly)."""
     return batch_size // world_size
+
+
+# -- The run's steps --
+
+@dataclass(frozen=True)
+class Steps:
+    """How many optimizer steps an epoch and the run take, and each rank's share of a batch."""
+    per_epoch: int
+    total: int
+    warmup: int
+    batch_per_rank: int
+
+
+def plan_steps(train_images: int, batch_size: int, world_size: int, epochs: int,
+               warmup_epochs: float) -> Steps:
+    """The last partial batch is dropped, so every rank takes the same number of steps."""
+    per_epoch = train_images // batch_size
+    return Steps(per_epoch, per_epoch * epochs, round(warmup_epochs * per_epoch),
+                 batch_per_rank(batch_size, world_size))
 
 
 def epoch_permutation(n: int, seed: int, epoch: int, device: torch.device) -> torch.Tensor:

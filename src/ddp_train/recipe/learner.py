@@ -3,7 +3,8 @@ the loss, an EMA of the weights), built alike on every rank, and what the loop d
 step: the learning rate, gradient accumulation, the EMA update. Its state (state_dict, load_state_dict)
 is what a checkpoint saves and restores (checkpoint.py) and the warm-up puts back (speed.warm_up).
 
-- Steps and the learning rate: linear warm-up, then constant, cosine or linear decay to zero.
+- The learning rate: linear warm-up, then constant, cosine or linear decay to zero (the steps it counts:
+  data.plan_steps).
 - The weights' exponential moving average (--ema-decay > 0): updated after every step, evaluated
   and checkpointed beside the model.
 - Gradient accumulation (--grad-accum-steps N): a rank's batch as N micro-batches, one all-reduce
@@ -26,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_train import distributed
 from ddp_train.fast.bn_blocks import block_for
-from ddp_train.recipe.data import batch_per_rank, memory_format_for
+from ddp_train.recipe.data import memory_format_for
 from ddp_train.layout import NUM_CLASSES
 from ddp_train.fast.loss_scale import LossScaler
 from ddp_train.recipe.model import WideResNet
@@ -110,24 +111,7 @@ def estimated_bytes(model: torch.nn.Module, copies: int) -> int:
     return copies * sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
-# -- The run's steps and the learning rate at each --
-
-@dataclass(frozen=True)
-class Steps:
-    """How many optimizer steps an epoch and the run take, and each rank's share of a batch."""
-    per_epoch: int
-    total: int
-    warmup: int
-    batch_per_rank: int
-
-
-def plan_steps(train_images: int, batch_size: int, world_size: int, epochs: int,
-               warmup_epochs: float) -> Steps:
-    """The last partial batch is dropped, so every rank takes the same number of steps."""
-    per_epoch = train_images // batch_size
-    return Steps(per_epoch, per_epoch * epochs, round(warmup_epochs * per_epoch),
-                 batch_per_rank(batch_size, world_size))
-
+# -- The learning rate at each step --
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, peak: float, schedule: str) -> float:
     if warmup_steps > 0 and step < warmup_steps:

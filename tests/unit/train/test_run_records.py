@@ -16,7 +16,7 @@ from ddp_train.config import config_from_args
 from ddp_train.recipe.data import Split, TrainBatches
 from ddp_train.distributed import World
 from ddp_train.recipe.evaluate import EvalResult, target_reached
-from ddp_train.recipe.learner import plan_steps
+from ddp_train.recipe.data import plan_steps
 from ddp_train.safety.signals import StopFlag, StopVote
 
 WORLD = World(size=8, nodes=2, processes_per_node=4, device="cuda", gpu_model="NVIDIA GH200",
