@@ -80,23 +80,24 @@ def walk(argv: list[str]) -> tuple[list[str], list[bool]]:
     return trail, loading
 
 
-def figures(trail: list[str]) -> tuple[int, int]:
+def return_moves(trail: list[str]) -> list[int]:
+    """The moves (indices into trail) that come back to a file left before."""
     left: set[str] = set()
-    returns = 0
-    for previous, current in zip(trail, trail[1:]):
-        left.add(previous)
-        returns += current in left
-    return len(set(trail)), returns
+    returns = []
+    for index in range(1, len(trail)):
+        left.add(trail[index - 1])
+        if trail[index] in left:
+            returns.append(index)
+    return returns
+
+
+def figures(trail: list[str]) -> tuple[int, int]:
+    return len(set(trail)), len(return_moves(trail))
 
 
 def returns_by_import(trail: list[str], loading: list[bool]) -> int:
     """How many of figures()'s returns an import made (walk's `loading` flags, one per move)."""
-    left: set[str] = set()
-    returns = 0
-    for index in range(1, len(trail)):
-        left.add(trail[index - 1])
-        returns += trail[index] in left and loading[index]
-    return returns
+    return sum(loading[index] for index in return_moves(trail))
 
 
 def main() -> int:

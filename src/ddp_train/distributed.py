@@ -10,7 +10,7 @@ import datetime
 import hashlib
 import platform
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import torch
@@ -32,10 +32,10 @@ class DistEnv:
     local_rank: int = 0
     local_world_size: int = 1
     task_device: Optional[int] = None   # DDP_TASK_DEVICE: its own GPU among those it sees (SLURM bound one)
-    is_main: bool = field(init=False, repr=False, compare=False)  # rank 0: it writes the run's files and lines
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "is_main", self.rank == 0)  # set once, with the rank it follows
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "DistEnv":
@@ -272,10 +272,10 @@ class World:
     cpu_model: str
     threads_per_process: int
     versions: dict[str, Optional[str]]
-    gpus_per_node: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "gpus_per_node", self.processes_per_node if self.device == "cuda" else 0)
+    @property
+    def gpus_per_node(self) -> int:
+        return self.processes_per_node if self.device == "cuda" else 0
 
 
 def versions(device: torch.device) -> dict[str, Optional[str]]:

@@ -13,9 +13,13 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from ddp_contract import RECOVERY_VAR, RENDEZVOUS_STARTED_VAR
+
+if TYPE_CHECKING:
+    from ddp_train.console import Console
+    from ddp_train.metrics import MetricsWriter
 
 # The marks, in order, and the part of the recovery that ends at each: the part is the time since
 # the latest earlier mark that is known. A mark can be missing: a preflight or gate fault has no
@@ -150,17 +154,9 @@ def line(recovery: Recovery, clock: StartClock) -> str:
     return f"Recovered: replaced {swapped}; {took}" + (f" ({detail})" if detail else "")
 
 
-class _Writes(Protocol):
-    def write(self, record_type: str, **fields: Any) -> None: ...
-
-
-class _Says(Protocol):
-    def say(self, *lines: str) -> None: ...
-
-
-def announce(env: Mapping[str, str], clock: StartClock, log: _Writes, console: _Says) -> None:
-    """On rank 0, as the first step is about to run: the recovery's record (metrics.MetricsWriter) and
-    its line (console.Console), when this is the first start of a step that spares joined."""
+def announce(env: Mapping[str, str], clock: StartClock, log: MetricsWriter, console: Console) -> None:
+    """On rank 0, as the first step is about to run: the recovery's record and its line, when this is
+    the first start of a step that spares joined."""
     recovered = from_env(env) if first_start(env) else None
     if recovered is not None:
         log.write("recovery", **record(recovered, clock))

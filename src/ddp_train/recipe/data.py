@@ -119,8 +119,6 @@ class RunData:
     batches: "TrainBatches"
     steps: "Steps"
     note: str  # about a generated or a limited dataset; "" for the whole real one
-    train_images: int
-    test_images: int
 
 
 def prepare(config: TrainConfig, dist_env: DistEnv, device: torch.device) -> RunData:
@@ -155,7 +153,7 @@ def prepare(config: TrainConfig, dist_env: DistEnv, device: torch.device) -> Run
     train_set, test_set = train_set.to(device), test_set.to(device)
     batches = TrainBatches(train_set, config.batch_size, config.seed, dist_env.rank, dist_env.world_size)
     steps = plan_steps(len(train_set), config.batch_size, dist_env.world_size, config.epochs, config.warmup_epochs)
-    return RunData(train_set, test_set, batches, steps, note, len(train_set), len(test_set))
+    return RunData(train_set, test_set, batches, steps, note)
 
 
 def memory_format_for(device: torch.device) -> torch.memory_format:
