@@ -120,6 +120,7 @@ def _conditions(request: FabricRequest, facts: NodeFacts, profile: SiteProfile |
         "multi_node": request.multi_node,
         "roce": choose_roce_device(facts.rdma_devices) is not None,
         "rdzv_get_disabled": rdzv_get_disabled(request.env),
+        "kdreg2_default": facts.kdreg2_default,
         "gpu": profile.gpu if profile else None,
         "accelerator": profile.accelerator if profile else None,
         "machine": facts.machine,
