@@ -300,3 +300,12 @@ def test_a_site_null_value_withholds_any_default_and_a_string_is_still_required_
     from ddp_launch.fabric.defaults import parse_fabric_defaults
     with pytest.raises(LaunchError, match="env X: 'value' and 'source' must be strings"):
         parse_fabric_defaults({"schema": 1, "name": "f", "env": {"X": {"value": None, "source": "s"}}}, "/f/f.json")
+
+
+def test_gh200_gets_gdr_over_c2c_whatever_the_host_nccls_default(node):
+    # NCCL_NET_GDR_C2C defaulted to 0 in NCCL 2.26 and is 1 since 2.27 (NCCL's env.rst): set it, as CSCS does.
+    node.cxi(4)
+    assert changes(node, site="olivia")["NCCL_NET_GDR_C2C"] == "1"
+    assert "NCCL_NET_GDR_C2C" not in changes(node, site="olivia", machine="x86_64")
+    assert "NCCL_NET_GDR_C2C" not in changes(node, site="lumi", machine="x86_64")
+    assert "NCCL_NET_GDR_C2C" not in changes(node, site="olivia", env={"NCCL_NET_GDR_C2C": "0"})
