@@ -29,7 +29,16 @@ from ddp_contract.records import LIST, STRING, TEXT, VARIABLE_NAME, Field, Reade
 KNOWN_ISSUES = Kind("known issues", "known-issues", frozenset({"description", "rows"}), True,
                     "restore containers/sites/known-issues from the repository (the image copies it to /opt/ddp/sites)")
 SHIPPED = "upstream"                    # containers/sites/known-issues/upstream.json
+# Where the image names its base: Apptainer keeps %labels here inside the container (its user guide,
+# "Environment and Metadata"), and gpu.def labels the base it was built from.
+IMAGE_LABELS_FILE = "/.singularity.d/labels.json"
+BASE_LABEL = "org.opencontainers.image.base.name"
 USER_FILES_VAR = "DDP_KNOWN_ISSUES"     # more files, ":"-separated
+
+# The doctor's check: "known issues" when nothing matches, "known issue <id>" for each match (the
+# preflight's verdict reads these names: ddp_contract.quarantine).
+CHECK_NAME = "known issues"
+CHECK_PREFIX = "known issue "
 
 HANG, CRASH, CORRUPT, SLOW = "hang", "crash", "corrupt", "slow"
 EFFECTS = (HANG, CRASH, CORRUPT, SLOW)
@@ -37,10 +46,10 @@ FAIL, WARN = "FAIL", "WARN"
 # What a row's "versions" may name, compared as versions: the NCCL (or RCCL) the workers load, the OFI
 # plugin (aws-ofi-nccl, which builds RCCL's too since 1.18), libfabric (fi_version(): major.minor), libcxi
 # (its file's version), torch, the GPU driver (its kernel module).
-VERSIONED = ("nccl", "aws-ofi-nccl", "libfabric", "libcxi", "torch", "driver")
+VERSIONED = ("nccl", "aws-ofi-nccl", "libfabric", "libcxi", "torch", "driver", "nodes")   # nodes: in the job
 # ... and compared as shell patterns (fnmatch): the image's base (its org.opencontainers.image.base.name
-# label), the GPU model (the site profile's gpu) and the machine (os.uname().machine).
-PATTERNED = ("base_image", "gpu", "machine")
+# label), the GPU vendor and model (the site profile's accelerator and gpu) and the machine (os.uname().machine).
+PATTERNED = ("base_image", "accelerator", "gpu", "machine")
 COMPONENTS = VERSIONED + PATTERNED
 _CLAUSE = re.compile(r"^(==|!=|<=|>=|<|>)?(\d+(?:\.\d+)*)$")
 
@@ -128,6 +137,22 @@ class Match:
         return {"id": self.row.id, "verdict": self.verdict, "effect": self.row.effect, "summary": self.row.summary,
                 "matched": dict(self.matched), "when": self.row.when, "fix": self.row.fix,
                 "source": self.row.source, "file": self.row.file}
+
+
+def check_name(row_id: str) -> str:
+    return CHECK_PREFIX + row_id
+
+
+def describe(stack: Stack) -> str:
+    """The stack in one line: each component's version (? where unknown), with where the libraries were found."""
+    parts = []
+    for name in COMPONENTS:
+        if name not in stack.versions:
+            continue
+        value = stack.versions[name]
+        where = stack.where.get(name)
+        parts.append(f"{name} {value if value is not None else '?'}" + (f" ({where})" if where and value else ""))
+    return ", ".join(parts)
 
 
 def _setting_matches(value: Optional[str], pattern: str) -> bool:

@@ -50,14 +50,22 @@ class ConfLine:
     name: str
     value: str
     effect: str         # APPLIES | ENVIRONMENT_WINS | EARLIER_FILE_WINS | NEVER_READ
+    text: str = ""      # the line as written
 
     @property
     def where(self) -> str:
-        return f"{self.why} ({self.path}) line {self.number}" if self.why != self.path else f"{self.path} line {self.number}"
+        return f"{describe_file(self.path, self.why)} line {self.number}"
 
     def record(self) -> dict:
         return {"file": self.path, "read_as": self.why, "line": self.number, "name": self.name,
                 "value": self.value, "effect": self.effect}
+
+
+def describe_file(path: str, why: str) -> str:
+    """How a message names the file: "~/.nccl.conf (/home/u/.nccl.conf)", "NCCL_CONF_FILE=/x", "/etc/nccl.conf"."""
+    if why == CONF_FILE_VAR:
+        return f"{why}={path}"
+    return f"{why} ({path})" if why != path else path
 
 
 def version_tuple(version: Optional[str]) -> Optional[tuple]:
@@ -117,7 +125,7 @@ def lines_of(files: Sequence[ConfFile], env: Mapping[str, str]) -> tuple[ConfLin
             else:
                 effect = APPLIES
                 taken.add(name)
-            lines.append(ConfLine(conf.path, conf.why, number, name.strip(), value, effect))
+            lines.append(ConfLine(conf.path, conf.why, number, name.strip(), value, effect, line))
     return tuple(lines)
 
 
