@@ -139,6 +139,29 @@ class Match:
                 "source": self.row.source, "file": self.row.file}
 
 
+# The OFI plugin logs "Initializing " PACKAGE_STRING at start-up (aws-ofi-nccl src/nccl_ofi_net.cpp), autoconf's
+# "aws-ofi-nccl 1.21.0" (AC_INIT in configure.ac), so the string is in the library; ROCm's older fork says
+# aws-ofi-rccl.
+_PLUGIN_PACKAGE = re.compile(rb"aws-ofi-[nr]ccl (\d+\.\d+(?:\.\d+)?)")
+
+
+def plugin_version(path: str) -> Optional[str]:
+    """The OFI plugin's version from the package string in its file, or None (another plugin, unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            found = _PLUGIN_PACKAGE.search(handle.read())
+    except OSError:
+        return None
+    return found.group(1).decode() if found else None
+
+
+def driver_version(text: Optional[str]) -> Optional[str]:
+    """major.minor of the kernel driver: NVIDIA's /proc/driver/nvidia/version line ("Kernel Module
+    570.124.06"), or a file that holds the version alone (/sys/module/amdgpu/version)."""
+    found = re.search(r"Kernel Module(?: for \S+)?\s+(\d+)\.(\d+)", text or "") or re.match(r"(\d+)\.(\d+)", text or "")
+    return f"{found.group(1)}.{found.group(2)}" if found else None
+
+
 def check_name(row_id: str) -> str:
     return CHECK_PREFIX + row_id
 

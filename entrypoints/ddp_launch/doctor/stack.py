@@ -17,25 +17,12 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from ddp_contract import known_issues, nccl_conf
 from ddp_launch.doctor.context import DoctorContext
-from ddp_launch.doctor.gpu import parse_driver_version
 from ddp_launch.doctor.libraries import loaded_first
 from ddp_launch.doctor.probes import driver_version_text
 from ddp_launch.facts import read_text, under
 
-# aws-ofi-nccl logs "Initializing " PACKAGE_STRING at start-up (src/nccl_ofi_net.cpp), autoconf's
-# "aws-ofi-nccl 1.21.0" (AC_INIT in configure.ac); ROCm's older fork is aws-ofi-rccl.
-_PLUGIN_PACKAGE = re.compile(rb"aws-ofi-[nr]ccl (\d+\.\d+(?:\.\d+)?)")
 _FILE_VERSION = re.compile(r"\.so\.(\d+(?:\.\d+)+)$")
-
-
-def plugin_version(path: str) -> Optional[str]:
-    """The OFI plugin's version from the package string in the file, or None."""
-    try:
-        with open(path, "rb") as handle:
-            found = _PLUGIN_PACKAGE.search(handle.read())
-    except OSError:
-        return None
-    return found.group(1).decode() if found else None
+plugin_version = known_issues.plugin_version
 
 
 def file_version(path: str) -> Optional[str]:
@@ -109,8 +96,7 @@ def node_stack(ctx: DoctorContext) -> known_issues.Stack:
     where["libcxi"] = cxi or "no libcxi.so.1 found"
     info = ctx.probes.torch_info() or {}
     versions["torch"] = str(info["version"]) if info.get("version") else None
-    driver = parse_driver_version(driver_version_text(ctx.root, ctx.accelerator))
-    versions["driver"] = f"{driver[0]}.{driver[1]}" if driver else None
+    versions["driver"] = known_issues.driver_version(driver_version_text(ctx.root, ctx.accelerator))
     versions["base_image"] = image_base(ctx.root)
     versions["accelerator"] = ctx.accelerator.name
     versions["gpu"] = ctx.profile.gpu if ctx.profile else None
