@@ -61,8 +61,8 @@ def version_key(version: str) -> Optional[tuple]:
 
 
 def _compare(have: tuple, op: str, want: tuple) -> bool:
-    # Compared at the precision the row writes: libfabric reports major.minor, so "==2.4" holds for 2.4.x,
-    # and a row's "<2.29.3" compares three numbers.
+    # A missing part counts as 0 on either side ("2.4" == "2.4.0"). libfabric reports major.minor alone
+    # (fi_version()), so a libfabric row is written as major.minor: "==2.4" holds for every 2.4.x.
     width = max(len(have), len(want))
     have, want = have + (0,) * (width - len(have)), want + (0,) * (width - len(want))
     return {"==": have == want, "!=": have != want, "<": have < want, "<=": have <= want,
