@@ -30,7 +30,7 @@ class Kind(NamedTuple):
 
 SITE = Kind("site profile", "", frozenset({
     "description", "fabric", "accelerator", "gpu", "binds", "env", "closure", "fabric_gate", "srun_args",
-    "container_runtime"}), False, "")
+    "container_runtime", "gate_subgroups"}), False, "")
 FABRIC = Kind("fabric defaults", "fabrics", frozenset({"description", "env", "host_libraries"}), True,
               "restore containers/sites/fabrics from the repository (the image copies it to /opt/ddp/sites)")
 ACCELERATOR = Kind("accelerator data", "accelerators", frozenset({

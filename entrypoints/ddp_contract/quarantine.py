@@ -6,7 +6,8 @@ mid-run) names goes into <run-dir>/quarantine.json with why (a node the roll cal
 own launcher reported its workers' crash, launcher-crash-<node>.json, is up and stays out of it); the batch script trains on a spare
 node instead (ddp_contract.spares) or requeues the job with those nodes in ExcNodeList. A check that
 fails on every node is the setup's, not a node's: `add` names nothing then, prints one line with
-the fix and exits 2. Runs on the host's python3 (3.6 on SLES 15):
+the fix and exits 2; otherwise it also prints each known problem the doctor warns about (a slowdown
+of the node's stack: ddp_contract.known_issues), with the nodes that have it. Runs on the host's python3 (3.6 on SLES 15):
     python3 -m ddp_contract.quarantine add --by gate|doctor|roll-call --job ID --restart N [--nodes N] RUN_DIR REPORT...
     python3 -m ddp_contract.quarantine exclude RUN_DIR     (comma-separated nodes, for ExcNodeList)
     python3 -m ddp_contract.quarantine show RUN_DIR        (one line per excluded node and why)
@@ -136,6 +137,30 @@ def doctor_failures(text: str) -> Optional[Tuple[Failed, ...]]:
     return failed or (Failed("doctor", "failed", ""),)
 
 
+# The doctor's known-issues checks ("known issue <id>", ddp_contract.known_issues.CHECK_PREFIX; that module
+# is not imported here: it runs in the image, this on the host's Python 3.6).
+KNOWN_ISSUE_PREFIX = "known issue "
+
+
+def known_issue_warnings(texts: Mapping[str, str]) -> List[str]:
+    """One line per known problem the doctor WARNs about (a slowdown, or a hang that needs a condition no
+    version shows), with the nodes that match it: these train, and the job output must say so."""
+    nodes: Dict[Tuple[str, str, str], List[str]] = {}
+    for path, text in sorted(texts.items()):
+        try:
+            report = json.loads(text)
+        except ValueError:
+            continue
+        for check in (report.get("checks") or ()) if isinstance(report, dict) else ():
+            if (isinstance(check, dict) and check.get("status") == "WARN"
+                    and str(check.get("name", "")).startswith(KNOWN_ISSUE_PREFIX)):
+                key = (str(check["name"]), str(check.get("detail")), str(check.get("fix") or ""))
+                nodes.setdefault(key, []).append(doctor_node(path))
+    return ["preflight: warning: {} on {}: {}{}".format(
+        name, "node " + found[0] if len(found) == 1 else "nodes " + ", ".join(found), detail,
+        "; fix: " + fix if fix else "") for (name, detail, fix), found in nodes.items()]
+
+
 def named_by_doctor(node: str, failures: Optional[Tuple[Failed, ...]]) -> Optional[str]:
     """Why the doctor failed this node, or None when it passed or left no report (so a garbled file
     never excludes a node)."""
@@ -257,6 +282,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if problem:
                 print(problem)
                 return EXIT_USAGE
+            for line in known_issue_warnings(texts):
+                print(line)
         named = collect(args.by, texts, args.job, args.restart)
         if args.by == "roll-call":
             up = up_by_launcher(args.run_dir, [e.node for e in named])

@@ -130,9 +130,11 @@ class Reader(NamedTuple):
         if unknown:
             raise self.error(f"{where} has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}")
 
-    def env_table(self, data: Mapping[str, Any], optional_keys: Sequence[str] = ()) -> List[Tuple[str, Dict[str, Any]]]:
+    def env_table(self, data: Mapping[str, Any], optional_keys: Sequence[str] = (),
+                  null_value: bool = False) -> List[Tuple[str, Dict[str, Any]]]:
         """An "env" object, NAME: {"value": ..., "source": ...} and the optional keys, as (NAME, entry) in
-        the file's order; every value a string and every source a non-empty one."""
+        the file's order; every value a string (or null, where null_value allows it: a site profile's
+        "leave it unset") and every source a non-empty one."""
         shape = '{"value": "...", "source": "..."}' + "".join(f', with an optional "{key}"' for key in optional_keys)
         entries = []
         for name, entry in data.items():
@@ -140,7 +142,9 @@ class Reader(NamedTuple):
                 raise self.error(f"env name {name!r} is not a valid variable name")
             if not isinstance(entry, dict) or not {"value", "source"} <= set(entry) <= {"value", "source", *optional_keys}:
                 raise self.error(f"env {name} must be {shape}")
-            if not isinstance(entry["value"], str) or not is_text(entry["source"]):
-                raise self.error(f"env {name}: 'value' and 'source' must be strings (source non-empty)")
+            if not (isinstance(entry["value"], str) or (null_value and entry["value"] is None)) \
+                    or not is_text(entry["source"]):
+                raise self.error(f"env {name}: 'value' and 'source' must be strings (source non-empty)"
+                                 + ("; 'value' null leaves the variable unset" if null_value else ""))
             entries.append((name, entry))
         return entries

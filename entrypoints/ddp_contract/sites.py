@@ -31,10 +31,20 @@ _NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 # Records are typing.NamedTuple, not dataclasses: dataclasses are Python 3.7+ and
 # this module runs on the 3.6 python3 of SLES 15 login and batch nodes.
 class EnvDefault(NamedTuple):
-    """One variable a site sets when the user has not, and where the value comes from."""
+    """One variable a site sets when the user has not, and where the value comes from. A value of None
+    (null in the profile) leaves the variable unset where a fabric default would set it: the site
+    decides where the public sources disagree, and "the library's own default" is a decision too."""
 
     name: str
-    value: str
+    value: Optional[str]
+    source: str
+
+
+class GateSubgroups(NamedTuple):
+    """Whether the fabric gate may build a process group per node and per pair of nodes to name the
+    node at fault (src/ddp_train/gate/run.py), and why not where a site forbids it."""
+
+    allowed: bool
     source: str
 
 
@@ -90,6 +100,7 @@ class SiteProfile(NamedTuple):
     accelerator: str = ACCELERATORS[0]  # the GPU vendor: containers/sites/accelerators/<accelerator>.json
     srun_args: Tuple[SrunArg, ...] = ()  # options for the srun of the training step and the fabric gate
     container_runtime: str = CONTAINER_RUNTIMES[0]  # the command that runs the image there
+    gate_subgroups: Optional[GateSubgroups] = None  # None: the gate may build its per-node and per-pair groups
 
     def env_value(self, name: str) -> Optional[EnvDefault]:
         for item in self.env:
@@ -136,7 +147,7 @@ def parse_profile(data: object, path: str) -> SiteProfile:
     if duplicates:
         raise reader.error(f"two binds share the target {duplicates[0]}")
     env = tuple(EnvDefault(name, entry["value"], entry["source"])
-                for name, entry in sorted(reader.env_table(profile.pop("env"))))
+                for name, entry in sorted(reader.env_table(profile.pop("env"), null_value=True)))
     return SiteProfile(
         name=data["name"],
         binds=binds,
@@ -146,6 +157,7 @@ def parse_profile(data: object, path: str) -> SiteProfile:
         fabric_gate=_fabric_gate(reader, profile.pop("fabric_gate")),
         srun_args=tuple(_srun_arg(reader, item, index) for index, item in enumerate(profile.pop("srun_args"))),
         container_runtime=_container_runtime(reader, profile.pop("container_runtime")),
+        gate_subgroups=_gate_subgroups(reader, profile.pop("gate_subgroups")),
         **profile,
     )
 
@@ -168,6 +180,8 @@ _PROFILE = (
     Field("srun_args", (LIST,), []),
     Field("container_runtime", (optional(exactly(
         ("command", "source"), '{"command": "apptainer" or "singularity", "source": "..."}')),), None),
+    Field("gate_subgroups", (optional(exactly(
+        ("allowed", "source"), '{"allowed": true or false, "source": "..."}')),), None),
 )
 
 # An option the site's steps give srun, one word ("--network=disable_rdzv_get"), with its source.
@@ -187,6 +201,15 @@ _RUNTIME = (
 def _srun_arg(reader: Reader, item: object, index: int) -> SrunArg:
     reader.check(item, (_SRUN_ARG_SHAPE,), f"srun_args[{index}]")
     return SrunArg(**reader.record(item, _SRUN_ARG, f"srun_args[{index}].{{}}"))
+
+
+def _gate_subgroups(reader: Reader, item: object) -> Optional[GateSubgroups]:
+    if item is None:
+        return None
+    return GateSubgroups(**reader.record(item, (
+        Field("allowed", (FLAG,)),
+        Field("source", (rule("must say why (where the hang or the rule is documented)", is_text),))),
+        "'gate_subgroups'.{}"))
 
 
 def _container_runtime(reader: Reader, item: object) -> str:

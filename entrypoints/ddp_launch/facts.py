@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ddp_launch import mr_monitor
 from ddp_launch.accelerators import Accelerator
 from ddp_launch.rendezvous import Head, ipv4_literal, is_loopback
 
@@ -112,10 +113,18 @@ class NodeFacts:
     cuda_problem: str | None = None             # why the driver (CUDA, HIP) cannot be used, when it was asked
     net_plugin: NetPlugin | None = None         # None: not looked for (no CXI, or not asked)
     loader_dirs: tuple[str, ...] = ()           # of LOADER_DIRS, those that exist (the image's own), when asked
+    # On a Slingshot node with /dev/kdreg2: the memory-registration monitor the libfabric the workers load
+    # uses when FI_MR_CACHE_MONITOR is unset (mr_monitor.default_monitor); None elsewhere or where it cannot tell.
+    libfabric_monitor: str | None = None
 
     @property
     def slingshot_present(self) -> bool:
         return bool(self.cxi_devices) or self.cxi_class
+
+    @property
+    def kdreg2_default(self) -> bool:
+        """The host's libfabric defaults to kdreg2 and the kdreg2 module is loaded (only then is it read)."""
+        return self.libfabric_monitor == mr_monitor.KDREG2
 
     @property
     def hsn_interfaces(self) -> tuple[str, ...] | None:
@@ -224,6 +233,30 @@ def probe_net_plugin(root: str, directories: Iterable[str], plugin_file: str) ->
     return NetPlugin(plugin_file, tuple(d for d in directories if holds(d)), any(holds(d) for d in loader_dirs(root)))
 
 
+def first_file(root: str, directories: Iterable[str], name: str) -> str | None:
+    """The first directory's name that is a file, as dlopen searches them (a container path), or None."""
+    for directory in directories:
+        path = os.path.join(directory, name)
+        if os.path.isfile(under(root, path)):
+            return path
+    return None
+
+
+def probe_libfabric_monitor(root: str, directories: Iterable[str]) -> str | None:
+    """The default memory monitor of the libfabric.so.1 dlopen finds first in directories, then where the
+    loader looks by itself (mr_monitor.default_monitor); None when none is found or it cannot be read.
+    Read only where /dev/kdreg2 exists: the one place the answer changes the plan."""
+    found = first_file(root, (*directories, *loader_dirs(root)), "libfabric.so.1")
+    if found is None:
+        return None
+    real = os.path.realpath(under(root, found))
+    try:
+        with open(real, "rb") as handle:
+            return mr_monitor.default_monitor(handle.read(), os.path.basename(real))
+    except OSError:
+        return None
+
+
 def count_device_files(root: str, accelerator: Accelerator | None, dev: tuple[str, ...]) -> int:
     """The vendor's per-GPU device files (none when no vendor was asked about)."""
     if accelerator is None:
@@ -261,10 +294,14 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
     accelerator: whose device files to count and whose net plugin to look for (None: no GPUs counted).
     loader: list the loader's trusted directories that exist (where the image's packages put their
     libraries; not ld.so.conf.d's, where CUDA's compat libcuda would overtake the driver's).
+    On a Slingshot node with the kdreg2 module (/dev/kdreg2), the libfabric the workers load is read
+    for its default memory monitor, in plugin_dirs' order and then the loader's.
     """
+    plugin_dirs = tuple(plugin_dirs) if plugin_dirs is not None else None
     dev = list_dir(root, "/dev") or ()
     cxi_devices = tuple(name for name in dev if name.startswith("cxi"))
     cxi_class = list_dir(root, "/sys/class/cxi") is not None
+    kdreg2 = os.path.basename(mr_monitor.KDREG2_DEVICE) in dev
     looked_up = _look_up(head, resolve)
     return NodeFacts(
         python=sys.executable,
@@ -287,4 +324,6 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
         net_plugin=(probe_net_plugin(root, plugin_dirs, accelerator.net_plugin)
                     if plugin_dirs is not None and accelerator is not None and (cxi_devices or cxi_class) else None),
         loader_dirs=tuple(d for d in LOADER_DIRS if os.path.isdir(under(root, d))) if loader else (),
+        libfabric_monitor=(probe_libfabric_monitor(root, plugin_dirs)
+                           if kdreg2 and plugin_dirs is not None and (cxi_devices or cxi_class) else None),
     )

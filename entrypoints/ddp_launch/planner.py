@@ -57,8 +57,8 @@ def questions(launch: Launch) -> ProbeQuestions:
         launch.scheduler.questions(launch.job, options),
         directories=directories,
         files=(script,) if script is not None else (),
-        # The workers' LD_LIBRARY_PATH is the user's with the site's directories merged in.
-        plugin_dirs=tuple(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d) + directories,
+        # The workers' LD_LIBRARY_PATH is the user's with the site's directories merged in, before it.
+        plugin_dirs=directories + tuple(d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d),
         loader_dirs=bool(directories),
         accelerator=launch.data.accelerator,
     )

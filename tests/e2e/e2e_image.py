@@ -343,7 +343,10 @@ def lumi_base(recipe: BaseRecipe, as_user, user: int) -> Path:
     made_by = [inspect.getsource(twins.lumi_image_tree), inspect.getsource(twins.build_library)]
     key = hashlib.sha256(json.dumps([recipe.key(), *made_by, LUMI_BASE_DEFINITION, TEST_BUILD_FLAGS]).encode()
                          ).hexdigest()[:16]
-    sif = CACHE / f"base-lumi-{key}.sif"
+    # Named as LUMI's own (containers/base-images.json: lumi-multitorch-torch-u24r70f21m50t210-<build>.sif): the
+    # image labels its base by this path (gpu.def, org.opencontainers.image.base.name), which the doctor's
+    # known issues for that image family read (containers/sites/known-issues).
+    sif = CACHE / f"lumi-multitorch-torch-u24r70f21m50t210-e2e{key}.sif"
     if sif.exists():
         return sif
     work = CACHE / f"building-lumi-base-{key}"

@@ -11,6 +11,7 @@ of its 8 tasks a node trains on CPU in place of its GCD.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -74,6 +75,47 @@ def test_lumi_preflight_finds_the_images_fabric_libraries_through_ld_so_conf(mul
         # gloo's CPU workers take the interface that routes to the head node, a Slingshot NIC.
         assert checks["interface"]["detail"] == "NCCL_SOCKET_IFNAME=hsn0"
         assert checks["gpus"]["status"] == "WARN" and "8 granted" in checks["gpus"]["detail"], checks["gpus"]
+
+
+def test_lumi_sets_no_gdr_level_and_its_gate_builds_no_subgroup(multinode):
+    """The LAIF ROCm 7.0 image deadlocks multi-node init with NCCL_NET_GDR_LEVEL set
+    (laifs-container-recipes#28, #30) and can hang in a second process group (#44): the job's workers
+    get no GDR level, and the gate measures the world alone, saying why in gate.json."""
+    job, run_dir, output = multinode
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert "NCCL_NET_GDR_LEVEL" not in manifest["environment"], manifest["environment"]
+    gate = json.loads((run_dir / "gate.json").read_text())
+    assert gate["ok"] and gate["rounds"] == []
+    assert any(note.startswith("no node or pair rounds: site lumi builds no process group but the world's")
+               for note in gate["notes"]), gate["notes"]
+    # The image names its base, the LAIF image family: the doctor matched the known issues against it.
+    for node, checks in doctor_reports(run_dir, job).items():
+        assert checks["known issues"]["status"] == "OK", checks["known issues"]
+        assert re.search(r"base_image /\S*/lumi-multitorch-torch-u24r70f21m50t210-e2e\w+\.sif",
+                         checks["known issues"]["detail"]), (node, checks["known issues"])
+
+
+def test_lumi_job_with_the_2024_courses_gdr_level_stops_before_training_in_one_line(twin_cluster, lumi_sif,
+                                                                                    cifar_data, tmp_path):
+    """A user who exports NCCL_NET_GDR_LEVEL=3 as LUMI's 2024 training material did: on the ROCm 7.0 LAIF
+    image every node's doctor FAILs the known issue, so the job stops before the gate and the training,
+    exit 2, naming the fix, and excludes no node."""
+    run_dir = user_dir(tmp_path / "gdr") / "run"
+    env = {**twin_job_env(TWIN, lumi_sif, cifar_data, run_dir), "NCCL_NET_GDR_LEVEL": "3"}
+
+    job = submit_quick_start(twin_cluster, TWIN, env, timeout=300)
+
+    output = job.output()
+    assert (job.state, job.exit_code) == ("FAILED", "2:0"), output
+    [line] = [line for line in output.splitlines() if "known issue laifs-28-gdr-level" in line]
+    assert line.startswith("ddp: error: preflight: ddp-launch doctor fails 'known issue laifs-28-gdr-level' on every "
+                           "node of the job (2 of 2): base_image "), line
+    assert ", NCCL_NET_GDR_LEVEL 3: multi-node torch.distributed init deadlocks" in line
+    assert line.endswith("fix: unset NCCL_NET_GDR_LEVEL (in the job script, your environment or ~/.nccl.conf): RCCL "
+                         "detects the level from the PCI topology, and LUMI-AI-Guide PR #97 removed it from every "
+                         "multi-node example"), line
+    assert not (run_dir / "gate.json").exists() and not (run_dir / "quarantine.json").exists()
+    assert "Training completed" not in output
 
 
 def test_lumi_node_has_singularity_and_no_apptainer(twin):

@@ -10,6 +10,7 @@ submitted by the README's Olivia quick start's sbatch line word for word, serves
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -30,14 +31,27 @@ ONE_NODE_SCRIPTS = ("slurm/olivia-1gpu.sh", "slurm/olivia-1node-4gpu.sh")
 SHARED_NODE_CASE = "other-job-gpu-sick"
 
 
+# A known problem of the site's own (containers/sites/known-issues/README.md), named by the user's
+# DDP_KNOWN_ISSUES: a slowdown of the libfabric Olivia binds (2.3 since its April 2026 upgrade). A made-up
+# row: the test stands in for a site that publishes one.
+SITE_ROWS = {"schema": 1, "name": "olivia-status", "rows": [{
+    "id": "olivia-libfabric-23-slow", "summary": "all-reduce above 1 GiB at half speed on the accel nodes",
+    "effect": "slow", "versions": {"libfabric": "==2.3", "gpu": "gh200"},
+    "fix": "module load libfabric/2.3.2 once it is installed", "source": "https://example.org/olivia-status"}]}
+
+
 @pytest.fixture(scope="module")
 def olivia_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Olivia script submitted at once, as on Olivia: multinode (2 nodes of 4 GPUs, 72 cores and
-    440G a task) takes two of the three nodes, the one-node scripts the third in turn. {script: Job}."""
+    440G a task) takes two of the three nodes, the one-node scripts the third in turn. {script: Job}.
+    The multinode job's user names a known-issues file of the site's own (SITE_ROWS)."""
     shared = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi"),
                                  {node: SHARED_NODE_CASE for node in ("nid001000", "nid001001", "nid001002")})
+    rows = user_dir(tmp_path_factory.mktemp("site-rows")) / "olivia-status.json"
+    rows.write_text(json.dumps(SITE_ROWS))
     return run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
-                            tmp_path_factory, extra_env={"slurm/olivia-1gpu.sh": shared})
+                            tmp_path_factory, extra_env={"slurm/olivia-1gpu.sh": shared,
+                                                         "slurm/olivia-multinode.sh": {"DDP_KNOWN_ISSUES": str(rows)}})
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +102,29 @@ def test_olivia_preflight_loads_the_bound_host_libraries_on_every_node(multinode
         assert checks["interface"]["detail"] == "NCCL_SOCKET_IFNAME=hsn0"
         # SLURM granted the gres GPUs; the CPU workers are the job's choice, not a sick node.
         assert checks["gpus"]["status"] == "WARN" and "4 granted" in checks["gpus"]["detail"]
+
+
+def test_olivia_multinode_trains_with_a_warning_for_each_known_problem_of_its_bound_stack(multinode):
+    """The doctor matches what the nodes bind (the module's aws-ofi-nccl 1.16.3, read from its package
+    string; the Cray libfabric 2.3) against the shipped known issues and the user's own file: two that
+    only warn (a crash inside a CUDA graph capture, fixed in aws-ofi-nccl 1.21.0; the site's slowdown),
+    printed once for both nodes, and the job trains."""
+    job, run_dir, output = multinode
+    assert job.state == "COMPLETED", output
+    nodes = "nodes nid001000, nid001001"
+    assert (f"preflight: warning: known issue aws-ofi-nccl-graph-capture on {nodes}: aws-ofi-nccl "
+            f"{twins.OLIVIA_OFI_VERSION}, accelerator nvidia: the OFI plugin's GPU memory allocations") in output
+    assert (f"preflight: warning: known issue olivia-libfabric-23-slow on {nodes}: libfabric 2.3, gpu gh200: "
+            "all-reduce above 1 GiB at half speed on the accel nodes (slow; https://example.org/olivia-status); "
+            "fix: module load libfabric/2.3.2 once it is installed") in output
+    for checks in doctor_reports(run_dir, job).values():
+        assert checks["known issue olivia-libfabric-23-slow"]["status"] == "WARN"
+        assert checks["nccl config files"]["status"] == "OK", checks["nccl config files"]
+    # The trainer read the same rows (the shipped ones and the user's) for the manifest; its CPU workers
+    # map no NCCL, plugin or libfabric, so nothing of theirs matches.
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    shipped = len(json.loads((twins.REPO / "containers/sites/known-issues/upstream.json").read_text())["rows"])
+    assert manifest["known_issues"] == {"rows": shipped + 1, "matches": []}
 
 
 def test_olivia_gate_reports_the_bandwidth_without_judging_it_by_the_nccl_floor(multinode):

@@ -89,7 +89,8 @@ def _nvidia(count: int) -> list[tuple[str, int, int]]:
 # profile's hints; Sigma2 documentation hpc_machines/olivia/nccl_apptainer.md binds
 # $EBROOTAWSMINOFIMINNCCL/lib).
 OLIVIA_NCCL = "/cluster/software/NCCL/2.27.7-GCCcore-14.2.0-CUDA-12.8.0"
-OLIVIA_OFI = "/cluster/software/aws-ofi-nccl/1.16.3-GCCcore-14.2.0-CUDA-12.8.0"
+OLIVIA_OFI_VERSION = "1.16.3"
+OLIVIA_OFI = f"/cluster/software/aws-ofi-nccl/{OLIVIA_OFI_VERSION}-GCCcore-14.2.0-CUDA-12.8.0"
 
 
 def olivia_tree(tree: Path) -> None:
@@ -100,9 +101,12 @@ def olivia_tree(tree: Path) -> None:
     libraries = host["libraries"]
     build_library(tree / "root" / OLIVIA_NCCL.lstrip("/") / "lib/libnccl.so.2", "libnccl.so.2",
                   source="int ncclGetVersion(int *v) { *v = 22707; return 0; }\n")
+    # The package string aws-ofi-nccl logs at start-up ("Initializing " PACKAGE_STRING, src/nccl_ofi_net.cpp),
+    # from which the doctor and provenance read its version.
     build_library(tree / "root" / OLIVIA_OFI.lstrip("/") / "lib/libnccl-net.so", "libnccl-net.so",
                   needs=[libraries["libfabric.so.1"], libraries["libfakehwloc.so.15"]],
-                  rpath=["/opt/fakevendor/hwloc/lib"])
+                  rpath=["/opt/fakevendor/hwloc/lib"],
+                  source=f'const char *nccl_ofi_package = "Initializing aws-ofi-nccl {OLIVIA_OFI_VERSION}";\n')
     _device_files(tree, "cxi0")
     _gpu_devices(tree, *_nvidia(4))
     _dirs(tree, "sys/class/cxi/cxi0")

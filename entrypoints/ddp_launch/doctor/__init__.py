@@ -2,9 +2,10 @@
 
 cli (flags, run, main) reads the world once into a context (context.py: site, fabric defaults,
 GPU vendor, the launcher's own probe and plan), runs every check of CHECKS (checks.py), each in
-its subject's module (launch_plan, storage, gpu, fabric, libraries, network), and prints the
-report (report.py). What touches the machine is in probes.py; `--image` runs the build's
-self-test instead (self_test.py). gpu_health and image_mount judge what their probes read.
+its subject's module (launch_plan, storage, gpu, fabric, libraries, nccl_conf, known_issues, network),
+and prints the report (report.py); stack.py reads what the workers will load, for nccl_conf and
+known_issues. What touches the machine is in probes.py; `--image` runs the build's self-test
+instead (self_test.py). gpu_health and image_mount judge what their probes read.
 """
 
 from ddp_launch.doctor.checks import CHECKS, run_checks

@@ -8,6 +8,8 @@ from typing import Callable, Sequence, Tuple, Union
 from ddp_launch.doctor.context import DoctorContext
 from ddp_launch.doctor.fabric import check_fabric_devices, check_fabric_settings, check_fi_info
 from ddp_launch.doctor.gpu import check_cuda_driver, check_gpu_health, check_gpus, check_torch
+from ddp_launch.doctor.known_issues import check_known_issues
+from ddp_launch.doctor.nccl_conf import check_nccl_conf
 from ddp_launch.doctor.launch_plan import check_launch_plan
 from ddp_launch.doctor.libraries import check_host_libraries, check_library_dependencies
 from ddp_launch.doctor.network import check_head_node, check_interface
@@ -29,6 +31,8 @@ CHECKS: Tuple[CheckFunction, ...] = (
     check_host_libraries,
     check_library_dependencies,
     check_fi_info,
+    check_nccl_conf,
+    check_known_issues,
     check_interface,
     check_head_node,
     check_shm,

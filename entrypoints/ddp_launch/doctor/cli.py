@@ -32,6 +32,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
     parser.add_argument("--site", default=env.get("DDP_LAUNCH_SITE"), help="site profile (default: $DDP_LAUNCH_SITE)")
     parser.add_argument("--data-dir", default=env.get("DDP_DATA_DIR", "data"), help="where CIFAR-100 should be")
     parser.add_argument("--root", default="/", help="probe /sys, /dev and /proc under this directory (for tests)")
+    parser.add_argument("--known-issues", action="append", default=[], metavar="FILE",
+                        help="a file of known-bad stacks of your own, beside containers/sites/known-issues "
+                             "(repeatable; DDP_KNOWN_ISSUES names more, ':'-separated)")
     return parser.parse_args(list(argv))
 
 
@@ -67,7 +70,7 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, probes: Probes
         # At build time (%test, often in a SLURM build job) the scheduler's variables describe
         # the build, not a launch: plan as the runscript would start a local run.
         plan_env = self_test_env(env)
-    context = make_context(plan_env, args.root, args.offline, profile, args.data_dir, probes)
+    context = make_context(plan_env, args.root, args.offline, profile, args.data_dir, probes, args.known_issues)
     library_path = library_path_for_workers(context)
     if library_path is not None and probes is REAL_PROBES and env.get(RELAUNCHED) != "1":
         relaunch(argv, env, library_path)

@@ -44,6 +44,7 @@ class DoctorContext:
     cpu_workers: Optional[Setting] = None   # CPU workers asked for (DDP_LAUNCH_CPU_WORKERS): GPUs unused on purpose
     # Every scheduler's GPU variables: the doctor judges this node's grant whoever scheduled it.
     gpu_grant: GrantVariables = field(default_factory=gpu_grants)
+    known_issue_files: Tuple[str, ...] = ()  # --known-issues: rows of the user's beside the shipped ones
 
     @property
     def multi_node(self) -> bool:
@@ -61,7 +62,7 @@ def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
     return ("--dry-run",) + (("--site", profile.name) if profile else ())
 
 
-def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext:
+def make_context(env, root, offline, profile, data_dir, probes, known_issue_files=()) -> DoctorContext:
     """Probe and plan as `ddp-launch` would here; a refusal becomes ctx.plan_problem, not a crash."""
     argv = launcher_argv(profile)
     accelerator = load_accelerator(profile.accelerator if profile else DEFAULT_ACCELERATOR, env)
@@ -88,7 +89,7 @@ def make_context(env, root, offline, profile, data_dir, probes) -> DoctorContext
         # The planner refused before the fabric: the node's own fabric settings still get checked.
         fabric = plan_fabric(FabricRequest(env=env, multi_node=False, gpu_grant=gpu_grants()), facts, data)
     return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, accelerator, data, launch,
-                         problem, cpu_workers)
+                         problem, cpu_workers, known_issue_files=tuple(known_issue_files))
 
 
 def fabric_expected(ctx: DoctorContext) -> Optional[ModuleType]:

@@ -48,6 +48,13 @@ def _search_order(groups: Sequence[Tuple[str, Tuple[str, ...]]]) -> Tuple[str, .
     return tuple(ordered)
 
 
+def loaded_first(ctx: DoctorContext, file_pattern: str) -> Optional[str]:
+    """The container path of the file (a regular expression on its name) that ld.so finds first for
+    the workers, or None: what dlopen of that name loads (ld.so(8), _loader_dirs)."""
+    hits = distinct_files(ctx.root, find_files(ctx.root, _search_order(_loader_dirs(ctx)), file_pattern))
+    return hits[0] if hits else None
+
+
 def _not_found(groups: Sequence[Tuple[str, Tuple[str, ...]]]) -> str:
     return "not found where ld.so looks: " + "; ".join(
         f"{label} ({':'.join(dirs) or 'empty'})" for label, dirs in groups)

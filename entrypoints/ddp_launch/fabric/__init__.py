@@ -10,7 +10,8 @@ come from that data with their sources. Each variable is layered as:
 each overriding the one before. Fabric defaults are containers/sites/fabrics/<fabric>.json
 (then common.json, for every fabric); site profiles are containers/sites/<site>.json; a
 variable already in the environment is never changed (a "kept" finding says so), except
-by an explicit flag (--nccl-debug). Every change carries its reason for --dry-run.
+by an explicit flag (--nccl-debug). A site profile's null value leaves a variable unset that a
+fabric default would set (an "unset" finding says why). Every change carries its reason for --dry-run.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def _conditions(request: FabricRequest, facts: NodeFacts, profile: SiteProfile |
         "multi_node": request.multi_node,
         "roce": choose_roce_device(facts.rdma_devices) is not None,
         "rdzv_get_disabled": rdzv_get_disabled(request.env),
+        "kdreg2_default": facts.kdreg2_default,
         "gpu": profile.gpu if profile else None,
         "accelerator": profile.accelerator if profile else None,
         "machine": facts.machine,
@@ -146,6 +148,9 @@ def plan_fabric(request: FabricRequest, facts: NodeFacts, data: FabricData) -> F
         for item in profile.env:
             if item.name == "NCCL_SOCKET_IFNAME":
                 continue  # used only as a fallback when the interfaces cannot be listed
+            if item.value is None:
+                builder.withhold(item.name, f"site {profile.name}: {item.source}")
+                continue
             builder.default(item.name, item.value, f"site {profile.name}: {item.source}", SITE_PROFILE)
         builder.changes.extend(library_path_changes(profile, request.env, facts.existing_dirs, facts.loader_dirs))
 

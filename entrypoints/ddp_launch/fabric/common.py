@@ -71,6 +71,7 @@ class EnvBuilder:
     env: Mapping[str, str]
     changes: list[EnvChange] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    withheld: dict[str, str] = field(default_factory=dict)   # variables a site leaves unset: why
 
     def planned(self, name: str) -> str | None:
         for change in reversed(self.changes):
@@ -81,8 +82,19 @@ class EnvBuilder:
     def note(self, topic: str, severity: str, text: str) -> None:
         self.findings.append(Finding(topic, severity, text))
 
+    def withhold(self, name: str, reason: str) -> None:
+        """Leave name unset: no later default sets it (a site profile's null value), and a note says why.
+        A value of the user's stays, with a warning: the site's sources say not to set it."""
+        self.withheld[name] = reason
+        if name in self.env:
+            self.note("unset", "warning", f"{name}={self.env[name]} is set, but {reason}: unset it")
+        else:
+            self.note("unset", "info", f"{name} left unset (the library's own default): {reason}")
+
     def default(self, name: str, value: str, reason: str, origin: str = FABRIC_DEFAULT) -> bool:
-        """Set name unless the user (or an earlier, more specific rule) already did."""
+        """Set name unless the user (or an earlier, more specific rule) already did, or a site left it unset."""
+        if name in self.withheld:
+            return False
         if name in self.env:
             if self.env[name] != value:
                 self.note("kept", "info", f"kept your {name}={self.env[name]} (default would be {value}: {reason})")

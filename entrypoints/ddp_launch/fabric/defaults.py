@@ -24,7 +24,11 @@ CONDITIONS = (
     "multi_node",   # more than one node in the job step
     "roce",         # a RoCE device with an IPv4 RoCE v2 GID was found
     "rdzv_get_disabled",  # the step runs with srun --network=disable_rdzv_get (rdzv_get_disabled)
+    "kdreg2_default",     # the libfabric the workers load defaults to kdreg2 and /dev/kdreg2 exists
+                          # (ddp_launch/mr_monitor.py)
 )
+# A named condition may be negated, "!kdreg2_default": the value holds where the condition does not.
+NOT = "!"
 # srun's --network as the step's tasks see it: srun reads SLURM_NETWORK as --network (srun(1), INPUT
 # ENVIRONMENT VARIABLES: "SLURM_NETWORK  Same as --network"), and slurm/lib/ddp.sh puts the site
 # profile's --network into the step's environment under that name, where the tasks inherit it.
@@ -49,12 +53,16 @@ FACTS = (
 
 
 def when_holds(when: str | None, conditions: Mapping[str, object]) -> bool:
-    """Every term of when holds: a named condition is true, a KEY=VALUE fact equals VALUE."""
+    """Every term of when holds: a named condition is true (false, with "!"), a KEY=VALUE fact equals VALUE."""
     if when is None:
         return True
     for term in when.split():
         key, equals, value = term.partition("=")
-        if not (conditions.get(key) == value if equals else bool(conditions[key])):
+        if equals:
+            holds = conditions.get(key) == value
+        else:
+            holds = bool(conditions[key.removeprefix(NOT)]) != key.startswith(NOT)
+        if not holds:
             return False
     return True
 
@@ -67,8 +75,9 @@ def when_problem(when: object) -> str | None:
         key, equals, value = term.partition("=")
         if equals and (key not in FACTS or not value):
             return f"compares {term!r}: use KEY=VALUE with KEY one of {', '.join(FACTS)}"
-        if not equals and term not in CONDITIONS:
-            return f"names {term!r}: use one of {', '.join(CONDITIONS)} or KEY=VALUE ({', '.join(FACTS)})"
+        if not equals and term.removeprefix(NOT) not in CONDITIONS:
+            return (f"names {term!r}: use one of {', '.join(CONDITIONS)} (each may be negated with {NOT}) or "
+                    f"KEY=VALUE ({', '.join(FACTS)})")
     return None
 LIBRARY_KINDS = ("plain", "libfabric", "nccl")   # how doctor reads the loaded library's version
 

@@ -1,7 +1,9 @@
 """HPE Slingshot (CXI) with NCCL's AWS OFI plugin: how a node shows it, and the rules that need the node or the job.
 
 The values themselves are data (containers/sites/fabrics/slingshot.json); here are
-NCCL_NET's conflict with a user's NCCL_NET_PLUGIN and the hsn* interface choice.
+NCCL_NET's conflict with a user's NCCL_NET_PLUGIN, the hsn* interface choice, and the notes for
+the values a node's facts leave out (alt_read without --network=disable_rdzv_get, userfaultfd
+where the host's libfabric defaults to kdreg2).
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ NCCL_IB_TRANSPORT = False   # NCCL reaches the CXI NICs through the OFI plugin a
 LIBFABRIC_PROVIDER = "cxi"  # libfabric's CXI provider (fi_cxi(7))
 MISSING = "no /dev/cxi* (found: {found})"
 MISSING_FIX = MISSING_FIX_IN_A_POD = "run on a compute node; inside Apptainer /dev is shared, so check the node itself"
+
+
+# Why FI_MR_CACHE_MONITOR stays unset on a node whose libfabric defaults to kdreg2 (how that is told:
+# ddp_launch/mr_monitor.py).
+KDREG2_KEPT = ("{name}={value} not set: the host's libfabric defaults to kdreg2 and /dev/kdreg2 is present, so "
+               "the site's choice stands (HPE's Slingshot NCCL and RCCL tuning guides, HewlettPackard/shs-ccl-docs, "
+               "list kdreg2 as \"another valid option\"; LUMI-AI-Guide PR #118 announces it as the coming default)")
 
 
 def detect(facts: NodeFacts) -> bool:
@@ -110,6 +119,8 @@ def slingshot_defaults(
             builder.default(item.name, item.value, item.source)
         elif "rdzv_get_disabled" in (item.when or "").split():
             _rdzv_get_note(builder, item)
+        elif "!kdreg2_default" in (item.when or "").split() and item.name not in builder.env:
+            builder.note("monitor", "info", KDREG2_KEPT.format(name=item.name, value=item.value))
     env = builder.env
     interfaces = facts.hsn_interfaces
     if interfaces:

@@ -143,14 +143,15 @@ NOT_JUDGED = "bandwidth reported, not judged"
 
 
 def judged_expectation(expectation: Optional[Expectation], nodes: int, backend: str,
-                       device: str) -> tuple[Optional[Expectation], tuple[str, ...]]:
+                       device: str, pairs: bool = True) -> tuple[Optional[Expectation], tuple[str, ...]]:
     """The site's published figure where it can judge this gate, else None and a note saying why.
 
     A published all-reduce figure is a fabric's, between nodes (CSCS: 2 nodes x 4 GH200): within one
     node the ranks talk over NVLink or shared memory, and one rank moves nothing (busbw = 0 by
     nccl-tests' definition), so it judges only a world of two nodes or more. And it holds only for
     the backend and device it was measured with: gloo on CPU workers is not NCCL on GPUs.
-    With no figure that applies, three nodes or more are still judged against each other.
+    With no figure that applies, three nodes or more are still judged against each other, where the
+    gate may build its pair groups (pairs; a site can forbid them: subgroups_refused).
     """
     if expectation is None:
         why = "no published bus bandwidth for this site"
@@ -162,9 +163,24 @@ def judged_expectation(expectation: Optional[Expectation], nodes: int, backend: 
                f"on {expectation.device} and this gate ran {backend} on {device}")
     else:
         return expectation, ()
-    if nodes >= 3:
+    if nodes >= 3 and pairs:
         return None, (f"{why}: the nodes are judged against each other",)
+    if nodes >= 3:
+        return None, (f"{why} and no pair rounds to compare the nodes: {NOT_JUDGED}",)
     return None, (f"{why} and fewer than 3 nodes to compare: {NOT_JUDGED}",)
+
+
+def subgroups_refused(site: Optional[str], allowed: Optional[bool], source: str = "") -> Optional[str]:
+    """Why the gate builds no process group but the world's (the site profile's gate_subgroups), or None.
+
+    The node and pair rounds each need a group of their own (torch.distributed.new_group), and a
+    second group is where some stacks hang with no timeout (lumi-ai-factory/laifs-container-recipes#44):
+    there the gate measures the world alone, so it cannot wedge in a subgroup, and a failure it
+    cannot narrow names no node rather than one a hang happened to fall on."""
+    if allowed is None or allowed:
+        return None
+    return (f"no node or pair rounds: site {site} builds no process group but the world's, so a failure here "
+            f"names no node ({source})")
 
 
 # -- which nodes are tested together ------------------------------------------------------
@@ -346,9 +362,10 @@ def verdict_line(ok: bool, world: GroupResult, faults: Sequence[Fault], problem:
 
 def decide(world: GroupResult, node_groups: Sequence[GroupResult], pair_groups: Sequence[GroupResult],
            expectation: Optional[Expectation], sockets: Sequence[str], seconds: float,
-           backend: str, notes: Sequence[str] = ()) -> GateReport:
+           backend: str, notes: Sequence[str] = (), unnarrowed: Optional[str] = None) -> GateReport:
     """The verdict from every round's results. sockets: nodes whose NCCL fell back to TCP sockets
-    where the fabric should be RDMA (always a failure, whatever the figures)."""
+    where the fabric should be RDMA (always a failure, whatever the figures). unnarrowed: why no
+    node or pair round ran (subgroups_refused), so a failure of the world names no node."""
     faults: list[Fault] = [Fault("sockets", (node,), "NCCL uses TCP sockets", "RDMA (the site's fabric)",
                                  "the NCCL net plugin or the HCA is missing on that node (NVIDIA/nccl#1634)")
                            for node in sockets] if sockets and len(sockets) < len(world.nodes) else []
@@ -360,9 +377,11 @@ def decide(world: GroupResult, node_groups: Sequence[GroupResult], pair_groups: 
     faults += [f for f in blame_pairs(pair_groups, expectation) if f.nodes not in {x.nodes for x in faults}]
     below = world_below_floor(world, expectation)
     if not faults and world.wrong and problem is None:
-        problem = f"{world.wrong} wrong element(s) in the all-reduce over all nodes, not reproduced by any node or pair"
+        problem = (f"{world.wrong} wrong element(s) in the all-reduce over all nodes, not reproduced by any node or pair"
+                   if unnarrowed is None else
+                   f"{world.wrong} wrong element(s) in the all-reduce over all nodes, not narrowed to a node: {unnarrowed}")
     if not faults and below and problem is None:
-        problem = below
+        problem = below if unnarrowed is None else f"{below}; not narrowed to a node: {unnarrowed}"
     ok = not faults and problem is None
     bad_nodes = tuple(sorted({f.nodes[0] for f in faults if len(f.nodes) == 1}))
     verdict = verdict_line(ok, world, faults, problem, seconds)

@@ -4,8 +4,10 @@ ddp-launch (`--module ddp_train.gate`) on the same ranks, backend and environmen
 All-reduce at a few sizes with a known pattern (data checked, bandwidth as nccl-tests reports it);
 on a failure, or where only a comparison can judge, again within each node and between pairs of
 nodes, to name the node or link at fault, and a pair round whose pair looks slow once more before
-any node is named (judge.rounds_to_repeat). Writes gate.json and gate.txt in --run-dir; exit 0 pass,
-76 (ddp_contract.EXIT_BAD_NODE) when it names a node, 1 when it fails without naming one.
+any node is named (judge.rounds_to_repeat); none of those where the site profile forbids subgroups
+(gate_subgroups: a second process group can hang on its stack). Writes gate.json and gate.txt in
+--run-dir; exit 0 pass, 76 (ddp_contract.EXIT_BAD_NODE) when it names a node, 1 when it fails
+without naming one.
 The decisions are in judge.py.
 """
 
@@ -32,7 +34,8 @@ from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE, Se
 from ddp_train.exit_edge import in_a_job_of_several, leave_now, prints_here, say_once
 from ddp_train.gate.judge import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
                                   SizeResult, decide, expectation_from_profile, expected_period, faster_of,
-                                  judged_expectation, needs_narrowing, pair_rounds, rounds_to_repeat, write_report)
+                                  judged_expectation, needs_narrowing, pair_rounds, rounds_to_repeat, subgroups_refused,
+                                  write_report)
 from ddp_train.resolve import resolve_backend
 
 
@@ -50,15 +53,23 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def site_expectation(site: Optional[str], env: Mapping[str, str]) -> Optional[Expectation]:
+def site_profile(site: Optional[str], env: Mapping[str, str]):
+    """The site profile (ddp_contract.sites.SiteProfile) named by --site, or None without one."""
     if not site:
         return None
     from ddp_contract.errors import LaunchError
     from ddp_contract.sites import load_site
     try:
-        return expectation_from_profile(load_site(site, env).fabric_gate)
+        return load_site(site, env)
     except LaunchError as error:
         raise TrainError(str(error)) from None
+
+
+def site_refuses_subgroups(profile) -> Optional[str]:
+    """Why this site's gate builds no process group but the world's (its gate_subgroups), or None."""
+    rule = profile.gate_subgroups if profile is not None else None
+    return subgroups_refused(profile.name if profile else None, rule.allowed if rule else None,
+                             rule.source if rule else "")
 
 
 def corruption(env: Mapping[str, str], host: str, local_rank: int) -> int:
@@ -159,7 +170,9 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     started = time.perf_counter()
     dist_env = DistEnv.from_env(env)
     device = distributed.pick_device(args.device, dist_env)
-    expectation = site_expectation(args.site, env)
+    profile = site_profile(args.site, env)
+    expectation = expectation_from_profile(profile.fabric_gate) if profile is not None else None
+    refused = site_refuses_subgroups(profile)
     sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES[device.type]
     iters = args.iters or DEFAULT_ITERS[device.type]
     host = socket.gethostname().split(".")[0]
@@ -168,14 +181,16 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     try:
         hosts = distributed.all_gather_objects(host)
         nodes = node_names(hosts)
-        expectation, notes = judged_expectation(expectation, len(nodes), backend, device.type)
+        expectation, notes = judged_expectation(expectation, len(nodes), backend, device.type, pairs=refused is None)
         runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), iters)
         everyone = list(range(dist_env.world_size))
         world = runner.measure(None, everyone, "world", sizes)
         on_sockets = distributed.all_gather_objects(transport_on_sockets(env, device))
         sockets = sorted({hosts[r] for r, flag in enumerate(on_sockets) if flag})
         node_groups, pair_groups = [], []
-        if distributed.active() and needs_narrowing(world, expectation, sockets, len(nodes)):
+        if refused is not None and distributed.active():
+            notes = (*notes, refused)  # the world's all-reduce alone: no dist.new_group on this site
+        elif distributed.active() and needs_narrowing(world, expectation, sockets, len(nodes)):
             ranks_of = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
             node_groups = runner.round("node", [ranks_of[n] for n in nodes], sizes)
             schedule = {f"pairs-{index}": [ranks_of[nodes[a]] + ranks_of[nodes[b]] for a, b in pairs]
@@ -189,7 +204,8 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 pair_groups, remeasured = faster_of(pair_groups, again)
                 notes = (*notes, *remeasured)
         report = decide(world, node_groups, pair_groups, expectation, sockets, time.perf_counter() - started,
-                        f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes)
+                        f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes,
+                        unnarrowed=refused if distributed.active() else None)
         if dist_env.is_main:
             publish(report, args.run_dir)
         distributed.barrier()

@@ -4,7 +4,9 @@ Libraries are read from /proc/self/maps once the process group is up, with their
 and the version their file name carries: package metadata can name another build than the
 one loaded (bergson#426: metadata said NCCL 2.26.2 while 2.28 was loaded). Each library's
 mount (/proc/self/mountinfo) says whether the image holds it or a bind brought it from the
-host. Variables carry who set them: the launcher passes its plan's reasons (DDP_ENV_SOURCES).
+host. Variables carry who set them: the launcher passes its plan's reasons (DDP_ENV_SOURCES); the
+settings NCCL reads from its config files are recorded with their effect (ddp_contract.nccl_conf), and
+the known problems (ddp_contract.known_issues) that match what each node mapped.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ddp_contract import ENV_SOURCES_VAR
+from ddp_contract import ENV_SOURCES_VAR, known_issues, nccl_conf
+from ddp_contract.errors import LaunchError
 from ddp_contract.heartbeat import flight_recorder_prefix
 
 from ddp_train.safety.heartbeat import FR_DUMP_VARS
@@ -27,8 +30,8 @@ MANIFEST_NAME = "manifest.json"
 ENV_PREFIXES = ("NCCL_", "FI_", "GLOO_", "TORCH_")
 # The libraries a distributed run's behaviour hangs on: (label, pattern on the file name).
 KEY_LIBRARIES = (
-    ("nccl", re.compile(r"^libnccl\.so")),
-    ("net plugin", re.compile(r"^libnccl-net.*\.so")),
+    ("nccl", re.compile(r"^lib[nr]ccl\.so")),          # RCCL keeps NCCL's API, ncclGetVersion included
+    ("net plugin", re.compile(r"^lib[nr]ccl-net.*\.so")),
     ("libfabric", re.compile(r"^libfabric\.so")),
     ("libcxi", re.compile(r"^libcxi\.so")),
     ("cuda runtime", re.compile(r"^libcudart\.so")),
@@ -37,7 +40,8 @@ KEY_LIBRARIES = (
     ("gloo", re.compile(r"^libgloo.*\.so")),
 )
 IMAGE_VARS = ("APPTAINER_CONTAINER", "APPTAINER_NAME", "SINGULARITY_CONTAINER", "SINGULARITY_NAME")
-LABELS_FILE = "/.singularity.d/labels.json"  # Apptainer: %labels and the build's own, inside the container
+LABELS_FILE = known_issues.IMAGE_LABELS_FILE  # Apptainer: %labels and the build's own, inside the container
+SITE_VAR = "DDP_LAUNCH_SITE"  # the image's default site (gpu.def %environment), or the one the launcher was given
 REVISION_LABEL = "org.opencontainers.image.revision"
 _VERSION = re.compile(r"\.so\.(\d+(?:\.\d+)*)$")
 
@@ -127,6 +131,8 @@ def loaded_version(label: str, path: str) -> Optional[str]:
         if label == "torch":
             import torch
             return str(torch.__version__)
+        if label == "net plugin":
+            return known_issues.plugin_version(path)
     except (OSError, AttributeError):
         return None
     return None
@@ -198,6 +204,55 @@ def this_process(proc: str = "/proc/self") -> dict[str, Any]:
             "libraries": [{**asdict(lib), "bound": lib.bound} for lib in libraries]}
 
 
+def _first_version(libraries: Mapping[str, Any], label: str) -> Optional[str]:
+    found = libraries.get(label) or []
+    return found[0].get("version") if found else None
+
+
+def site_gpu(env: Mapping[str, str]) -> tuple[Optional[str], Optional[str]]:
+    """(accelerator, gpu) of the site profile the run names, or (None, None) without one that reads."""
+    if not env.get(SITE_VAR):
+        return None, None
+    from ddp_contract.sites import load_site
+    try:
+        profile = load_site(env[SITE_VAR], env)
+    except LaunchError:
+        return None, None
+    return profile.accelerator, profile.gpu
+
+
+def stack_of(libraries: Mapping[str, Any], env: Mapping[str, str], settings: Mapping[str, str],
+             labels: Mapping[str, Any], driver: Optional[str], nodes: int) -> known_issues.Stack:
+    """The known-issues stack of one node from what its first rank mapped (key_libraries), as the
+    doctor's (ddp_launch/doctor/stack.py) from what it would load."""
+    accelerator, gpu = site_gpu(env)
+    versions = {"nccl": _first_version(libraries, "nccl"), "aws-ofi-nccl": _first_version(libraries, "net plugin"),
+                "libfabric": _first_version(libraries, "libfabric"), "libcxi": _first_version(libraries, "libcxi"),
+                "torch": _first_version(libraries, "torch"), "driver": known_issues.driver_version(driver),
+                "nodes": str(nodes), "base_image": labels.get(known_issues.BASE_LABEL),
+                "accelerator": accelerator, "gpu": gpu, "machine": os.uname().machine}
+    where = {"nccl": "nccl", "aws-ofi-nccl": "net plugin", "libfabric": "libfabric", "libcxi": "libcxi"}
+    return known_issues.Stack(versions, {name: (libraries.get(label) or [{}])[0].get("path", "")
+                                         for name, label in where.items()}, settings)
+
+
+def known_issue_record(per_node: Mapping[str, Mapping[str, Any]], env: Mapping[str, str],
+                       conf: Sequence[nccl_conf.ConfLine], labels: Mapping[str, Any],
+                       driver: Optional[str]) -> dict[str, Any]:
+    """The known problems (ddp_contract.known_issues) that match what each node mapped: {"rows": N,
+    "matches": [row's record with its nodes]}, or {"error": why} where the rows cannot be read."""
+    try:
+        rows = known_issues.load_rows(env)
+    except LaunchError as error:
+        return {"error": str(error)}
+    settings = {**nccl_conf.applied(conf), **env}
+    found: dict[str, dict[str, Any]] = {}
+    for host, libraries in per_node.items():
+        for matched in known_issues.matches(rows, stack_of(libraries, env, settings, labels, driver, len(per_node))):
+            found.setdefault(matched.row.id, {**matched.record(), "nodes": []})["nodes"].append(host)
+    return {"rows": len(rows), "matches": list(found.values())}
+
+
 def manifest(config: Mapping[str, Any], env: Mapping[str, str], trainer_set: Mapping[str, str],
              ranks: Sequence[Mapping[str, Any]], torch_version: str) -> dict[str, Any]:
     """The manifest from every rank's this_process() (rank order) and rank 0's environment."""
@@ -206,14 +261,19 @@ def manifest(config: Mapping[str, Any], env: Mapping[str, str], trainer_set: Map
     for rank, seen in enumerate(ranks):
         nodes.setdefault(seen["host"], []).append(rank)
     per_node = {host: ranks[members[0]]["key_libraries"] for host, members in nodes.items()}
+    conf = nccl_conf.settings(env, _first_version(ranks[0]["key_libraries"], "nccl"))
+    driver = host_driver()
     return {
         "image": {**img, "revision": source_revision(img["labels"])},
         "torch": torch_version,
         "libraries": ranks[0]["key_libraries"],
         "libraries_per_node": per_node,
         "all_libraries_rank0": ranks[0]["libraries"],
-        "host_driver": host_driver(),
+        "host_driver": driver,
         "environment": environment(env, launcher_sources(env), trainer_set),
+        # What NCCL reads from /etc/nccl.conf, ~/.nccl.conf or $NCCL_CONF_FILE, and whether it applies.
+        "nccl_conf": [line.record() for line in conf],
+        "known_issues": known_issue_record(per_node, env, conf, img["labels"], driver),
         "nodes": nodes,
         "rank_map": {str(rank): seen["host"] for rank, seen in enumerate(ranks)},
         "config": dict(config),

@@ -209,10 +209,11 @@ def test_lumi_binds_are_those_of_the_lumi_aif_singularity_bindings_module():
     assert (profile.fabric, profile.accelerator, profile.gpu) == ("slingshot", "amd", "mi250x")
 
 
-def test_lumi_env_is_the_rccl_interfaces_and_the_miopen_caches_in_tmp():
+def test_lumi_env_is_the_rccl_interfaces_and_the_miopen_caches_in_tmp_and_no_gdr_level():
     profile = load_site("lumi", {})
     values = {item.name: item.value for item in profile.env}
-    assert values == {"NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "NCCL_NET_GDR_LEVEL": "3",
+    # No GDR level: None withholds the Slingshot default (laifs-container-recipes#28, #30; LUMI-AI-Guide PR #97).
+    assert values == {"NCCL_SOCKET_IFNAME": "hsn0,hsn1,hsn2,hsn3", "NCCL_NET_GDR_LEVEL": None,
                       "MIOPEN_USER_DB_PATH": "/tmp/miopen-cache", "MIOPEN_CUSTOM_CACHE_DIR": "/tmp/miopen-cache"}
     assert all(item.source for item in profile.env)
 

@@ -262,3 +262,50 @@ def test_the_sites_library_directories_are_what_the_probe_is_asked(node):
     assert directories_to_probe(unknown) == ()
     with pytest.raises(LaunchError, match="unknown site 'atlantis'"):
         unknown.site_profile()
+
+
+def test_lumi_sets_no_gdr_level_though_the_slingshot_defaults_do(node):
+    # NCCL_NET_GDR_LEVEL=PHB or SYS deadlocks multi-node init on the LAIF ROCm 7.0 image LUMI's profile builds on
+    # (lumi-ai-factory/laifs-container-recipes#28, #30); the Slingshot default (HPE's PHB) must not reach it.
+    node.cxi(4)
+    lumi = fabric_plan(node, site="lumi", machine="x86_64")
+    assert "NCCL_NET_GDR_LEVEL" not in as_dict(lumi.changes)
+    [finding] = [f for f in lumi.findings if f.topic == "unset"]
+    assert finding.severity == "info"
+    assert finding.text.startswith("NCCL_NET_GDR_LEVEL left unset (the library's own default): site lumi: left to RCCL")
+    assert "laifs-container-recipes#28, #30" in finding.text and "LUMI-AI-Guide PR #97" in finding.text
+    assert as_dict(fabric_plan(node, site="olivia").changes)["NCCL_NET_GDR_LEVEL"] == "PHB"
+
+
+def test_a_users_gdr_level_on_lumi_is_kept_and_warned_about(node):
+    node.cxi(4)
+    plan = fabric_plan(node, site="lumi", machine="x86_64", env={"NCCL_NET_GDR_LEVEL": "3"})
+    assert "NCCL_NET_GDR_LEVEL" not in as_dict(plan.changes)
+    [finding] = [f for f in plan.findings if f.topic == "unset"]
+    assert finding.severity == "warning"
+    assert finding.text.startswith("NCCL_NET_GDR_LEVEL=3 is set, but site lumi: left to RCCL")
+    assert finding.text.endswith(": unset it")
+
+
+def test_a_site_null_value_withholds_any_default_and_a_string_is_still_required_elsewhere(node, tmp_path):
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / "lab.json").write_text(
+        '{"schema": 1, "name": "lab", "fabric": "slingshot", "binds": [],'
+        ' "env": {"FI_MR_CACHE_MONITOR": {"value": null, "source": "lab wiki: the site module sets kdreg2"}}}')
+    node.cxi(1)
+    plan = fabric_plan(node, site="lab", env={"DDP_SITES_DIR": str(sites)})
+    assert "FI_MR_CACHE_MONITOR" not in as_dict(plan.changes)
+    assert as_dict(plan.changes)["FI_PROVIDER"] == "cxi"
+    from ddp_launch.fabric.defaults import parse_fabric_defaults
+    with pytest.raises(LaunchError, match="env X: 'value' and 'source' must be strings"):
+        parse_fabric_defaults({"schema": 1, "name": "f", "env": {"X": {"value": None, "source": "s"}}}, "/f/f.json")
+
+
+def test_gh200_gets_gdr_over_c2c_whatever_the_host_nccls_default(node):
+    # NCCL_NET_GDR_C2C defaulted to 0 in NCCL 2.26 and is 1 since 2.27 (NCCL's env.rst): set it, as CSCS does.
+    node.cxi(4)
+    assert changes(node, site="olivia")["NCCL_NET_GDR_C2C"] == "1"
+    assert "NCCL_NET_GDR_C2C" not in changes(node, site="olivia", machine="x86_64")
+    assert "NCCL_NET_GDR_C2C" not in changes(node, site="lumi", machine="x86_64")
+    assert "NCCL_NET_GDR_C2C" not in changes(node, site="olivia", env={"NCCL_NET_GDR_C2C": "0"})

@@ -51,3 +51,14 @@ def test_a_bad_fabric_gate_in_a_site_profile_names_the_key(gate, problem):
     data = {"schema": 1, "name": "x", "fabric": "auto", "gpu": None, "binds": [], "env": {}, "fabric_gate": gate}
     with pytest.raises(LaunchError, match=problem):
         parse_profile(json.loads(json.dumps(data)), "/sites/x.json")
+
+
+@pytest.mark.parametrize(("rule", "problem"), [
+    ({"allowed": "no", "source": "x"}, "'gate_subgroups'.allowed must be true or false"),
+    ({"allowed": False, "source": ""}, "'gate_subgroups'.source must say why"),
+    ({"allowed": False}, "'gate_subgroups' must be {\"allowed\": true or false"),
+])
+def test_a_bad_gate_subgroups_rule_names_the_key(rule, problem):
+    data = {"schema": 1, "name": "x", "fabric": "auto", "binds": [], "env": {}, "gate_subgroups": rule}
+    with pytest.raises(LaunchError, match=problem.replace("{", "\\{").replace("(", "\\(")):
+        parse_profile(json.loads(json.dumps(data)), "/sites/x.json")

@@ -107,3 +107,23 @@ def test_the_host_driver_is_the_first_line_of_the_nvidia_proc_file(tmp_path, tex
     version.write_text(text)
     assert provenance.host_driver(str(version)) == expected
     assert provenance.host_driver(str(tmp_path / "absent")) is None
+
+
+def test_the_manifest_keeps_what_nccls_config_files_set_and_the_known_problems_each_node_matches(tmp_path):
+    (tmp_path / ".nccl.conf").write_text("NCCL_IB_TIMEOUT=22\nNCCL_DEBUG=TRACE\n")
+    rows = tmp_path / "lab.json"
+    rows.write_text(json.dumps({"schema": 1, "name": "lab", "rows": [{
+        "id": "lab-nccl-2283", "summary": "hangs at init on our nodes", "effect": "hang",
+        "versions": {"nccl": ">=2.28,<2.28.4"}, "fix": "module load NCCL/2.28.9", "source": "https://lab.example/wiki"}]}))
+    ranks = [{"host": host, "key_libraries": {"nccl": [{"path": "/l/libnccl.so.2", "version": version, "mount": "/",
+                                                        "mount_source": "/", "bound": False}]}, "libraries": []}
+             for host, version in (("node1", "2.28.3"), ("node2", "2.28.3"), ("node3", "2.28.9"))]
+    env = {"HOME": str(tmp_path), "NCCL_DEBUG": "WARN", "DDP_KNOWN_ISSUES": str(rows)}
+    m = provenance.manifest({}, env, {}, ranks, "2.8.0")
+    conf = [(line["name"], line["value"], line["effect"]) for line in m["nccl_conf"]]
+    assert ("NCCL_IB_TIMEOUT", "22", "applies") in conf
+    assert ("NCCL_DEBUG", "TRACE", "the environment's value wins") in conf
+    [found] = m["known_issues"]["matches"]
+    assert (found["id"], found["verdict"], found["nodes"]) == ("lab-nccl-2283", "FAIL", ["node1", "node2"])
+    assert found["matched"] == {"nccl": "2.28.3"} and found["fix"] == "module load NCCL/2.28.9"
+    json.dumps(m)  # the manifest is written as JSON
