@@ -5,7 +5,6 @@ SHELL := /bin/bash
 PYTHON    ?= python3
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
-TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DATA_DIR  ?= data
 # make data CIFAR_URL=...: a mirror of the official CIFAR-100 tarball (its MD5 is still checked)
 CIFAR_URL ?=
@@ -21,18 +20,20 @@ help:
 	@echo "make soak    N faulty 2-node jobs on the test cluster (N=50 SEED=...), totals in docs/reliability.md"
 	@echo "make build-olivia | build-lumi | build-x86 | build-cpu | dockerfile   container images"
 
-# The venv is rebuilt only when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
-	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet $(TORCH_PINS)
-	$(VPY) -m pip install --quiet -e '.[train,test]'
-	touch $@
+# The venvs are rebuilt only when pyproject.toml or tools/make_venv.py changes (tools/make_venv.py: its steps, the
+# pins, and the demo's CPU-only PyTorch where the machine has no NVIDIA GPU). `make venv` is the tests'.
+$(VENV)/.installed: pyproject.toml tools/make_venv.py
+	$(PYTHON) tools/make_venv.py full $(VENV)
+
+$(VENV)/.demo-installed: pyproject.toml tools/make_venv.py
+	$(PYTHON) tools/make_venv.py demo $(VENV)
 
 venv: $(VENV)/.installed
 
-demo: venv
+# The demo's last lines are ddp-bench report's: the run's table, what it trained on, where the plots are.
+demo: $(VENV)/.demo-installed
 	$(VENV)/bin/ddp-launch --mode local --cpu-workers 2 -- --demo --data-dir $(DATA_DIR) --run-dir $(RUN_DIR)
+	$(VENV)/bin/ddp-bench report $(RUN_DIR) --out $(RUN_DIR)/report
 
 # The login node's own python3 is enough (3.6 on SLES 15): a standard-library downloader, no venv,
 # no torch. Inside the image instead: apptainer exec IMAGE.sif ddp-train --download --data-dir DIR
