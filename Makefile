@@ -5,13 +5,12 @@ SHELL := /bin/bash
 PYTHON    ?= python3
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
-TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 DATA_DIR  ?= data
 # make data CIFAR_URL=...: a mirror of the official CIFAR-100 tarball (its MD5 is still checked)
 CIFAR_URL ?=
 RUN_DIR   ?= runs/demo
 
-.PHONY: help venv demo data test test-unit test-e2e test-bats lint sysdeps bench bench-gpu e2e-image soak
+.PHONY: help venv demo data test suite-clock test-unit test-e2e test-bats lint sysdeps bench bench-gpu e2e-image soak
 
 help:
 	@echo "make demo    run the main job locally (CPU, no cluster, no Apptainer)"
@@ -21,18 +20,20 @@ help:
 	@echo "make soak    N faulty 2-node jobs on the test cluster (N=50 SEED=...), totals in docs/reliability.md"
 	@echo "make build-olivia | build-lumi | build-x86 | build-cpu | dockerfile   container images"
 
-# The venv is rebuilt only when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
-	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet $(TORCH_PINS)
-	$(VPY) -m pip install --quiet -e '.[train,test]'
-	touch $@
+# The venvs are rebuilt only when pyproject.toml or tools/make_venv.py changes (tools/make_venv.py: its steps, the
+# pins, and the demo's CPU-only PyTorch where the machine has no NVIDIA GPU). `make venv` is the tests'.
+$(VENV)/.installed: pyproject.toml tools/make_venv.py
+	$(PYTHON) tools/make_venv.py full $(VENV)
+
+$(VENV)/.demo-installed: pyproject.toml tools/make_venv.py
+	$(PYTHON) tools/make_venv.py demo $(VENV)
 
 venv: $(VENV)/.installed
 
-demo: venv
+# The demo's last lines are ddp-bench report's: the run's table, what it trained on, where the plots are.
+demo: $(VENV)/.demo-installed
 	$(VENV)/bin/ddp-launch --mode local --cpu-workers 2 -- --demo --data-dir $(DATA_DIR) --run-dir $(RUN_DIR)
+	$(VENV)/bin/ddp-bench report $(RUN_DIR) --out $(RUN_DIR)/report
 
 # The login node's own python3 is enough (3.6 on SLES 15): a standard-library downloader, no venv,
 # no torch. Inside the image instead: apptainer exec IMAGE.sif ddp-train --download --data-dir DIR
@@ -80,28 +81,22 @@ soak: venv sysdeps
 e2e-image: venv sysdeps
 	$(VPY) tests/e2e/e2e_image.py build
 
-# The unit suite first, on two processes, with the bats suite beside it; then the e2e suite on
-# E2E_WORKERS clusters side by side (pytest-xdist, each worker with a cluster of its own:
+# tools/run_tests.py: the unit suite first, on two processes, with the bats suite beside it; then the e2e
+# suite on E2E_WORKERS clusters side by side (pytest-xdist, each worker with a cluster of its own:
 # tests/e2e/conftest.py worker_settings). The tests of a module that shares a module fixture (a twin,
 # the spares' reference run) go to one worker together, every other test alone, the long ones first
 # (tests/e2e/scheduling.py). The unit suite does not run beside the e2e one: both keep the 2 cores
 # busy on their own (the time is the same either way), and beside three clusters at a load of 20 its
 # subprocess tests waited minutes for a core. Every suite runs whatever another one said; the failures
-# of all three are named again at the end (a CI log's tail must name them), and the last line is the verdict.
+# of all three are named again at the end, then each phase's minutes and CPU-seconds (suite-clock marks
+# the start, before the venv and lint), and the last line is the verdict.
 E2E_WORKERS ?= 3
 E2E_ARGS = $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadscope)
-test: venv sysdeps lint
-	@unit_log=$$(mktemp); bats_log=$$(mktemp); e2e_log=$$(mktemp); \
-	bats --recursive tests/bats > "$$bats_log" 2>&1 & bats_pid=$$!; \
-	$(VPY) -m pytest -q -n 2 --durations=10 tests/unit 2>&1 | tee "$$unit_log"; unit=$${PIPESTATUS[0]}; \
-	wait $$bats_pid; bats=$$?; echo "--- tests/bats, run beside tests/unit ---"; cat "$$bats_log"; \
-	$(VPY) -m pytest $(E2E_ARGS) -v --durations=0 --durations-min=20 tests/e2e 2>&1 | tee "$$e2e_log"; e2e=$${PIPESTATUS[0]}; \
-	echo "--- what failed (the whole reports are above) ---"; \
-	grep -hE '^(FAILED|ERROR) ' "$$unit_log" "$$e2e_log"; grep -E '^not ok ' "$$bats_log"; \
-	for log in "$$unit_log" "$$e2e_log"; do tail -n 1 "$$log"; done; rm -f "$$unit_log" "$$bats_log" "$$e2e_log"; \
-	verdict() { [ "$$1" = 0 ] && echo passed || echo FAILED; }; \
-	echo "make test: tests/unit $$(verdict $$unit), tests/bats $$(verdict $$bats), tests/e2e $$(verdict $$e2e)"; \
-	[ $$e2e = 0 ] && [ $$unit = 0 ] && [ $$bats = 0 ]
+test: suite-clock venv sysdeps lint
+	@$(VPY) tools/run_tests.py --e2e-workers $(E2E_WORKERS)
+
+suite-clock:
+	@$(PYTHON) tools/run_tests.py --mark-start
 
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py

@@ -26,25 +26,51 @@ class _OneLineErrorParser(OneLineErrorParser):
     usage_error = ReportError
 
 
+# Each command's one-line help: its --help and `ddp-bench` alone list them.
+COMMANDS = {
+    "report": "scaling table (Markdown, CSV, PNG) from run directories",
+    "gpu": "mean/min utilisation per GPU (and a PNG) from gpu-<node>.csv files",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrorParser(prog="ddp-bench", description=__doc__.splitlines()[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    rep = sub.add_parser("report", allow_abbrev=False, help="scaling table (Markdown, CSV, PNG) from run directories")
+    rep = sub.add_parser("report", allow_abbrev=False, help=COMMANDS["report"])
     rep.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     rep.add_argument("--out", type=Path, default=Path("bench-report"), help="output dir (default bench-report)")
-    gpu = sub.add_parser("gpu", allow_abbrev=False,
-                         help="mean/min utilisation per GPU (and a PNG) from gpu-<node>.csv files")
+    gpu = sub.add_parser("gpu", allow_abbrev=False, help=COMMANDS["gpu"])
     gpu.add_argument("paths", nargs="+", type=Path, metavar="CSV_OR_DIR")
     gpu.add_argument("--png", type=Path, default=None, help="plot file (default: gpu-utilisation.png beside the CSVs)")
     return parser
 
 
+def commands() -> str:
+    """What `ddp-bench` alone prints: its commands, one a line."""
+    lines = ["usage: ddp-bench COMMAND ...", "commands:", *(f"  {name:<7} {text}" for name, text in COMMANDS.items()),
+             "ddp-bench COMMAND --help says more"]
+    return "\n".join(lines) + "\n"
+
+
+def written_line(done: report.Report) -> str:
+    first = done.written[0]
+    plots = [path.name for path in done.written if path.suffix == ".png"]
+    names = ", ".join([str(first), *(path.name for path in done.written[1:])])
+    return f"written: {names}" + (f" (the plots: {', '.join(plots)})" if plots else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if not (sys.argv[1:] if argv is None else argv):
+        print(commands(), end="")
+        return 0
     try:
         args = build_parser().parse_args(argv)
         if args.command == "report":
-            print(report.report(args.runs, args.out), end="")
-            print(f"written: {args.out}/report.md, report.csv, report.png", file=sys.stderr)
+            done = report.report(args.runs, args.out)
+            print(done.table, end="")
+            for note in done.notes:
+                print(f"note: {note}", file=sys.stderr)
+            print(written_line(done), file=sys.stderr)
         else:
             print(gpumon.summarise(args.paths, args.png), end="")
     except ReportError as exc:

@@ -43,6 +43,7 @@ class RunResult:
     images_per_s: float
     final_accuracy: float
     epochs: tuple[EpochPoint, ...]
+    data_generated_in: str = ""  # --demo generated its data here, for want of CIFAR-100
 
     @property
     def configuration(self) -> str:
@@ -127,6 +128,7 @@ def _run_result(run_dir: Path, records: list[dict], summary: dict, meta: dict) -
         images_per_s=float(summary.get("steady_images_per_s", summary["images_per_s"])),
         final_accuracy=float(summary["final_accuracy"]),
         epochs=epochs,
+        data_generated_in=str(meta.get("data_generated_in") or ""),
     )
 
 
@@ -198,20 +200,40 @@ def plot(rows: Sequence[Row], path: Path) -> bool:
     return True
 
 
-def report(run_dirs: Sequence[Path], out_dir: Path) -> str:
-    rows = scaling_rows([load_run(path) for path in run_dirs])
+@dataclass(frozen=True)
+class Report:
+    table: str            # report.md's text
+    written: tuple        # the files written, report.md first
+    notes: tuple          # what a reader of the figures must know first (a run on generated data)
+
+
+def data_notes(runs: Sequence[RunResult]) -> tuple[str, ...]:
+    """One line per run that trained on --demo's generated data: its accuracy is not CIFAR-100's."""
+    return tuple(f"{run.name} trained on generated data in CIFAR-100's format ({run.data_generated_in}), not on "
+                 f"CIFAR-100: its accuracy says how well the model learns that set; `make data` fetches CIFAR-100"
+                 for run in runs if run.data_generated_in)
+
+
+def report(run_dirs: Sequence[Path], out_dir: Path) -> Report:
+    runs = [load_run(path) for path in run_dirs]
+    rows = scaling_rows(runs)
+    notes = data_notes(runs)
     # Beside the figures: the fabric gate's results (gate_table.py), the spares that took bad nodes'
     # places (recoveries.py), step time per rank, stragglers, what ran and what differed (run_facts.py).
     facts = [(load_run(path).name, path, _last_summary(path)) for path in run_dirs]
     recovered = [(name, read_records(path / METRICS_NAME if path.is_dir() else path)) for name, path, _ in facts]
-    table = markdown_table(rows) + gate_table(run_dirs) + recovery_table(recovered) + run_facts.section(facts)
+    table = (markdown_table(rows) + "".join(f"\nNote: {note}\n" for note in notes) + gate_table(run_dirs)
+             + recovery_table(recovered) + run_facts.section(facts))
+    written = [out_dir / "report.md", out_dir / "report.csv"]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "report.md").write_text(table, encoding="utf-8")
-        (out_dir / "report.csv").write_text(csv_table(rows), encoding="utf-8")
-        plot(rows, out_dir / "report.png")
-        run_facts.plot_step_times(facts, out_dir / "step-times.png")
+        written[0].write_text(table, encoding="utf-8")
+        written[1].write_text(csv_table(rows), encoding="utf-8")
+        if plot(rows, out_dir / "report.png"):
+            written.append(out_dir / "report.png")
+        if run_facts.plot_step_times(facts, out_dir / "step-times.png"):
+            written.append(out_dir / "step-times.png")
     except OSError as exc:
         raise ReportError(f"--out {out_dir} cannot be written ({exc.strerror}): pass a directory "
                           f"you can write") from None
-    return table
+    return Report(table, tuple(written), notes)

@@ -78,6 +78,7 @@ class RunStart:
     test_images: int
     resumed: Optional[Progress]  # the checkpoint's progress, None for a fresh start
     precision_reason: str = ""  # why this precision (precision.choose_precision)
+    data_generated_in: str = ""  # --demo's generated dataset, for want of CIFAR-100 ("": CIFAR-100)
 
     def record(self) -> dict[str, Any]:
         world, resumed = self.world, self.resumed
@@ -90,7 +91,8 @@ class RunStart:
             train_images=self.train_images, test_images=self.test_images,
             steps_per_epoch=self.steps.per_epoch, versions=world.versions,
             resumed_from_epoch=resumed.epoch if resumed is not None else None,
-            resumed_from_step=resumed.step if resumed is not None else None, config=self.config.to_dict())
+            resumed_from_step=resumed.step if resumed is not None else None,
+            data_generated_in=self.data_generated_in or None, config=self.config.to_dict())
 
     def micro_batches(self) -> str:
         n = self.config.grad_accum_steps

@@ -217,7 +217,8 @@ def introduce(run: Run) -> None:
         console.say(*provenance.record(config.run_dir, dataclasses.asdict(config), os.environ, every_rank,
                                        str(torch.__version__)))
     start = metrics.RunStart(run.world, config, precision.name, run.decided.lr_peak, run.decided.compile_mode,
-                             run.data.steps, len(run.data.train_set), len(run.data.test_set), run.resumed, precision.reason)
+                             run.data.steps, len(run.data.train_set), len(run.data.test_set), run.resumed, precision.reason,
+                             run.data.generated_in)
     run.log.write("run", **start.record())
     # Rank 0's write failed (a full disk, in the run dir or under its logs): every rank stops.
     distributed.agree_or_raise(run.log.failed or console.failed, run.device)

@@ -119,6 +119,7 @@ class RunData:
     batches: "TrainBatches"
     steps: "Steps"
     note: str  # about a generated or a limited dataset; "" for the whole real one
+    generated_in: str = ""  # where --demo generated its dataset, for want of CIFAR-100; "" for the real one
 
 
 def prepare(config: TrainConfig, dist_env: DistEnv, device: torch.device) -> RunData:
@@ -126,9 +127,10 @@ def prepare(config: TrainConfig, dist_env: DistEnv, device: torch.device) -> Run
     to print about it, and cut this rank's batches and the run's steps from it; every rank agrees on
     errors. config.batch_size is the resolved one (resolve.for_device)."""
     is_main = dist_env.is_main
-    data_dir, verify, note = Path(config.data_dir), not config.allow_unverified_data, ""
+    data_dir, verify, note, generated_in = Path(config.data_dir), not config.allow_unverified_data, "", ""
     if config.demo and not has_dataset(data_dir):
         data_dir, verify = Path(config.run_dir) / SYNTHETIC_DIRNAME, False
+        generated_in = str(data_dir)
         n_train, n_test = config.limit_train or 4000, config.limit_test or 1000
         if is_main and not has_dataset(data_dir):
             write_dataset(data_dir, train=n_train, test=n_test, seed=config.seed)
@@ -153,7 +155,7 @@ def prepare(config: TrainConfig, dist_env: DistEnv, device: torch.device) -> Run
     train_set, test_set = train_set.to(device), test_set.to(device)
     batches = TrainBatches(train_set, config.batch_size, config.seed, dist_env.rank, dist_env.world_size)
     steps = plan_steps(len(train_set), config.batch_size, dist_env.world_size, config.epochs, config.warmup_epochs)
-    return RunData(train_set, test_set, batches, steps, note)
+    return RunData(train_set, test_set, batches, steps, note, generated_in)
 
 
 def memory_format_for(device: torch.device) -> torch.memory_format:

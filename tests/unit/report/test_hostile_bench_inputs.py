@@ -87,7 +87,6 @@ BAD_REPORT_CALLS = {
     "abbreviated --ou": lambda t, run: ["report", str(run), "--ou", str(t / "out")],
     "unknown flag": lambda t, run: ["report", str(run), "--colour"],
     "unknown command": lambda t, run: ["plot", str(run)],
-    "no command": lambda t, run: [],
 }
 
 

@@ -8,10 +8,12 @@ import pytest
 from ddp_bench import cli, report
 
 
-def write_run(root, name, world_size, nodes, images_per_s, total_time_s=10.0, device="cuda", summary=True):
+def write_run(root, name, world_size, nodes, images_per_s, total_time_s=10.0, device="cuda", summary=True,
+              data_generated_in=None):
     run = root / name
     run.mkdir()
-    records = [{"type": "run", "world_size": world_size, "nodes": nodes, "device": device},
+    records = [{"type": "run", "world_size": world_size, "nodes": nodes, "device": device,
+                "data_generated_in": data_generated_in},
                {"type": "epoch", "epoch": 1, "epoch_time_s": 1.0, "images": 100, "images_per_s": images_per_s * 0.9,
                 "train_loss": 4.0, "val_loss": 4.0, "val_accuracy": 0.1, "lr": 0.1},
                {"type": "epoch", "epoch": 2, "epoch_time_s": 1.0, "images": 100, "images_per_s": images_per_s,
@@ -51,14 +53,45 @@ def test_cpu_runs_are_labelled_as_processes_not_gpus(tmp_path):
 def test_report_writes_markdown_csv_and_png(seed_runs, tmp_path):
     out = tmp_path / "out"
 
-    table = report.report(seed_runs, out)
+    done = report.report(seed_runs, out)
 
+    table = done.table
     assert table.splitlines()[0].startswith("| Configuration | Run | Time (s) | Images/s | Speedup | Efficiency")
     assert "| Multi-Node (8 GPUs, 2 nodes) | multinode | 57.14 | 6340.0 | 6.34x | 79% | 0.2000 |" in table
     assert (out / "report.md").read_text() == table
     rows = list(csv.DictReader(io.StringIO((out / "report.csv").read_text())))
     assert [r["world_size"] for r in rows] == ["1", "4", "8"]
     assert (out / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert done.written == (out / "report.md", out / "report.csv", out / "report.png")
+    assert done.notes == ()
+
+
+def test_a_run_on_generated_data_is_noted_in_the_report_and_last_on_the_console(tmp_path, capsys):
+    # make demo's last lines are these: a demo without CIFAR-100 trains on --demo's generated set.
+    demo = write_run(tmp_path, "demo", 2, 1, 200.0, device="cpu", data_generated_in="runs/demo/synthetic-data")
+    real = write_run(tmp_path, "real", 2, 1, 200.0, device="cpu")
+    out = tmp_path / "out"
+
+    code = cli.main(["report", str(demo), str(real), "--out", str(out)])
+
+    assert code == 0
+    captured = capsys.readouterr()
+    note = ("demo trained on generated data in CIFAR-100's format (runs/demo/synthetic-data), not on CIFAR-100: "
+            "its accuracy says how well the model learns that set; `make data` fetches CIFAR-100")
+    assert f"Note: {note}" in captured.out and "real trained" not in captured.out
+    assert (out / "report.md").read_text() == captured.out
+    assert captured.err.splitlines() == [
+        f"note: {note}",
+        f"written: {out}/report.md, report.csv, report.png (the plots: report.png)"]
+
+
+def test_ddp_bench_alone_lists_its_commands(capsys):
+    assert cli.main([]) == 0
+
+    out = capsys.readouterr().out
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
+    assert listed == list(cli.build_parser()._subparsers._group_actions[0].choices)
+    assert listed == ["report", "gpu"]
 
 
 def test_a_run_without_a_summary_is_an_error_naming_it(tmp_path, capsys):

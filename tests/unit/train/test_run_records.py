@@ -92,7 +92,8 @@ def test_the_run_record_has_the_fields_plotting_and_ddp_bench_read():
     assert list(record) == [
         "world_size", "nodes", "gpus_per_node", "processes_per_node", "device", "gpu_model", "cpu_model",
         "precision", "precision_reason", "batch_size", "batch_size_per_rank", "lr", "compile_mode", "train_images",
-        "test_images", "steps_per_epoch", "versions", "resumed_from_epoch", "resumed_from_step", "config"]
+        "test_images", "steps_per_epoch", "versions", "resumed_from_epoch", "resumed_from_step",
+        "data_generated_in", "config"]
     assert (record["gpus_per_node"], record["batch_size_per_rank"], record["steps_per_epoch"]) == (4, 32, 195)
     assert (record["resumed_from_epoch"], record["resumed_from_step"]) == (3, 7)
     assert (record["precision"], record["precision_reason"]) == ("bf16", "auto, on a GPU")
@@ -108,6 +109,7 @@ def test_a_fresh_start_records_no_resume_point_and_a_cpu_world_no_gpus():
                              plan_steps(64, 32, 1, 1, 0), 64, 16, None)
     record = start.record()
     assert (record["resumed_from_epoch"], record["resumed_from_step"], record["gpus_per_node"]) == (None, None, 0)
+    assert record["data_generated_in"] is None  # CIFAR-100 itself, not --demo's generated set
     assert "CPU (2 threads per process)" in start.header()
 
 

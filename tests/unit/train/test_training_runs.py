@@ -90,6 +90,8 @@ def test_demo_without_real_data_generates_and_says_so(tmp_path):
     assert "generated CIFAR-format dataset" in result.stdout
     assert (tmp_path / "demo" / "synthetic-data" / "cifar-100-python" / "train").exists()
     assert "Training completed successfully." in result.stdout
+    # The run record says so too, for ddp-bench report (make demo's last lines).
+    assert records(tmp_path / "demo", "run")[0]["data_generated_in"] == str(tmp_path / "demo" / "synthetic-data")
 
 
 def test_corrupt_checkpoint_is_a_one_line_error(ten_class_data, tmp_path):

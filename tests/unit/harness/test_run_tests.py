@@ -1,0 +1,74 @@
+"""`make test`'s runner (tools/run_tests.py): every suite runs, the failures are named at the end, and
+each phase says its minutes and CPU-seconds, in seconds and in units of one `import torch` here."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import run_tests  # tools/run_tests.py, on pyproject's pythonpath
+
+REPO = Path(__file__).resolve().parents[3]
+
+# proc(5), /proc/stat: "cpu  user nice system idle iowait irq softirq steal guest guest_nice", in USER_HZ.
+STAT = ("cpu  10132153 290696 3084719 46828483 16683 0 25195 0 175628 0\n"
+        "cpu0 1393280 32966 572056 13343292 6130 0 17875 0 23933 0\n")
+
+
+def test_the_machines_cpu_time_is_every_busy_state_but_the_guests_counted_twice():
+    # user + nice + system + irq + softirq + steal; guest is inside user already (proc(5)).
+    assert run_tests.machine_cpu_s(STAT, 100) == pytest.approx((10132153 + 290696 + 3084719 + 25195) / 100)
+
+
+def test_this_machines_proc_stat_reads_and_grows_with_work():
+    before = run_tests.read_clock()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    after = run_tests.read_clock()
+    spent = after.children_cpu_s - before.children_cpu_s
+    assert spent > 0.05
+    assert after.machine_cpu_s - before.machine_cpu_s >= spent * 0.8  # the machine saw it too (tick rounding)
+
+
+def test_the_start_mark_round_trips_and_a_damaged_one_is_ignored():
+    reading = run_tests.Reading(1796000000.5, 1234.5, 0.0)
+    assert run_tests.parse_clock_line(run_tests.clock_line(reading)) == reading
+    assert run_tests.parse_clock_line("") is None and run_tests.parse_clock_line("x y") is None
+
+
+def test_the_summary_counts_phases_in_cpu_seconds_and_torch_imports():
+    phases = [run_tests.Phase("tests/unit with tests/bats beside it", 300.0, 540.0, 500.0),
+              run_tests.Phase("tests/e2e", 1200.0, 2160.0, 900.0)]
+    whole = run_tests.Phase("make test", 1800.0, 3150.0, 0.0)
+    assert run_tests.summary_lines(phases, 1.8, whole) == [
+        "time: one `import torch` here: 1.80 CPU-s (the unit of the budget, docs/testing.md)",
+        "time: tests/unit with tests/bats beside it: 5.0 min, 540 CPU-s (300 torch imports; its own processes 500 CPU-s)",
+        "time: tests/e2e: 20.0 min, 2,160 CPU-s (1,200 torch imports; its own processes 900 CPU-s)",
+        "time: make test, from its start (venv, lint, images included): 30.0 min, 3,150 CPU-s = 1,750 torch imports"]
+
+
+@pytest.mark.skipif(shutil.which("bats") is None, reason="bats not installed (make sysdeps installs it)")
+def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
+    # A tree of three tiny suites, one failing test in each of unit and bats, run by the runner itself.
+    (tmp_path / "tests" / "unit").mkdir(parents=True)
+    (tmp_path / "tests" / "bats").mkdir()
+    (tmp_path / "tests" / "e2e").mkdir()
+    (tmp_path / "tests" / "unit" / "test_u.py").write_text("def test_ok():\n    pass\n\ndef test_broken():\n"
+                                                          "    assert False\n")
+    (tmp_path / "tests" / "bats" / "b.bats").write_text("@test 'fine' { true; }\n@test 'bad' { false; }\n")
+    (tmp_path / "tests" / "e2e" / "test_e.py").write_text("def test_e():\n    pass\n")
+
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "run_tests.py"), "--e2e-workers", "1"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    tail = done.stdout.split("--- what failed (the whole reports are above) ---\n", 1)[1].splitlines()
+    assert tail[0] == "FAILED tests/unit/test_u.py::test_broken - assert False"
+    assert tail[1] == "not ok 2 bad"
+    assert [line.split(":")[1].strip() for line in tail if line.startswith("time: ") and "min," in line] == [
+        "tests/unit with tests/bats beside it", "tests/e2e"]
+    assert tail[-1] == "make test: tests/unit FAILED, tests/bats FAILED, tests/e2e passed"

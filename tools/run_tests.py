@@ -1,0 +1,179 @@
+"""`make test`'s suites, with the wall time and the CPU-seconds each one took.
+
+The unit suite runs first, on two processes, with the bats suite beside it; then the e2e suite on
+--e2e-workers clusters side by side. Every suite runs whatever another one said; the failures of all
+three are named again at the end (a CI log's tail must name them), then the time and CPU lines, and
+the last line is the verdict.
+
+Wall time alone does not compare across machines: the suite is bound by CPU, and machines of one kind
+differ by 1.5x in it. So each phase also says the CPU-seconds the machine spent (every process,
+SLURM's daemons and the jobs they start included: /proc/stat, proc(5)), and the whole run is also
+counted in units of one `import torch` on this machine, measured at the start: a run's figure in
+those units is about the same on a slow machine and a fast one (docs/testing.md, the budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+# `make test` writes this first (the suite-clock target), before its venv, lint and images: the cold
+# run's start, in the format clock_line() writes.
+CLOCK_FILE = Path(".suite-clock")  # in the checkout, where make runs
+
+
+@dataclass(frozen=True)
+class Reading:
+    """When, and how much CPU the machine and this process's waited-for children had spent."""
+    wall_s: float
+    machine_cpu_s: float
+    children_cpu_s: float
+
+
+def machine_cpu_s(stat_text: str, ticks_per_s: int) -> float:
+    """The CPU time all CPUs spent busy since boot, from /proc/stat's first line ("cpu user nice system
+    idle iowait irq softirq steal guest guest_nice", in USER_HZ ticks, proc(5)): everything but idle and
+    iowait. guest and guest_nice are already counted in user and nice, so they are left out."""
+    fields = stat_text.splitlines()[0].split()
+    if fields[0] != "cpu":
+        raise ValueError(f"/proc/stat's first line is not the CPUs' total: {stat_text.splitlines()[0]!r}")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in (fields[1:9] + ["0"] * 8)[:8])
+    return (user + nice + system + irq + softirq + steal) / ticks_per_s
+
+
+def read_clock() -> Reading:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Reading(time.time(), machine_cpu_s(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK")),
+                   children.ru_utime + children.ru_stime)
+
+
+def clock_line(reading: Reading) -> str:
+    return f"{reading.wall_s:.3f} {reading.machine_cpu_s:.2f}\n"
+
+
+def parse_clock_line(text: str) -> Optional[Reading]:
+    words = text.split()
+    if len(words) != 2:
+        return None
+    try:
+        return Reading(float(words[0]), float(words[1]), 0.0)
+    except ValueError:
+        return None
+
+
+def torch_import_cpu_s(python: str, tries: int = 2) -> float:
+    """The CPU-seconds of `import torch` in a new interpreter (the least of `tries`: the first may read
+    the files from disk): the unit the budget is stated in."""
+    best = float("inf")
+    for _ in range(tries):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([python, "-c", "import torch"], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        best = min(best, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+    return best
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    wall_s: float
+    machine_cpu_s: float
+    own_cpu_s: float       # this run's waited-for processes only (not SLURM's daemons and jobs)
+
+    @staticmethod
+    def between(name: str, start: Reading, end: Reading) -> "Phase":
+        return Phase(name, end.wall_s - start.wall_s, end.machine_cpu_s - start.machine_cpu_s,
+                     end.children_cpu_s - start.children_cpu_s)
+
+
+def phase_line(phase: Phase, import_s: float) -> str:
+    return (f"time: {phase.name}: {phase.wall_s / 60:.1f} min, {phase.machine_cpu_s:,.0f} CPU-s "
+            f"({phase.machine_cpu_s / import_s:,.0f} torch imports; its own processes {phase.own_cpu_s:,.0f} CPU-s)")
+
+
+def summary_lines(phases: Sequence[Phase], import_s: float, whole: Optional[Phase]) -> list[str]:
+    lines = [f"time: one `import torch` here: {import_s:.2f} CPU-s (the unit of the budget, docs/testing.md)"]
+    lines += [phase_line(phase, import_s) for phase in phases]
+    if whole is not None:
+        lines.append(f"time: make test, from its start (venv, lint, images included): {whole.wall_s / 60:.1f} min, "
+                     f"{whole.machine_cpu_s:,.0f} CPU-s = {whole.machine_cpu_s / import_s:,.0f} torch imports")
+    return lines
+
+
+def run_teed(argv: Sequence[str], log: Path) -> int:
+    """argv's output to the console and to log, as `| tee` would; its exit status."""
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            out.write(line)
+        return proc.wait()
+
+
+def failures(unit_log: str, bats_log: str, e2e_log: str) -> list[str]:
+    pytest_failed = [line for text in (unit_log, e2e_log) for line in text.splitlines()
+                     if line.startswith(("FAILED ", "ERROR "))]
+    return pytest_failed + [line for line in bats_log.splitlines() if line.startswith("not ok ")]
+
+
+def verdict(code: int) -> str:
+    return "passed" if code == 0 else "FAILED"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="tools/run_tests.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--e2e-workers", type=int, default=3, help="clusters side by side (1: one, no xdist)")
+    parser.add_argument("--mark-start", action="store_true", help=f"write {CLOCK_FILE.name}, the run's start, and stop")
+    args = parser.parse_args(argv)
+    if args.mark_start:
+        CLOCK_FILE.write_text(clock_line(read_clock()))
+        return 0
+    python = sys.executable
+    import_s = torch_import_cpu_s(python)
+
+    with tempfile.TemporaryDirectory(prefix="make-test-") as tmp:
+        logs = Path(tmp)
+        started = read_clock()
+        with open(logs / "bats", "w", encoding="utf-8") as bats_out:
+            bats = subprocess.Popen(["bats", "--recursive", "tests/bats"], stdout=bats_out, stderr=subprocess.STDOUT)
+            unit = run_teed([python, "-m", "pytest", "-q", "-n", "2", "--durations=10", "tests/unit"], logs / "unit")
+            bats_code = bats.wait()
+        print("--- tests/bats, run beside tests/unit ---")
+        print((logs / "bats").read_text(encoding="utf-8"), end="", flush=True)
+        unit_done = read_clock()
+
+        workers = ["-n", str(args.e2e_workers), "--dist", "loadscope"] if args.e2e_workers > 1 else []
+        e2e = run_teed([python, "-m", "pytest", *workers, "-v", "--durations=0", "--durations-min=20", "tests/e2e"],
+                       logs / "e2e")
+        e2e_done = read_clock()
+        texts = {name: (logs / name).read_text(encoding="utf-8") for name in ("unit", "bats", "e2e")}
+
+    print("--- what failed (the whole reports are above) ---")
+    for line in failures(texts["unit"], texts["bats"], texts["e2e"]):
+        print(line)
+    for name in ("unit", "e2e"):
+        tail = texts[name].splitlines()[-1:] or [f"(tests/{name} printed nothing)"]
+        print(tail[0])
+    begun = parse_clock_line(CLOCK_FILE.read_text()) if CLOCK_FILE.exists() else None
+    whole = Phase.between("make test", begun, e2e_done) if begun else None
+    phases = [Phase.between("tests/unit with tests/bats beside it", started, unit_done),
+              Phase.between("tests/e2e", unit_done, e2e_done)]
+    for line in summary_lines(phases, import_s, whole):
+        print(line)
+    print(f"make test: tests/unit {verdict(unit)}, tests/bats {verdict(bats_code)}, tests/e2e {verdict(e2e)}",
+          flush=True)
+    return 0 if unit == bats_code == e2e == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
