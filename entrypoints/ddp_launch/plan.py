@@ -46,6 +46,7 @@ class Endpoint:
     host: str
     port: int | None    # None only inside torchrun when MASTER_PORT is unset
     address: str | None = None  # host's IPv4 address, when known: the fabric routes to it
+    here: bool | None = None    # whether this node hosts it (None: torchrun tells, by its own addresses)
 
 
 @dataclass(frozen=True)

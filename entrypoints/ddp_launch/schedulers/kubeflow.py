@@ -337,6 +337,6 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
                     if multi and is_head else None)
     gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, _cpu_on_purpose(job, options)),
                                   facts.cuda_problem, on_kubernetes=True, gpu_device_files=facts.gpu_device_files)
-    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port, address),
+    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port, address, is_head),
                       announcement=announcement,
                       min_nodes=int(job.nnodes.split(":")[0]) if ":" in job.nnodes else None)
