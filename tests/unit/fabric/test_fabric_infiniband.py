@@ -71,3 +71,21 @@ def test_roce_without_an_ipv4_gid_is_a_roce_warning(node):
 def test_sixteen_gpus_and_more_get_the_capped_socket_count(node):
     node.rdma("mlx5_bond_0", RCP_GIDS)
     assert env_for(node, {"RUNAI_NUM_OF_GPUS": "32"})["NCCL_NSOCKS_PERTHREAD"] == "16"
+
+
+def test_a_runai_pod_whose_nccl_goes_over_sockets_gets_the_socket_tuning(node):
+    # RUNAI_RDMA=0: runai/submit.sh sets NCCL_IB_DISABLE=1, so NCCL's socket transport carries the data,
+    # the one case where NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD act (NCCL env docs: "socket transport").
+    node.rdma("mlx5_bond_0", RCP_GIDS)
+    node.net("lo", "eth0", "net1")
+    env = env_for(node, {"RUNAI_NUM_OF_GPUS": "8", "NCCL_IB_DISABLE": "1"})
+    assert "NCCL_IB_HCA" not in env and "NCCL_IB_GID_INDEX" not in env
+    assert (env["NCCL_SOCKET_NTHREADS"], env["NCCL_NSOCKS_PERTHREAD"]) == ("4", "8")
+    assert env_for(node, {"RUNAI_NUM_OF_GPUS": "32", "NCCL_IB_DISABLE": "1"})["NCCL_NSOCKS_PERTHREAD"] == "16"
+
+
+def test_cpu_workers_and_jobs_whose_scheduler_counts_no_pod_gpus_get_no_socket_tuning(node):
+    node.net("lo", "eth0")
+    assert "NCCL_SOCKET_NTHREADS" not in env_for(node, {"NCCL_IB_DISABLE": "1"})
+    gloo = fabric_plan(node, env={"RUNAI_NUM_OF_GPUS": "4"}, gloo=True, gpu_grant=kubeflow.GPU_GRANT)
+    assert "NCCL_SOCKET_NTHREADS" not in {c.name for c in gloo.changes}
