@@ -143,8 +143,9 @@ def doctor_verdict(reports: Mapping[str, tuple[Failed, ...] | None], pods: int,
                    earlier: Sequence[str] = ()) -> Verdict:
     """One verdict from every pod's doctor report of this attempt (None: a file that is no report);
     earlier: the pods whose only report is an earlier attempt's (fresh_since), not judged."""
-    lines = [f"preflight: the doctor report of pod {pod} is an earlier attempt's (written before this attempt's "
-             f"pods started), and this attempt's did not come in time: not judged" for pod in sorted(earlier)]
+    lines = [f"preflight: the doctor report of pod {pod} is an earlier attempt's (written longer before this pod's "
+             f"than the pods wait for each other), and none of this attempt's came in time: not judged"
+             for pod in sorted(earlier)]
     lines += [f"preflight: no doctor report from pod {pod} (see its log): not judged"
               for pod, failures in sorted(reports.items()) if failures is None]
     judged = {pod: failures for pod, failures in reports.items() if failures is not None}
