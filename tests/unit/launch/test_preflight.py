@@ -167,8 +167,9 @@ def test_an_earlier_attempts_report_never_replaced_is_said_and_names_no_pod(tmp_
     verdict = preflight.doctor_verdict({pod: doctor_failures(text) for pod, text in found.fresh.items()}, 2,
                                        found.earlier)
     assert verdict.code == 0 and not any("bad pod" in line for line in verdict.lines)
-    assert verdict.lines[0] == ("preflight: the doctor report of pod b is an earlier attempt's (written before this "
-                                "attempt's pods started), and this attempt's did not come in time: not judged")
+    assert verdict.lines[0] == ("preflight: the doctor report of pod b is an earlier attempt's (written longer before "
+                                "this pod's than the pods wait for each other), and none of this attempt's came in "
+                                "time: not judged")
 
 
 # -- the whole command, its children recorded ---------------------------------------------------
