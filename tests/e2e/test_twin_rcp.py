@@ -126,10 +126,12 @@ def wait_for(path: Path, what: str, timeout_s: float = 240) -> Callable[[], None
 
 def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_dir: str,
              changes: tuple = ({}, {}), expect: tuple = (0, 0), start_after: tuple = (None, None),
-             envs: tuple | None = None) -> list[str]:
+             envs: tuple | None = None, meanwhile: Callable[[], None] | None = None,
+             timeout_s: float = 300) -> list[str]:
     """One pod per twin node, as the training operator starts a PyTorchJob's, each with its
     environment's changes (or its whole environment, envs) and, where start_after gives one, started
-    once that wait returns; their outputs, once each exited as expected."""
+    once that wait returns; meanwhile, what the test does while they run; their outputs, once each
+    exited as expected."""
     pods = []
     for rank, node in enumerate(twin_cluster.node_names):
         env = envs[rank] if envs else {**pod_env(twin_cluster, root, rank, run_dir), **changes[rank]}
@@ -144,15 +146,22 @@ def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_d
         print("+ " + shlex.join(command), flush=True)
         pods.append(subprocess.Popen(command, env=twin_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True))
+    deadline = time.monotonic() + timeout_s
+    if meanwhile is not None:
+        try:
+            meanwhile()
+        except TimeoutError as late:
+            for pod in pods:
+                pod.kill()
+            pytest.fail(f"{late}; the pods said: {[pod.communicate()[0] for pod in pods]}")
     outputs = []
-    deadline = time.monotonic() + 300
     for pod in pods:
         try:
             outputs.append(pod.communicate(timeout=max(1, deadline - time.monotonic()))[0])
         except subprocess.TimeoutExpired:
             for other in pods:
                 other.kill()
-            pytest.fail("the RunAI pods did not finish in 300 s")
+            pytest.fail(f"the RunAI pods did not finish in {timeout_s:.0f} s")
     for text in outputs:
         print(text)
     assert tuple(pod.returncode for pod in pods) == expect, outputs
@@ -389,23 +398,50 @@ def elastic_pod_env(twin_cluster, root: Path, rank: int, run_dir: str) -> dict:
             "PET_RDZV_CONF": "last_call_timeout=1"}
 
 
+def records_of(metrics: Path) -> list:
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+def trained_with_both(metrics: Path, timeout_s: float = 420) -> Callable[[], None]:
+    """A wait until an epoch ended after the run's world grew to two pods, then the stop request a batch
+    script's trap writes (ddp_contract.STOP_REQUEST_FILE): every rank checkpoints and exits 75."""
+    def wait():
+        deadline = time.monotonic() + timeout_s
+        while True:
+            records = records_of(metrics)
+            grown = [i for i, r in enumerate(records) if r["type"] == "run" and r["nodes"] == 2]
+            if grown and any(r["type"] == "epoch" for r in records[grown[0]:]):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no epoch on two pods in {timeout_s:.0f} s")
+            time.sleep(1)
+        request = metrics.parent / ".ddp-stop-request"
+        request.with_suffix(".tmp").write_text("SIGUSR2\n")
+        request.with_suffix(".tmp").rename(request)
+    return wait
+
+
 def test_a_late_pod_of_an_elastic_job_joins_the_training_without_a_gate(twin, pod_root, cifar_data, tmp_path):
     # The first pod checks itself, runs the gate alone and trains; the second starts once the first trains
     # (scaled up, or restarted later), finds the gate's rendezvous gone and the training's up, runs doctor
-    # only, and joins: torchrun's elastic rendezvous admits it at its next round, and the run ends on both.
+    # only, and joins: torchrun's elastic rendezvous admits it at its next round. Once an epoch ran on both,
+    # the job is asked to stop (as a time limit would), and both pods checkpoint and exit 75.
     runs = tmp_path / "runs"
     runs.mkdir()
     envs = tuple(elastic_pod_env(twin, pod_root, rank, "/mnt/runs/elastic") for rank in (0, 1))
-    trains = wait_for(runs / "elastic" / "metrics.jsonl", "the first pod's training")
-    argv = ["/opt/ddp/runai/pod.sh", "--epochs", "12", "--batch-size", "64", "--width-scale", "0.125",
-            "--target-accuracy", "1.01", "--checkpoint-every", "1", "--allow-unverified-data"]
+    metrics = runs / "elastic" / "metrics.jsonl"
+    argv = ["/opt/ddp/runai/pod.sh", "--epochs", "50", "--batch-size", "64", "--width-scale", "0.125",
+            "--target-accuracy", "1.01", "--checkpoint-every", "1", "--stop-check-every", "1",
+            "--allow-unverified-data"]
     first, late = run_pods(twin, pod_root, argv, cifar_data, runs, "/mnt/runs/elastic", envs=envs,
-                           start_after=(None, trains))
+                           start_after=(None, wait_for(metrics, "the first pod's training")),
+                           meanwhile=trained_with_both(metrics), expect=(75, 75), timeout_s=480)
     assert "preflight: the fabric gate passed" in first, first
     assert re.search(r"^preflight: pod ddp-train-worker-0 joins the elastic job ddp-train late: its pods already "
                      r"train \(the training's rendezvous at [0-9.]+:29533 answers, the fabric gate's at port 29534 "
                      r"is gone\), so this pod runs no gate", late, re.M), late
-    assert "fabric gate (launch included)" not in late and "logs/gate" not in late
-    records = [json.loads(line) for line in (runs / "elastic" / "metrics.jsonl").read_text().splitlines()]
-    summary = [r for r in records if r["type"] == "summary"][-1]
-    assert summary["nodes"] == 2 and summary["world_size"] == 2, summary
+    assert "fabric gate (launch included)" not in late and not (runs / "elastic" / "logs" / "gate" /
+                                                                "ddp-train-worker-0").exists()
+    runs_of = [r for r in records_of(metrics) if r["type"] == "run"]
+    assert [(r["nodes"], r["world_size"]) for r in runs_of][:1] == [(1, 1)] and (2, 2) in [
+        (r["nodes"], r["world_size"]) for r in runs_of], runs_of
