@@ -373,6 +373,7 @@ def late_joiner(pod: PodLaunch, connect: Callable[[str, int], bool],
     training, gate = plan.rendezvous.port, gate_port(plan.rendezvous.port)
     clock, sleep = clock or time.monotonic, sleep or time.sleep
     deadline = clock() + pod.join_timeout_s
+    asked = 0
     while clock() < deadline:
         if connect(address, gate):
             return None
@@ -382,6 +383,10 @@ def late_joiner(pod: PodLaunch, connect: Callable[[str, int], bool],
                                f"gate's at port {gate} is gone), so this pod runs no gate, which measures every pod "
                                f"at once; doctor checked it, and the trainer checks its network after the first "
                                f"collective (NCCL's transport against DDP_EXPECT_FABRIC)",))
+        if not asked:
+            say((f"preflight: waiting for the rendezvous host {address} to open the fabric gate's rendezvous "
+                 f"(port {gate}) or the training's (port {training}), at most {pod.join_timeout_s:.0f} s",))
+        asked += 1
         sleep(POLL_S)
     return None
 

@@ -338,6 +338,8 @@ def test_a_late_elastic_pod_runs_no_gate_and_joins_the_training(pod, capsys, mon
     assert all("ddp_train.gate" not in a for a in children.argvs) and len(children.argvs) == 1  # doctor only
     assert asked == [("10.96.0.30", 29534), ("10.96.0.30", 29533), ("10.96.0.30", 29534), ("10.96.0.30", 29533)]
     err = capsys.readouterr().err
+    assert err.count("preflight: waiting for the rendezvous host 10.96.0.30 to open the fabric gate's rendezvous "
+                     "(port 29534) or the training's (port 29533), at most 600 s") == 1
     assert ("preflight: pod elastic-job-worker-1 joins the elastic job ddp-train/6fb7f0fa late: its pods already train "
             "(the training's rendezvous at 10.96.0.30:29533 answers, the fabric gate's at port 29534 is gone), so "
             "this pod runs no gate") in err
