@@ -12,8 +12,8 @@
 # restart policy acts, a pod being unable to requeue itself without its node as a SLURM job does),
 # the fabric gate across the pods (a pod it names: the same), and it execs the training.
 #   DDP_PREFLIGHT=0     skips doctor; DDP_FABRIC_GATE=0 skips the fabric gate (as on SLURM)
-#   NCCL_IB_DISABLE=1   no RoCE: IP sockets, and doctor expects no RDMA device (runai/submit.sh
-#                       sets it for RUNAI_RDMA=0)
+#   NCCL_IB_DISABLE=1   no RoCE: IP sockets, with NCCL's socket threads and sockets per GPU set as for
+#                       RoCE, and doctor expects no RDMA device (runai/submit.sh sets it for RUNAI_RDMA=0)
 # DDP_RUN_DIR is required: runai/submit.sh gives each submission a run dir of its own. A pod
 # cannot tell a new submission from a restart of its own (the job name, and so the pod's
 # name, is the same), so a default would continue whatever run an earlier job left there.

@@ -7,9 +7,11 @@ NodeFacts value, so tests build one by hand (or probe a fake tree under `root`).
 from __future__ import annotations
 
 import os
+import re
+import socket
 import struct
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ddp_launch import mr_monitor
@@ -27,17 +29,35 @@ LD_SO_CONF_DIR = "/etc/ld.so.conf.d"
 
 
 @dataclass(frozen=True)
+class RoceGid:
+    """One IPv4-mapped RoCE v2 entry of a port's GID table, and the network interface it belongs to."""
+
+    index: int
+    ipv4: str                       # the address it maps (::ffff:a.b.c.d)
+    interface: str | None           # gid_attrs/ndevs/<index>; None where the kernel does not say
+
+
+@dataclass(frozen=True)
 class RdmaDevice:
-    """One entry of /sys/class/infiniband: its port, link layer and IPv4 RoCE v2 GID, if any."""
+    """One entry of /sys/class/infiniband: its port, link layer and IPv4 RoCE v2 GIDs, if any."""
 
     name: str
     port: str
     link_layer: str | None          # "InfiniBand", or "Ethernet" for RoCE
-    roce_v2_ipv4_gid: int | None
+    roce_v2_ipv4_gid: int | None    # the lowest index of roce_v2_ipv4_gids
+    roce_v2_ipv4_gids: tuple[RoceGid, ...] = ()
 
     @property
     def is_roce(self) -> bool:
         return self.link_layer == "Ethernet" or (self.link_layer is None and self.roce_v2_ipv4_gid is not None)
+
+
+@dataclass(frozen=True)
+class NcclLibrary:
+    """The libnccl.so.2 the workers will load, where the launcher found it, and its version (None: unknown)."""
+
+    path: str
+    version: tuple[int, int, int] | None
 
 
 @dataclass(frozen=True)
@@ -116,6 +136,8 @@ class NodeFacts:
     # On a Slingshot node with /dev/kdreg2: the memory-registration monitor the libfabric the workers load
     # uses when FI_MR_CACHE_MONITOR is unset (mr_monitor.default_monitor); None elsewhere or where it cannot tell.
     libfabric_monitor: str | None = None
+    interface_ipv4: Mapping[str, str] = field(default_factory=dict)  # each interface's IPv4 address, on a RoCE node
+    nccl: NcclLibrary | None = None             # on a RoCE node, the NCCL the workers will load (None: none found)
 
     @property
     def slingshot_present(self) -> bool:
@@ -183,31 +205,95 @@ def parse_routes(text: str) -> tuple[Route, ...]:
     return tuple(routes)
 
 
-def roce_v2_ipv4_gid_index(root: str, device: str, port: str = "1") -> int | None:
-    """Lowest GID index on device/port that is an IPv4-mapped address of type RoCE v2.
+def roce_v2_ipv4_gids(root: str, device: str, port: str = "1") -> tuple[RoceGid, ...]:
+    """The GID entries on device/port that are IPv4-mapped addresses of type RoCE v2, by index, each
+    with the interface it belongs to.
 
-    What EPFL RCP's grep one-liner does (github.com/epfml/getting-started, docs/multinode.md),
-    read from sysfs directly:
-    ports/<p>/gids/<n> holds the GID, ports/<p>/gid_attrs/types/<n> its type.
+    What EPFL RCP's grep one-liner reads (github.com/epfml/getting-started, docs/multinode.md), from
+    sysfs directly: ports/<p>/gids/<n> holds the GID, gid_attrs/types/<n> its type and
+    gid_attrs/ndevs/<n> the name of its network device (the kernel's sysfs ABI,
+    Documentation/ABI/stable/sysfs-class-infiniband). A pod on a shared RDMA device can see entries
+    of interfaces that are not its own (the node's, another pod's): which one is this pod's is the
+    fabric's rule (fabric/infiniband.py).
     """
     base = f"/sys/class/infiniband/{device}/ports/{port}"
     indices = sorted(int(n) for n in (list_dir(root, f"{base}/gids") or ()) if n.isdigit())
+    found = []
     for index in indices:
         gid = (read_text(root, f"{base}/gids/{index}") or "").lower()
         if not gid.startswith(IPV4_MAPPED_PREFIX):
             continue
-        # Unpopulated entries fail to read (EINVAL): read_text gives None and they are skipped.
+        # Unpopulated entries, and in a container those of other network namespaces, fail to read
+        # (EINVAL): read_text gives None and they are skipped.
         kind = read_text(root, f"{base}/gid_attrs/types/{index}") or ""
-        if kind.strip().lower() == "roce v2":
-            return index
-    return None
+        if kind.strip().lower() != "roce v2":
+            continue
+        packed = gid[len(IPV4_MAPPED_PREFIX):].replace(":", "")
+        try:
+            address = socket.inet_ntoa(bytes.fromhex(packed))
+        except (ValueError, OSError):
+            continue
+        found.append(RoceGid(index, address, read_text(root, f"{base}/gid_attrs/ndevs/{index}") or None))
+    return tuple(found)
+
+
+def roce_v2_ipv4_gid_index(root: str, device: str, port: str = "1") -> int | None:
+    """Lowest GID index on device/port that is an IPv4-mapped address of type RoCE v2."""
+    gids = roce_v2_ipv4_gids(root, device, port)
+    return gids[0].index if gids else None
 
 
 def probe_rdma_device(root: str, name: str) -> RdmaDevice:
     ports = [p for p in (list_dir(root, f"/sys/class/infiniband/{name}/ports") or ()) if p.isdigit()]
     port = "1" if "1" in ports or not ports else ports[0]
     link_layer = read_text(root, f"/sys/class/infiniband/{name}/ports/{port}/link_layer")
-    return RdmaDevice(name, port, link_layer, roce_v2_ipv4_gid_index(root, name, port))
+    gids = roce_v2_ipv4_gids(root, name, port)
+    return RdmaDevice(name, port, link_layer, gids[0].index if gids else None, gids)
+
+
+# SIOCGIFADDR, netdevice(7): an interface's (first) IPv4 address.
+SIOCGIFADDR = 0x8915
+
+
+def interface_ipv4(name: str) -> str | None:
+    """name's IPv4 address in this network namespace, or None (no address, no such interface)."""
+    import fcntl  # noqa: PLC0415 - only on a RoCE node
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe_socket:
+            answer = fcntl.ioctl(probe_socket.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+    except OSError:
+        return None
+    return socket.inet_ntoa(answer[20:24])  # struct ifreq: the name's 16 bytes, then sockaddr_in's family, port
+
+
+NCCL_SONAME = "libnccl.so.2"
+_FULL_VERSION = re.compile(r"\.so\.(\d+)\.(\d+)\.(\d+)$")
+_NCCL_WHEEL = re.compile(r"^nvidia_nccl_cu\d+-(\d+)\.(\d+)\.(\d+)[^/]*\.dist-info$")
+
+
+def find_nccl(root: str, library_path: Iterable[str], python_paths: Iterable[str]) -> NcclLibrary | None:
+    """The libnccl.so.2 that torch's workers will load, in ld.so's order for torch's DT_NEEDED entry
+    (ld.so(8)): LD_LIBRARY_PATH (the user's with the site's directories), then torch's DT_RUNPATH,
+    which in a pip install names the nvidia-nccl wheel's nvidia/nccl/lib in site-packages, then the
+    loader's own directories, where an image's package (NGC's libnccl2) puts it. Its version from
+    the real file's name (libnccl.so.2.27.3, as NCCL's packages install it), else from the wheel's
+    dist-info directory (nvidia_nccl_cu12-2.27.3.dist-info); read without loading it, as the
+    launcher never loads CUDA libraries."""
+    wheels = [os.path.join(path, "nvidia", "nccl", "lib") for path in python_paths if path]
+    for directory in (*library_path, *wheels, *loader_dirs(root)):
+        candidate = under(root, os.path.join(directory, NCCL_SONAME))
+        if not os.path.isfile(candidate):
+            continue
+        match = _FULL_VERSION.search(os.path.basename(os.path.realpath(candidate)))
+        if match:
+            return NcclLibrary(os.path.join(directory, NCCL_SONAME), tuple(int(part) for part in match.groups()))
+        site_packages = os.path.normpath(os.path.join(os.path.dirname(candidate), "..", "..", ".."))  # nvidia/nccl/lib
+        for name in sorted(os.listdir(site_packages)) if os.path.isdir(site_packages) else ():
+            wheel = _NCCL_WHEEL.match(name)
+            if wheel:
+                return NcclLibrary(os.path.join(directory, NCCL_SONAME), tuple(int(part) for part in wheel.groups()))
+        return NcclLibrary(os.path.join(directory, NCCL_SONAME), None)
+    return None
 
 
 def cpu_count() -> int:
@@ -284,7 +370,8 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
           resolve: Callable[[str], str | None] | None = None,
           cuda: Callable[[], str | None] | None = None, files: Iterable[str] = (),
           plugin_dirs: Iterable[str] | None = None, loader: bool = False,
-          accelerator: Accelerator | None = None, peer: tuple[str, str] | None = None) -> NodeFacts:
+          accelerator: Accelerator | None = None, peer: tuple[str, str] | None = None,
+          addresses: Callable[[str], str | None] | None = None, python_paths: Iterable[str] = ()) -> NodeFacts:
     """This node, read once. head is looked up with resolve (and peer, when head answers loopback);
     cuda() runs only when given.
 
@@ -296,6 +383,9 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
     libraries; not ld.so.conf.d's, where CUDA's compat libcuda would overtake the driver's).
     On a Slingshot node with the kdreg2 module (/dev/kdreg2), the libfabric the workers load is read
     for its default memory monitor, in plugin_dirs' order and then the loader's.
+    On a RoCE node, each interface's address is asked of addresses (interface_ipv4 on a node, None
+    to ask nothing), and NCCL is looked for in plugin_dirs (the workers' LD_LIBRARY_PATH), then in
+    python_paths' nvidia/nccl/lib, then in the loader's directories.
     """
     plugin_dirs = tuple(plugin_dirs) if plugin_dirs is not None else None
     dev = list_dir(root, "/dev") or ()
@@ -303,6 +393,11 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
     cxi_class = list_dir(root, "/sys/class/cxi") is not None
     kdreg2 = os.path.basename(mr_monitor.KDREG2_DEVICE) in dev
     looked_up = _look_up(head, resolve)
+    rdma_devices = tuple(probe_rdma_device(root, name) for name in list_dir(root, "/sys/class/infiniband") or ())
+    net_interfaces = list_dir(root, "/sys/class/net")
+    roce = any(device.is_roce for device in rdma_devices)
+    interface_addresses = {name: address for name in net_interfaces or ()
+                           for address in [addresses(name) if roce and addresses is not None else None] if address}
     return NodeFacts(
         python=sys.executable,
         cpu_count=cpu_count(),
@@ -311,9 +406,8 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
         gpu_device_files=count_device_files(root, accelerator, dev),
         cxi_devices=cxi_devices,
         cxi_class=cxi_class,
-        rdma_devices=tuple(probe_rdma_device(root, name)
-                           for name in list_dir(root, "/sys/class/infiniband") or ()),
-        net_interfaces=list_dir(root, "/sys/class/net"),
+        rdma_devices=rdma_devices,
+        net_interfaces=net_interfaces,
         routes=parse_routes(read_text(root, "/proc/net/route") or ""),
         existing_dirs=frozenset(d for d in directories if os.path.isdir(under(root, d))),
         existing_files=frozenset(f for f in files if os.path.isfile(f)),
@@ -326,4 +420,6 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
         loader_dirs=tuple(d for d in LOADER_DIRS if os.path.isdir(under(root, d))) if loader else (),
         libfabric_monitor=(probe_libfabric_monitor(root, plugin_dirs)
                            if kdreg2 and plugin_dirs is not None and (cxi_devices or cxi_class) else None),
+        interface_ipv4=interface_addresses,
+        nccl=find_nccl(root, plugin_dirs or (), python_paths) if roce else None,
     )

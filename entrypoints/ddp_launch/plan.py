@@ -46,6 +46,7 @@ class Endpoint:
     host: str
     port: int | None    # None only inside torchrun when MASTER_PORT is unset
     address: str | None = None  # host's IPv4 address, when known: the fabric routes to it
+    here: bool | None = None    # whether this node hosts it (None: torchrun tells, by its own addresses)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class LaunchPlan:
     fabric: str | None = None               # slingshot | infiniband | ethernet; None: not planned yet
     findings: tuple[Finding, ...] = ()
     # One line for the job's output, printed before exec by the node (or rank) that hosts the
-    # rendezvous only: which node is the head and at what address, as job scripts echo it.
+    # rendezvous only: which node is the head and at what address, as job scripts echo it. A pod has a
+    # log of its own, so every other pod says what it joins too (schedulers/kubeflow.py).
     announcement: str | None = None
     min_nodes: int | None = None            # an elastic job's fewest nodes (--nnodes=MIN:MAX; nodes is MAX)
 

@@ -71,8 +71,10 @@ def probe(questions: ProbeQuestions, root: str = "/") -> NodeFacts:
         resolve = waiting_resolver(questions.dns_wait_s, lambda line: print(line, file=sys.stderr, flush=True))
     vendor = questions.accelerator
     driver = (lambda: gpus.probe_driver(vendor)) if questions.cuda and vendor is not None else None
+    # A node's own interfaces are asked of its kernel only on the node itself, not under a test's tree.
     return node.probe(root, questions.directories, questions.head, resolve, driver, questions.files,
-                      questions.plugin_dirs, questions.loader_dirs, vendor, questions.peer)
+                      questions.plugin_dirs, questions.loader_dirs, vendor, questions.peer,
+                      node.interface_ipv4 if root == "/" else None, sys.path)
 
 
 def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:

@@ -20,6 +20,13 @@ rendezvous for a pod that may never pass. The operator's restart policy then act
 preflight runs again; ExitCode retries only an exit code >= 128, kubeflow/training-operator
 pkg/util/train/train_util.go IsRetryableExitCode, so 76 ends the job there, as Never does).
 Elastic jobs (PET_NNODES=MIN:MAX) run no fixed number of pods: each pod's report is judged alone.
+
+Only this attempt's reports are judged: the claim keeps every report an earlier container left
+(a pod deletes only its own before its doctor runs), and a pod restarted after a failure may read
+another pod's old failing report before that pod has replaced it (fresh_since below).
+A late pod of an elastic job (one scaled up, or restarted, once the others train) runs no gate:
+the gate measures all pods at once, and the others left its rendezvous for the training's
+(late_joiner below).
 """
 
 from __future__ import annotations
@@ -48,6 +55,13 @@ from ddp_launch.plan import LaunchPlan
 
 DOCTOR_PREFIX = "doctor-"  # as the SLURM preflight names its reports (ddp_contract.quarantine)
 POLL_S = 1.0
+# The pods' reports are compared by their mtimes, all set by the claim's file system, as the run-dir
+# lock compares its heartbeat (ddp_contract.rundir_lock): no clock of one pod's node against another's.
+# Some file systems take a file's mtime from the writing client's clock (a CephFS or Lustre client),
+# so two nodes' NTP-kept clocks may still differ by a little: this much is allowed for.
+CLOCK_SKEW_S = 30.0
+# How long a late elastic pod waits on one connect to the rendezvous host's ports.
+CONNECT_TIMEOUT_S = 3.0
 # The launcher flags the gate's launch sets itself (its logs, its port, its workload).
 GATE_OWN_FLAGS = ("--log-dir", "--rdzv-port", "--module", "--script")
 RESTART_POLICY = ("every pod of the job stops (exit 76): a pod cannot leave its node as a SLURM job requeues "
@@ -125,10 +139,15 @@ def failing_everywhere(reports: Mapping[str, tuple[Failed, ...]], pods: int) -> 
                  and (len(judged) > 1 or failure.name not in HARDWARE_CHECKS)), None)
 
 
-def doctor_verdict(reports: Mapping[str, tuple[Failed, ...] | None], pods: int) -> Verdict:
-    """One verdict from every pod's doctor report (None: a file that is no report)."""
-    lines = [f"preflight: no doctor report from pod {pod} (see its log): not judged"
-             for pod, failures in sorted(reports.items()) if failures is None]
+def doctor_verdict(reports: Mapping[str, tuple[Failed, ...] | None], pods: int,
+                   earlier: Sequence[str] = ()) -> Verdict:
+    """One verdict from every pod's doctor report of this attempt (None: a file that is no report);
+    earlier: the pods whose only report is an earlier attempt's (fresh_since), not judged."""
+    lines = [f"preflight: the doctor report of pod {pod} is an earlier attempt's (written longer before this pod's "
+             f"than the pods wait for each other), and none of this attempt's came in time: not judged"
+             for pod in sorted(earlier)]
+    lines += [f"preflight: no doctor report from pod {pod} (see its log): not judged"
+              for pod, failures in sorted(reports.items()) if failures is None]
     judged = {pod: failures for pod, failures in reports.items() if failures is not None}
     if len(reports) < pods:
         lines.append(f"preflight: {len(reports)} of {pods} pods reported in time: the others are not judged "
@@ -162,25 +181,51 @@ def gate_verdict(code: int, report: object, run_dir: str) -> Verdict:
                                f"{os.path.join(run_dir, 'gate.txt')} and {os.path.join(run_dir, 'logs', 'gate')}",))
 
 
-def read_reports(directory: Path) -> dict[str, str]:
-    """{pod: its report's text} of the reports written so far."""
-    found = {}
+@dataclass(frozen=True)
+class Reports:
+    """The reports on the claim: this attempt's ({pod: text}) and the pods whose report is older."""
+
+    fresh: dict[str, str]
+    earlier: tuple[str, ...] = ()
+
+
+def fresh_since(own_mtime: float, join_timeout_s: float) -> float:
+    """The oldest mtime a report of this attempt can have, given this pod's own report's.
+
+    The pods of one attempt wait for each other's reports as long as their rendezvous waits for
+    them (wait_for_reports, with the launch's join timeout): a pod that wrote its report longer ago
+    than that before this one stopped waiting, and is gone, or in the gate or the training without
+    this pod. Its report is an earlier container's, whatever it says: a restarted pod must not be
+    named bad, or named good, by the report that a pod wrote an attempt ago (an hour-old failure
+    would stop every pod again with 76, using up the job's restarts).
+    """
+    return own_mtime - join_timeout_s - CLOCK_SKEW_S
+
+
+def read_reports(directory: Path, since: float | None = None) -> Reports:
+    """The reports written so far, split by their mtime at since (None: every report is fresh)."""
+    fresh, earlier = {}, []
     for path in directory.glob(f"{DOCTOR_PREFIX}*.json"):
+        pod = path.name[len(DOCTOR_PREFIX):-len(".json")]
         try:
-            found[path.name[len(DOCTOR_PREFIX):-len(".json")]] = path.read_text(errors="replace")
+            if since is not None and path.stat().st_mtime < since:
+                earlier.append(pod)
+                continue
+            fresh[pod] = path.read_text(errors="replace")
         except OSError:
             continue
-    return found
+    return Reports(fresh, tuple(sorted(earlier)))
 
 
-def wait_for_reports(directory: Path, pods: int, timeout_s: float,
-                     clock: Callable[[], float] = time.monotonic,
-                     sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
-    """Every pod's latest report, or those written within timeout_s."""
+def wait_for_reports(directory: Path, pods: int, timeout_s: float, since: float | None = None,
+                     clock: Callable[[], float] | None = None,
+                     sleep: Callable[[float], None] | None = None) -> Reports:
+    """Every pod's report of this attempt (written at or after since), or those written within timeout_s."""
+    clock, sleep = clock or time.monotonic, sleep or time.sleep
     deadline = clock() + timeout_s
     while True:
-        found = read_reports(directory)
-        if len(found) >= pods or clock() >= deadline:
+        found = read_reports(directory, since)
+        if len(found.fresh) >= pods or clock() >= deadline:
             return found
         sleep(POLL_S)
 
@@ -268,8 +313,13 @@ def doctor_everywhere(pod: PodLaunch, run_dir: str, data_dir: str, site: str | N
     done = children.run([sys.executable, "-m", "ddp_launch", "doctor", "--json", "--data-dir", data_dir,
                          *(("--site", site) if site else ())], stdout=subprocess.PIPE, text=True)
     write_atomically(report, done.stdout)
-    texts = wait_for_reports(directory, pod.pods, pod.join_timeout_s) if pod.pods > 1 else {pod.pod: done.stdout}
-    verdict = doctor_verdict({name: doctor_failures(text) for name, text in texts.items()}, pod.pods)
+    if pod.pods > 1:
+        since = fresh_since(report.stat().st_mtime, pod.join_timeout_s)
+        found = wait_for_reports(directory, pod.pods, pod.join_timeout_s, since)
+    else:
+        found = Reports({pod.pod: done.stdout})
+    verdict = doctor_verdict({name: doctor_failures(text) for name, text in found.fresh.items()}, pod.pods,
+                             found.earlier)
     return replace(verdict, lines=(*verdict.lines, f"preflight: the reports are in {directory}"))
 
 
@@ -288,6 +338,59 @@ def gate_across_pods(pod: PodLaunch, run_dir: str, site: str | None, children: C
     return gate_verdict(code, report, run_dir)
 
 
+def port_answers(address: str, port: int) -> bool:
+    """Whether something accepts a TCP connection at address:port (the c10d store of a rendezvous)."""
+    try:
+        with socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def late_joiner(pod: PodLaunch, connect: Callable[[str, int], bool],
+                clock: Callable[[], float] | None = None,
+                sleep: Callable[[float], None] | None = None) -> Verdict | None:
+    """Why this pod of an elastic job runs no fabric gate (the others train), or None: it joins the gate.
+
+    The rendezvous host's pod hosts two c10d stores in turn, the gate's (gate_port) and then the
+    training's: the first to answer tells where the job is. The gate's: its rendezvous is open or
+    running, and torchrun's elastic rendezvous admits a pod that comes now (the running round
+    restarts with it). The training's: the gate ended, and its rendezvous will never be hosted
+    again; a gate of its own would wait for pods that train. Neither yet (the host is in doctor,
+    or between the two): ask again, as long as the gate's rendezvous would wait.
+    A late pod is then checked by doctor, alone as every elastic pod is, and its network by the
+    training itself: after the first collective the trainer checks the transport NCCL chose against
+    the fabric the launcher expects (DDP_EXPECT_FABRIC), and torchrun's rendezvous admits the pod
+    at its next round. Where the gate would run with no one else, nothing is lost: a gate of one
+    pod measures no link. A static job has no late pod: its rendezvous waits for every pod.
+    """
+    plan = pod.plan
+    if plan is None or plan.min_nodes is None or plan.rendezvous is None or plan.rendezvous.port is None:
+        return None
+    if plan.rendezvous.here is not False:
+        return None  # the host's pod hosts the gate's rendezvous itself, or torchrun alone can tell
+    address = plan.rendezvous.address or plan.rendezvous.host
+    training, gate = plan.rendezvous.port, gate_port(plan.rendezvous.port)
+    clock, sleep = clock or time.monotonic, sleep or time.sleep
+    deadline = clock() + pod.join_timeout_s
+    asked = 0
+    while clock() < deadline:
+        if connect(address, gate):
+            return None
+        if connect(address, training):
+            return Verdict(0, (f"preflight: pod {pod.pod} joins the elastic job {pod.job or '(unnamed)'} late: its pods "
+                               f"already train (the training's rendezvous at {address}:{training} answers, the fabric "
+                               f"gate's at port {gate} is gone), so this pod runs no gate, which measures every pod "
+                               f"at once; doctor checked it, and the trainer checks its network after the first "
+                               f"collective (NCCL's transport against DDP_EXPECT_FABRIC)",))
+        if not asked:
+            say((f"preflight: waiting for the rendezvous host {address} to open the fabric gate's rendezvous "
+                 f"(port {gate}) or the training's (port {training}), at most {pod.join_timeout_s:.0f} s",))
+        asked += 1
+        sleep(POLL_S)
+    return None
+
+
 def timed(what: str, step: Callable[[], Verdict]) -> int:
     """The step's verdict said, with its time, and its exit code."""
     started = time.monotonic()
@@ -297,7 +400,8 @@ def timed(what: str, step: Callable[[], Verdict]) -> int:
 
 
 def run(argv: Sequence[str], env: Mapping[str, str], children: Children,
-        probe: Callable[[planner.ProbeQuestions], planner.NodeFacts] = planner.probe) -> int:
+        probe: Callable[[planner.ProbeQuestions], planner.NodeFacts] = planner.probe,
+        connect: Callable[[str, int], bool] = port_answers) -> int:
     args, launch_words = parse_args(argv, env)
     pod = read_launch(launch_words, env, probe)
     try:
@@ -314,7 +418,10 @@ def run(argv: Sequence[str], env: Mapping[str, str], children: Children,
             return code
     if pod.plan is None:
         raise LaunchError(pod.plan_problem)
-    if env.get("DDP_FABRIC_GATE", "1") != "0":
+    late = late_joiner(pod, connect) if env.get("DDP_FABRIC_GATE", "1") != "0" else None
+    if late is not None:
+        say(late.lines)
+    elif env.get("DDP_FABRIC_GATE", "1") != "0":
         code = timed("fabric gate (launch included)", lambda: gate_across_pods(pod, args.run_dir, args.site, children))
         if code != 0:
             return code

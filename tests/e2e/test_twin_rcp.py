@@ -24,6 +24,7 @@ import re
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -112,35 +113,65 @@ def pod_command(twin_cluster, node: str, root: Path, env: dict, binds: dict, arg
             *user, "ch-run", *mounts, str(root), "--", *argv]
 
 
+def wait_for(path: Path, what: str, timeout_s: float = 240) -> Callable[[], None]:
+    """A wait until path exists (a pod's container starts after it: a pod restarted more slowly)."""
+    def wait():
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} ({path}) did not come in {timeout_s:.0f} s")
+            time.sleep(0.5)
+    return wait
+
+
 def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_dir: str,
-             changes: tuple = ({}, {}), expect: tuple = (0, 0)) -> list[str]:
+             changes: tuple = ({}, {}), expect: tuple = (0, 0), start_after: tuple = (None, None),
+             envs: tuple | None = None, meanwhile: Callable[[], None] | None = None,
+             timeout_s: float = 300) -> list[str]:
     """One pod per twin node, as the training operator starts a PyTorchJob's, each with its
-    environment's changes; their outputs, once each exited as expected."""
+    environment's changes (or its whole environment, envs) and, where start_after gives one, started
+    once that wait returns; meanwhile, what the test does while they run; their outputs, once each
+    exited as expected."""
     pods = []
     for rank, node in enumerate(twin_cluster.node_names):
-        env = {**pod_env(twin_cluster, root, rank, run_dir), **changes[rank]}
+        env = envs[rank] if envs else {**pod_env(twin_cluster, root, rank, run_dir), **changes[rank]}
         command = pod_command(twin_cluster, node, root, env, {data: "/mnt/data", runs: "/mnt/runs"}, argv)
+        if start_after[rank] is not None:
+            try:
+                start_after[rank]()
+            except TimeoutError as late:
+                for pod in pods:
+                    pod.kill()
+                pytest.fail(f"{late}; the pods so far said: {[pod.communicate()[0] for pod in pods]}")
         print("+ " + shlex.join(command), flush=True)
         pods.append(subprocess.Popen(command, env=twin_cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True))
+    deadline = time.monotonic() + timeout_s
+    if meanwhile is not None:
+        try:
+            meanwhile()
+        except TimeoutError as late:
+            for pod in pods:
+                pod.kill()
+            pytest.fail(f"{late}; the pods said: {[pod.communicate()[0] for pod in pods]}")
     outputs = []
-    deadline = time.monotonic() + 300
     for pod in pods:
         try:
             outputs.append(pod.communicate(timeout=max(1, deadline - time.monotonic()))[0])
         except subprocess.TimeoutExpired:
             for other in pods:
                 other.kill()
-            pytest.fail("the RunAI pods did not finish in 300 s")
+            pytest.fail(f"the RunAI pods did not finish in {timeout_s:.0f} s")
     for text in outputs:
         print(text)
     assert tuple(pod.returncode for pod in pods) == expect, outputs
     return outputs
 
 
-def run_one(twin_cluster, root: Path, env: dict, binds: dict, argv: list, as_user: bool = False):
-    """One container in the master pod's node, to its end (a dry run, a pod that stops early)."""
-    command = pod_command(twin_cluster, twin_cluster.node_names[0], root, env, binds, argv, as_user)
+def run_one(twin_cluster, root: Path, env: dict, binds: dict, argv: list, as_user: bool = False, rank: int = 0):
+    """One container in a pod's node (the master's unless rank says), to its end (a dry run, a pod that stops
+    early)."""
+    command = pod_command(twin_cluster, twin_cluster.node_names[rank], root, env, binds, argv, as_user)
     print("+ " + shlex.join(command), flush=True)
     done = subprocess.run(command, env=twin_cluster.env, capture_output=True, text=True, timeout=120)
     print(done.stdout, done.stderr)
@@ -178,8 +209,20 @@ def pods(twin, runai_image, cifar_data, tmp_path_factory, submissions):
     (here / ".ddp-run.lock").write_text(json.dumps(
         {"job": job_id(workload), "host": twin.node_names[0], "pid": 1, "pid_space": "an-earlier-container/1",
          "since": 0}))
+    # What the worker pod's container of an hour ago left on the claim: its failing doctor report. This
+    # attempt's worker container starts late, after the master's doctor wrote its report (a container
+    # restarted more slowly than the other); the master must wait for the worker's new report, not judge it
+    # by the old one.
+    reports = here / "preflight" / job_id(workload).replace("/", "_")
+    reports.mkdir(parents=True)
+    stale = reports / f"doctor-{twin.node_names[1]}.json"
+    stale.write_text(json.dumps({"ok": False, "checks": [{"name": "gpus", "status": "FAIL", "fix": "replace it",
+                                                          "detail": "0 GPUs visible but 1 granted"}]}))
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
     named = {"RUNAI_JOB_NAME": workload}
-    outputs = run_pods(twin, root, argv, cifar_data, runs, run_dir, changes=(named, named))
+    master_report = wait_for(reports / f"doctor-{twin.node_names[0]}.json", "the master pod's doctor report")
+    outputs = run_pods(twin, root, argv, cifar_data, runs, run_dir, changes=(named, named),
+                       start_after=(None, master_report))
     return argv, outputs, here
 
 
@@ -227,12 +270,50 @@ def test_each_pod_checked_itself_and_the_fabric_before_training(pods):
     assert ports == ["29534", "29533"], outputs[0]
 
 
+def test_an_hour_old_failing_report_of_the_late_worker_pod_was_not_judged(pods):
+    # The master's report came first, beside the worker's of an hour ago (a failing one): the master waited
+    # for the worker's report of this attempt, which passed, instead of naming the worker bad (exit 76).
+    _, outputs, run_dir = pods
+    assert not any("bad pod" in text for text in outputs), outputs
+    worker = run_dir / "preflight" / job_id(run_dir.name).replace("/", "_") / "doctor-ddp-train-worker-0.json"
+    assert json.loads(worker.read_text())["ok"] and time.time() - worker.stat().st_mtime < 600
+
+
+def test_the_worker_pods_log_says_what_it_joins_and_no_torchrun_warning(pods):
+    # torchrun's "node_rank is only used for static rdzv_backend" came from PET_NODE_RANK, once per launch
+    # (the gate's, the training's); then nothing, though the pod trained. Now one line per launch says what
+    # the pod joins and where the progress shows.
+    _, outputs, _ = pods
+    worker = outputs[1]
+    assert "node_rank is only used" not in worker, worker
+    joins = re.findall(r"^ddp-launch: pod 1 of 2 joins the rendezvous \(rendezvous host ddp-train-master-0 "
+                       r"\(PET_MASTER_ADDR\) = [0-9.]+, port (\d+)\) with 1 worker\(s\); the progress is printed "
+                       r"by rank 0 alone", worker, re.M)
+    assert joins == ["29534", "29533"], worker
+
+
 def test_a_restarted_containers_own_lock_did_not_stop_its_pod(pods):
     # The lock named this workload (RUNAI_JOB_UUID), the master pod's name and PID 1: a restart of
     # this job, taken over; the trainer released its own at the end.
     _, outputs, run_dir = pods
     assert not any("is in use by" in text for text in outputs)
     assert not (run_dir / ".ddp-run.lock").exists()
+
+
+def test_two_pods_sharing_the_rdma_device_each_take_their_own_gid(twin, pod_root):
+    # The GID table both pods see lists each pod's entries, both named net1 (gid_attrs/ndevs): the
+    # master's net1 is 172.18.128.3 (GID 3), the worker's .4 (GID 8). The lowest index, GID 3, in both
+    # pods would make the worker's RoCE use the master's address. The image's torch has no NCCL, so
+    # the index is set, with the reason (an image with NCCL 2.26.2 or later leaves it to NCCL).
+    chosen = []
+    for rank in (0, 1):
+        env = pod_env(twin, pod_root, rank, "/mnt/runs/gid")
+        done = run_one(twin, pod_root, env, {}, ["ddp-launch", "--dry-run", "--json", "--site", "rcp"], rank=rank)
+        assert done.returncode == 0, done.stderr
+        planned = {item["name"]: item for item in json.loads(done.stdout)["env"]}
+        chosen.append(planned["NCCL_IB_GID_INDEX"]["value"])
+        assert "no libnccl.so.2 where the workers look" in planned["NCCL_IB_GID_INDEX"]["reason"]
+    assert chosen == ["3", "8"]
 
 
 @pytest.fixture(scope="module")
@@ -302,3 +383,65 @@ def test_a_claim_the_pods_user_cannot_write_stops_it_in_one_line_with_the_fix(tw
     assert (f"as uid {TEST_UID} gid {TEST_UID}: /mnt/runs/homes/alice is uid {overflow[0]} gid {overflow[1]}, mode 755; "
             f"submit the pods as its owner (runai submit ... --run-as-uid UID --run-as-gid GID") in error
     assert not (claim / "homes" / "alice" / "runs").exists()
+
+
+def elastic_pod_env(twin_cluster, root: Path, rank: int, run_dir: str) -> dict:
+    """A pod of an elastic Kubeflow PyTorchJob (elasticPolicy minReplicas 1, maxReplicas 2, rdzvHost the
+    first pod, rdzvConf last_call_timeout=1): PET_NNODES=MIN:MAX and PET_RDZV_ENDPOINT, no rank and no
+    master (kubeflow/training-operator pkg/controller.v1/pytorch/elastic.go), one worker per pod."""
+    dropped = ("PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "MASTER_ADDR", "MASTER_PORT", "RANK",
+               "WORLD_SIZE")
+    env = {k: v for k, v in pod_env(twin_cluster, root, rank, run_dir).items()
+           if not k.startswith("RUNAI_") and k not in dropped}
+    return {**env, "PET_NNODES": "1:2", "PET_RDZV_BACKEND": "c10d", "PET_MAX_RESTARTS": "3",
+            "PET_RDZV_ENDPOINT": f"{twin_cluster.node_names[0]}:29533", "PET_NPROC_PER_NODE": "1",
+            "PET_RDZV_CONF": "last_call_timeout=1"}
+
+
+def records_of(metrics: Path) -> list:
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+def trained_with_both(metrics: Path, timeout_s: float = 420) -> Callable[[], None]:
+    """A wait until an epoch ended after the run's world grew to two pods, then the stop request a batch
+    script's trap writes (ddp_contract.STOP_REQUEST_FILE): every rank checkpoints and exits 75."""
+    def wait():
+        deadline = time.monotonic() + timeout_s
+        while True:
+            records = records_of(metrics)
+            grown = [i for i, r in enumerate(records) if r["type"] == "run" and r["nodes"] == 2]
+            if grown and any(r["type"] == "epoch" for r in records[grown[0]:]):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no epoch on two pods in {timeout_s:.0f} s")
+            time.sleep(1)
+        request = metrics.parent / ".ddp-stop-request"
+        request.with_suffix(".tmp").write_text("SIGUSR2\n")
+        request.with_suffix(".tmp").rename(request)
+    return wait
+
+
+def test_a_late_pod_of_an_elastic_job_joins_the_training_without_a_gate(twin, pod_root, cifar_data, tmp_path):
+    # The first pod checks itself, runs the gate alone and trains; the second starts once the first trains
+    # (scaled up, or restarted later), finds the gate's rendezvous gone and the training's up, runs doctor
+    # only, and joins: torchrun's elastic rendezvous admits it at its next round. Once an epoch ran on both,
+    # the job is asked to stop (as a time limit would), and both pods checkpoint and exit 75.
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    envs = tuple(elastic_pod_env(twin, pod_root, rank, "/mnt/runs/elastic") for rank in (0, 1))
+    metrics = runs / "elastic" / "metrics.jsonl"
+    argv = ["/opt/ddp/runai/pod.sh", "--epochs", "50", "--batch-size", "64", "--width-scale", "0.125",
+            "--target-accuracy", "1.01", "--checkpoint-every", "1", "--stop-check-every", "1",
+            "--allow-unverified-data"]
+    first, late = run_pods(twin, pod_root, argv, cifar_data, runs, "/mnt/runs/elastic", envs=envs,
+                           start_after=(None, wait_for(metrics, "the first pod's training")),
+                           meanwhile=trained_with_both(metrics), expect=(75, 75), timeout_s=480)
+    assert "preflight: the fabric gate passed" in first, first
+    assert re.search(r"^preflight: pod ddp-train-worker-0 joins the elastic job ddp-train late: its pods already "
+                     r"train \(the training's rendezvous at [0-9.]+:29533 answers, the fabric gate's at port 29534 "
+                     r"is gone\), so this pod runs no gate", late, re.M), late
+    assert "fabric gate (launch included)" not in late and not (runs / "elastic" / "logs" / "gate" /
+                                                                "ddp-train-worker-0").exists()
+    runs_of = [r for r in records_of(metrics) if r["type"] == "run"]
+    assert [(r["nodes"], r["world_size"]) for r in runs_of][:1] == [(1, 1)] and (2, 2) in [
+        (r["nodes"], r["world_size"]) for r in runs_of], runs_of

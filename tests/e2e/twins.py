@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fakes.elf_tree import build_fake_olivia_host, build_library  # the unit tests' real ELF trees
-from fakes.node import RCP_GIDS, FakeNode
+from fakes.node import RCP_TWO_PODS_GIDS, FakeNode
 
 REPO = Path(__file__).resolve().parents[2]
 TWIN_FILES = REPO / "tests" / "e2e" / "cluster" / "twins"
@@ -189,9 +189,11 @@ ETHERNET = Twin("ethernet", slot=4, nodes=6, tree=ethernet_tree)
 # -- RCP's RunAI pods --------------------------------------------------------------------------
 
 def rcp_tree(tree: Path) -> None:
-    """A RunAI pod on RCP: the RDMA device of its rdma/rdma=1 resource, RoCE, with the GID table
-    of a real port (tests/fakes/node.py's RCP_GIDS: mlx5_bond_0)."""
-    FakeNode(tree).rdma("mlx5_bond_0", RCP_GIDS)
+    """RunAI pods on RCP: the RDMA device of their rdma/rdma=1 resource, RoCE, with the GID table of a
+    real port (tests/fakes/node.py's RCP_GIDS: mlx5_bond_0) as two pods of one node see it, each
+    pod's entries on its net1 (RCP_TWO_PODS_GIDS: the first pod's 172.18.128.3, the second's .4, the
+    addresses rcp.sh gives the twin's net1)."""
+    FakeNode(tree).rdma("mlx5_bond_0", RCP_TWO_PODS_GIDS)
 
 
 RCP = Twin("rcp", slot=6, nodes=2, tree=rcp_tree)

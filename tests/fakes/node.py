@@ -43,13 +43,16 @@ class FakeNode:
             self.directory(f"/sys/class/net/{name}")
 
     def rdma(self, device: str, gids: dict, link_layer: str = "Ethernet") -> None:
-        """gids: index -> (gid text, type text or None for an unreadable entry)."""
+        """gids: index -> (gid text, type text or None for an unreadable entry[, its interface's name,
+        gid_attrs/ndevs, which a kernel without that file does not give])."""
         base = f"/sys/class/infiniband/{device}/ports/1"
         self.file(f"{base}/link_layer", link_layer + "\n")
-        for index, (gid, kind) in gids.items():
+        for index, (gid, kind, *interface) in gids.items():
             self.file(f"{base}/gids/{index}", gid + "\n")
             if kind is not None:
                 self.file(f"{base}/gid_attrs/types/{index}", kind + "\n")
+            if interface:
+                self.file(f"{base}/gid_attrs/ndevs/{index}", interface[0] + "\n")
 
     def route(self, text: str = PROC_NET_ROUTE) -> None:
         self.file("/proc/net/route", text)
@@ -62,6 +65,17 @@ RCP_GIDS = {
     2: ("0000:0000:0000:0000:0000:ffff:ac12:8003", "IB/RoCE v1"),
     3: ("0000:0000:0000:0000:0000:ffff:ac12:8003", "RoCE v2"),
     4: ("0000:0000:0000:0000:0000:0000:0000:0000", None),
+}
+
+# Two pods on one node sharing mlx5_bond_0 (an rdma/rdma resource is a shared device): each pod's Multus
+# interface is named net1 in its own namespace, and a table that shows both pods' entries names net1 for
+# both (gid_attrs/ndevs). The first pod's net1 is 172.18.128.3 (RCP_GIDS' entries), the second's .4.
+RCP_TWO_PODS_GIDS = {
+    **{index: (gid, kind, "net1") for index, (gid, kind) in RCP_GIDS.items() if kind is not None},
+    5: ("fe80:0000:0000:0000:5054:00ff:fe12:3457", "IB/RoCE v1", "net1"),
+    6: ("fe80:0000:0000:0000:5054:00ff:fe12:3457", "RoCE v2", "net1"),
+    7: ("0000:0000:0000:0000:0000:ffff:ac12:8004", "IB/RoCE v1", "net1"),
+    8: ("0000:0000:0000:0000:0000:ffff:ac12:8004", "RoCE v2", "net1"),
 }
 
 

@@ -31,6 +31,12 @@ def check_fabric_settings(ctx: DoctorContext) -> Check:
     if "NCCL_NET" in env and "NCCL_NET_PLUGIN" in env:
         return Check("fabric settings", FAIL, f"NCCL_NET={env['NCCL_NET']} and NCCL_NET_PLUGIN={env['NCCL_NET_PLUGIN']} are both set",
                      "unset NCCL_NET_PLUGIN: with both, NCCL cannot find the network (CSCS docs PR #75)")
+    roce = [finding for finding in ctx.fabric.findings if finding.topic == "roce" and finding.severity != "info"]
+    if roce:
+        # The RDMA device is there but no GID is this node's to give NCCL (fabric/infiniband.py).
+        return Check("fabric settings", WARN, roce[0].text,
+                     "see ibv_devinfo -v or /sys/class/infiniband/*/ports/1/gid_attrs/{types,ndevs}, and set "
+                     "NCCL_IB_GID_INDEX to this node's IPv4 RoCE v2 GID")
     kept = [finding for finding in ctx.fabric.findings if finding.topic == "kept"]
     detail = f"{len(ctx.fabric.changes)} variables from the {ctx.fabric.fabric} defaults"
     if kept:

@@ -118,7 +118,7 @@ def _conditions(request: FabricRequest, facts: NodeFacts, profile: SiteProfile |
     """What a fabric default's "when" may ask (fabric/defaults.py: CONDITIONS, FACTS)."""
     return {
         "multi_node": request.multi_node,
-        "roce": choose_roce_device(facts.rdma_devices) is not None,
+        "roce": choose_roce_device(facts) is not None,
         "rdzv_get_disabled": rdzv_get_disabled(request.env),
         "kdreg2_default": facts.kdreg2_default,
         "gpu": profile.gpu if profile else None,

@@ -108,3 +108,25 @@ class EnvBuilder:
         """Set name even if the environment has it (an explicit command-line choice)."""
         self.changes = [c for c in self.changes if c.name != name]
         self.changes.append(EnvChange(name, value, reason, FABRIC_DEFAULT))
+
+
+# NCCL's socket transport: "For generic 100G networks, this value can be manually set to 4. However, the
+# product of NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD cannot exceed 64" (NCCL's environment
+# variables page, NCCL_SOCKET_NTHREADS and NCCL_NSOCKS_PERTHREAD:
+# https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-nthreads).
+SOCKET_NTHREADS = 4
+MAX_SOCKETS = 64
+SOCKET_SOURCE = ("NCCL env docs (NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD: 4 each on generic 100G networks, "
+                 "their product at most 64), as EPFL RCP's RunAI multi-node guide sets them")
+
+
+def pod_socket_tuning(builder: EnvBuilder, request: FabricRequest, why: str) -> None:
+    """NCCL's socket threads, and one socket per GPU of the pod, as RCP's guide sets them: in a pod whose
+    scheduler counts its GPUs (the grant's pod_count: RunAI's RUNAI_NUM_OF_GPUS)."""
+    for name in request.gpu_grant.pod_count:
+        gpus = request.env.get(name, "")
+        if gpus.isdigit() and int(gpus) > 0:
+            builder.default("NCCL_SOCKET_NTHREADS", str(SOCKET_NTHREADS), f"{SOCKET_SOURCE}: {why}")
+            builder.default("NCCL_NSOCKS_PERTHREAD", str(min(int(gpus), MAX_SOCKETS // SOCKET_NTHREADS)),
+                            f"{SOCKET_SOURCE}: one socket per GPU (${name}), {why}")
+            return

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from ddp_launch.errors import LaunchError
 from ddp_launch.facts import NodeFacts, Resolved, Route
-from ddp_launch.fabric.common import EnvBuilder, FabricJob
+from ddp_launch.fabric.common import EnvBuilder, FabricJob, pod_socket_tuning
 
 NAME = "ethernet"
 TITLE = "Ethernet"
@@ -133,3 +133,7 @@ def plan(builder: EnvBuilder, job: FabricJob) -> None:
     request = job.request
     if request.multi_node:
         ethernet_defaults(builder, job.facts, request.head_address, request.head_ipv4, request.peer)
+        if not request.gloo:
+            # Here NCCL's socket transport carries the data (no RDMA device, or NCCL_IB_DISABLE=1, as
+            # runai/submit.sh sets for RUNAI_RDMA=0): its threads and sockets are what decide the speed.
+            pod_socket_tuning(builder, request, "NCCL's data goes over TCP sockets here")

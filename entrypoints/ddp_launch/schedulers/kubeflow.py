@@ -77,6 +77,10 @@ DETECTED_BY = ("PET_NNODES", "PET_MASTER_ADDR")
 # Pod-level values torchrun replaces with per-worker ones; removed so no
 # worker can mistake them for its own.
 POD_LEVEL = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# The operator's pod rank, which torchrun reads as --node-rank (torch.distributed.run reads each flag
+# from PET_<FLAG>): the c10d rendezvous numbers the pods itself and ignores it with a warning in every
+# pod but rank 0's ("node_rank is only used for static rdzv_backend", torch/distributed/run.py).
+STATIC_ONLY = ("PET_NODE_RANK",)
 
 
 def detect(env: Mapping[str, str]) -> bool:
@@ -276,6 +280,15 @@ def _is_head(job: KubeflowEnv, options: LaunchOptions, name: str, hostname: str)
     return hosts_by_name(name, hostname)
 
 
+def other_pod_announcement(this_pod: str, head_note: str, port: int, workers: int, log_dir: str | None) -> str:
+    """What a pod that does not host the rendezvous says before its workers start. A pod has a log of its
+    own (`runai logs`, `kubectl logs`), and the trainer prints from global rank 0 alone: without this line,
+    a worker pod's log ends at its checks, as if it hung."""
+    logs = f"; its workers log to {log_dir}" if log_dir else ""
+    return (f"ddp-launch: {this_pod} joins the rendezvous ({head_note}, port {port}) with {workers} worker(s); "
+            f"the progress is printed by rank 0 alone, in the log of the pod that hosts the rendezvous{logs}")
+
+
 def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts: NodeFacts) -> LaunchPlan:
     multi = job.max_nodes > 1
     if options.nodes is not None and options.nodes != job.max_nodes:
@@ -324,6 +337,8 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
                             options.workload)
     removed = tuple(EnvChange(variable, None, "describes the pod, not a worker; torchrun sets the workers' own")
                     for variable in POD_LEVEL if variable in env)
+    removed += tuple(EnvChange(variable, None, "torchrun's --node-rank, for its static rendezvous only: c10d numbers "
+                               "the pods itself (and warns of it)") for variable in STATIC_ONLY if variable in env)
     if job.node_rank is not None or not multi:
         this_pod = f"pod {job.node_rank if job.node_rank is not None else 0} of {job.nnodes}"
     else:
@@ -333,10 +348,14 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
     notes = (this_pod + host_note, head_note, port_note, *worker_notes(workers))
     changes = (removed + torchrun_env(env, restarts, log_dir, pod or "pod0")
                + workers_env(workers, env, facts.cpu_count) + flight_recorder_env(env))
-    announcement = (f"ddp-launch: {job.max_nodes} pods: {head_note}, port {rdzv_port}"
-                    if multi and is_head else None)
+    if multi and is_head:
+        announcement = f"ddp-launch: {job.max_nodes} pods: {head_note}, port {rdzv_port}"
+    elif multi:
+        announcement = other_pod_announcement(this_pod, head_note, rdzv_port, workers.count, log_dir)
+    else:
+        announcement = None
     gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, _cpu_on_purpose(job, options)),
                                   facts.cuda_problem, on_kubernetes=True, gpu_device_files=facts.gpu_device_files)
-    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port, address),
+    return LaunchPlan("kubeflow", argv, changes, notes, job.max_nodes, Endpoint(host, rdzv_port, address, is_head),
                       announcement=announcement,
                       min_nodes=int(job.nnodes.split(":")[0]) if ":" in job.nnodes else None)

@@ -10,6 +10,7 @@ hardware's bandwidth whatever the rank count.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence
@@ -137,6 +138,34 @@ def expectation_from_profile(data: Optional[Mapping[str, object]]) -> Optional[E
     return Expectation(int(data["size_bytes"]), float(data["busbw_gbps"]), float(data["floor_fraction"]),
                        str(data["source"]), float(sockets) if sockets is not None else None,
                        str(data["backend"]), str(data["device"]))
+
+
+# Where a site publishes no figure, an RDMA fabric still states its own: each port's rate, the active
+# width times the active speed ("rate: ... e.g. '100 Gb/sec (4X EDR)'", the kernel's sysfs ABI,
+# Documentation/ABI/stable/sysfs-class-infiniband). It bounds a pair of nodes' all-reduce busbw (nccl-tests
+# doc/PERFORMANCE.md: busbw is the figure to compare with the hardware's peak bandwidth), and NCCL reaches most
+# of it; a link that runs at a fraction of it (a port negotiated down, PFC or ECN misconfigured on RoCE, a
+# GPU far from its NIC) falls below a floor set with the same margin as RELATIVE_FLOOR's. So two nodes, or two
+# pods, are judged where the SLURM sites' published figure judges them, and where no third node could.
+LINK_FLOOR = RELATIVE_FLOOR
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+
+
+def port_rate_gbits(text: str) -> Optional[float]:
+    """A port's sysfs rate ("100 Gb/sec (4X EDR)") in Gb/s, or None when it says none."""
+    match = _RATE.match(text or "")
+    return float(match.group(1)) if match and float(match.group(1)) > 0 else None
+
+
+def link_expectation(rates_gbits: Mapping[str, Optional[float]], size_bytes: int) -> Optional[Expectation]:
+    """The expectation from every node's RDMA link rate (Gb/s, the ports NCCL uses, summed): the slowest node's
+    rate as bus bandwidth, which no pair with it can pass. None where a node has no RDMA rate (no figure)."""
+    if not rates_gbits or any(rate is None for rate in rates_gbits.values()):
+        return None
+    slowest = min(rates_gbits.values())
+    listed = ", ".join(f"{node} {rate:g} Gb/s" for node, rate in sorted(rates_gbits.items()))
+    return Expectation(size_bytes, slowest / 8, LINK_FLOOR,
+                       f"the RDMA links' rate, sysfs ports/<p>/rate ({listed}): the slowest as bus bandwidth")
 
 
 NOT_JUDGED = "bandwidth reported, not judged"

@@ -34,8 +34,8 @@ from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE, Se
 from ddp_train.exit_edge import in_a_job_of_several, leave_now, prints_here, say_once
 from ddp_train.gate.judge import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
                                   SizeResult, decide, expectation_from_profile, expected_period, faster_of,
-                                  judged_expectation, needs_narrowing, pair_rounds, rounds_to_repeat, subgroups_refused,
-                                  write_report)
+                                  judged_expectation, link_expectation, needs_narrowing, pair_rounds, port_rate_gbits,
+                                  rounds_to_repeat, subgroups_refused, write_report)
 from ddp_train.resolve import resolve_backend
 
 
@@ -70,6 +70,43 @@ def site_refuses_subgroups(profile) -> Optional[str]:
     rule = profile.gate_subgroups if profile is not None else None
     return subgroups_refused(profile.name if profile else None, rule.allowed if rule else None,
                              rule.source if rule else "")
+
+
+def nccl_hca_selects(spec: str, device: str, port: str) -> bool:
+    """Whether NCCL_IB_HCA lets NCCL use device:port: a list of name prefixes, '=' for exact names, '^' to
+    exclude, ':port' to name one port (NCCL's environment variables page, NCCL_IB_HCA)."""
+    spec = spec.strip()
+    exclude = spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    named = False
+    for entry in filter(None, spec.split(",")):
+        name, _, only_port = entry.partition(":")
+        if (device == name if exact else device.startswith(name)) and (not only_port or only_port == port):
+            named = True
+    return not named if exclude else named
+
+
+def node_link_gbits(env: Mapping[str, str], root: str = "/") -> Optional[float]:
+    """This node's RDMA line rate in Gb/s: the active ports NCCL may use, summed (None: none, or sockets)."""
+    if env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return None
+    base = Path(root) / "sys/class/infiniband"
+    spec = env.get("NCCL_IB_HCA", "")
+    total = 0.0
+    for device in sorted(base.iterdir()) if base.is_dir() else ():
+        for port in sorted((device / "ports").iterdir()) if (device / "ports").is_dir() else ():
+            if spec and not nccl_hca_selects(spec, device.name, port.name):
+                continue
+            try:
+                # state: "4: ACTIVE" (the kernel's sysfs ABI, as ibstat prints it).
+                if "ACTIVE" not in (port / "state").read_text():
+                    continue
+                total += port_rate_gbits((port / "rate").read_text()) or 0.0
+            except OSError:
+                continue
+    return total or None
 
 
 def corruption(env: Mapping[str, str], host: str, local_rank: int) -> int:
@@ -181,6 +218,10 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     try:
         hosts = distributed.all_gather_objects(host)
         nodes = node_names(hosts)
+        if expectation is None and (backend, device.type) == ("nccl", "cuda"):
+            # No published figure: the RDMA links' own rate, which NCCL's IB transport runs on.
+            rates = distributed.all_gather_objects(node_link_gbits(env))
+            expectation = link_expectation(dict(zip(hosts, rates)), sizes[-1])
         expectation, notes = judged_expectation(expectation, len(nodes), backend, device.type, pairs=refused is None)
         runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), iters)
         everyone = list(range(dist_env.world_size))

@@ -61,6 +61,7 @@ readonly UPLINK_SUBNET="${DDP_E2E_UPLINK_SUBNET:-${SUBNET_PREFIX%.*}.$((${SUBNET
 TWIN_NODE_NAMES=()
 TWIN_INTERFACE=eth0
 TWIN_EXTRA_INTERFACES=()
+TWIN_EXTRA_SUBNETS=()      # per extra interface, a /24 whose .(2 + node index) it gets ("" or none: no address)
 TWIN_UPLINK=""
 TWIN_SELF_LOOPBACK=0
 TWIN_NODE_SPEC="CPUs=144 RealMemory=512000 Features=gpu"
@@ -365,14 +366,17 @@ cluster::start_network() {
         ip -n "${ns}" link set lo up
         ip -n "${ns}" link set "${TWIN_INTERFACE}" up
         # The node's other NICs: present and up, carrying nothing here (veths whose other end stays
-        # down outside; this kernel may lack the dummy link type).
-        local k=0
+        # down outside; this kernel may lack the dummy link type), with an address where the twin
+        # gives their network one (RCP's RoCE network: the address its RDMA device's GIDs map).
+        local k=0 subnet
         for extra in "${TWIN_EXTRA_INTERFACES[@]}"; do
             k=$((k + 1))
             if ! ip -n "${ns}" link show "${extra}" >/dev/null 2>&1; then
                 ip link add "${PREFIX}-x${i}-${k}" type veth peer name "${extra}" netns "${ns}"
             fi
             ip -n "${ns}" link set "${extra}" up
+            subnet="${TWIN_EXTRA_SUBNETS[$((k - 1))]:-}"
+            [ -z "${subnet}" ] || ip -n "${ns}" addr replace "${subnet}.$((2 + i))/24" dev "${extra}"
         done
         # A second network, on its own subnet, with the node's default route.
         if [ -n "${TWIN_UPLINK}" ] && ! ip link show "${PREFIX}-u${i}" >/dev/null 2>&1; then

@@ -57,3 +57,70 @@ def test_without_a_figure_two_nodes_are_reported_and_three_are_compared():
 def test_a_figure_measured_with_gloo_judges_gloo():
     gloo = Expectation(4 * 2**20, 1.0, 0.5, "a gloo figure", backend="gloo", device="cpu")
     assert judged_expectation(gloo, 2, "gloo", "cpu") == (gloo, ())
+
+
+# -- two pods, or two nodes, on an RDMA fabric no site has a figure for: the links' own rate ------------
+
+from ddp_train.gate.judge import GroupResult, SizeResult, decide, link_expectation, port_rate_gbits  # noqa: E402
+from ddp_train.gate.run import nccl_hca_selects, node_link_gbits  # noqa: E402
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize(("text", "gbits"), [
+    ("100 Gb/sec (4X EDR)\n", 100.0), ("200 Gb/sec (4X HDR)", 200.0), ("25 Gb/sec (1X EDR)", 25.0),
+    ("2.5 Gb/sec (1X SDR)", 2.5), ("0 GB/sec", None), ("", None), ("unknown", None)])
+def test_a_ports_rate_is_read_as_the_kernel_writes_it(text, gbits):
+    # Documentation/ABI/stable/sysfs-class-infiniband: rate, e.g. "100 Gb/sec (4X EDR)".
+    assert port_rate_gbits(text) == gbits
+
+
+def pair_of_pods(busbw_gbps: float) -> tuple[GroupResult, list, list]:
+    """Two pods of one GPU each, their world (which is their one pair) at busbw_gbps at 128 MiB."""
+    size = SizeResult(128 * MiB, 128 * MiB / (busbw_gbps * 1e9) * 1e6, busbw_gbps, busbw_gbps, 0)
+    world = GroupResult("world", ("rcp-master-0", "rcp-worker-0"), 2, (size,))
+    nodes = [GroupResult("node", (name,), 1, (SizeResult(128 * MiB, 1.0, 0.0, 0.0, 0),)) for name in world.nodes]
+    return world, nodes, [GroupResult("pairs-1", world.nodes, 2, (size,))]
+
+
+def test_two_roce_pods_at_a_fraction_of_their_links_rate_fail_the_gate():
+    # 100 Gb/s RoCE in both pods is 12.5 GB/s; a link at a tenth of it (1.25 GB/s busbw) fails, where
+    # before nothing judged two pods ("fewer than 3 nodes to compare").
+    link = link_expectation({"rcp-master-0": 100.0, "rcp-worker-0": 100.0}, 128 * MiB)
+    expectation, notes = judged_expectation(link, 2, "nccl", "cuda")
+    assert expectation is link and notes == () and link.floor_gbps == pytest.approx(3.125)
+    world, nodes, pairs = pair_of_pods(1.25)
+    report = decide(world, nodes, pairs, expectation, (), 1.0, "nccl on cuda")
+    assert not report.ok and report.bad_nodes == ("rcp-master-0", "rcp-worker-0")
+    assert "busbw 1.250 GB/s at 128 MiB between rcp-master-0+rcp-worker-0" in report.verdict
+    assert "the RDMA links' rate, sysfs ports/<p>/rate (rcp-master-0 100 Gb/s, rcp-worker-0 100 Gb/s)" in report.verdict
+    healthy, nodes, pairs = pair_of_pods(10.5)
+    assert decide(healthy, nodes, pairs, expectation, (), 1.0, "nccl on cuda").ok
+
+
+def test_the_slowest_nodes_rate_sets_the_figure_and_a_node_without_one_leaves_none():
+    assert link_expectation({"a": 400.0, "b": 200.0}, 128 * MiB).busbw_gbps == 25.0
+    assert link_expectation({"a": 400.0, "b": None}, 128 * MiB) is None
+    # gloo on CPU workers does not run on the links: their figure does not judge it.
+    link = link_expectation({"a": 100.0, "b": 100.0}, 4 * MiB)
+    assert judged_expectation(link, 2, "gloo", "cpu")[0] is None
+
+
+def test_a_nodes_rate_counts_the_active_ports_nccl_may_use(tmp_path):
+    def port(device, number, rate, state="4: ACTIVE"):
+        base = tmp_path / "sys/class/infiniband" / device / "ports" / number
+        base.mkdir(parents=True)
+        (base / "rate").write_text(rate + "\n")
+        (base / "state").write_text(state + "\n")
+    port("mlx5_0", "1", "200 Gb/sec (4X HDR)")
+    port("mlx5_1", "1", "200 Gb/sec (4X HDR)")
+    port("mlx5_2", "1", "100 Gb/sec (4X EDR)", state="1: DOWN")
+    port("mlx5_bond_0", "1", "100 Gb/sec (4X EDR)")
+    root = str(tmp_path)
+    assert node_link_gbits({}, root) == 500.0
+    assert node_link_gbits({"NCCL_IB_HCA": "mlx5_bond_0"}, root) == 100.0
+    assert node_link_gbits({"NCCL_IB_HCA": "=mlx5_0,mlx5_1:1"}, root) == 400.0
+    assert node_link_gbits({"NCCL_IB_HCA": "^mlx5_bond"}, root) == 400.0
+    assert node_link_gbits({"NCCL_IB_DISABLE": "1"}, root) is None
+    assert node_link_gbits({}, str(tmp_path / "no-rdma")) is None
+    assert nccl_hca_selects("mlx5", "mlx5_3", "1") and not nccl_hca_selects("=mlx5", "mlx5_3", "1")

@@ -30,9 +30,14 @@ def test_the_ethernet_head_announces_its_routable_address():
     assert "head node master-node (first of SLURM_STEP_NODELIST) = 192.168.20.15" in plan_for(six_node_ethernet(0)).announcement
 
 
-def test_runai_master_pod_announces_and_workers_do_not():
+def test_runai_master_pod_announces_the_rendezvous_and_a_worker_pod_what_it_joins():
+    # A pod has a log of its own (`runai logs`, `kubectl logs POD`), and the trainer prints from rank 0
+    # alone: a worker pod's log says what its workers are doing, once, before they start.
     assert plan_for(runai(0)).announcement.startswith("ddp-launch: 2 pods: rendezvous host")
-    assert plan_for(runai(1)).announcement is None
+    assert plan_for(runai(1), "--log-dir", "/runs/r/logs").announcement == (
+        "ddp-launch: pod 1 of 2 joins the rendezvous (rendezvous host 10.96.0.10 (MASTER_ADDR) = 10.96.0.10, "
+        "port 23456) with 4 worker(s); the progress is printed by rank 0 alone, in the log of the pod that hosts "
+        "the rendezvous; its workers log to /runs/r/logs/pod1")
 
 
 def test_the_line_is_printed_before_exec_and_not_in_the_dry_run(monkeypatch, capsys):

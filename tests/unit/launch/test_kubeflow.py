@@ -35,6 +35,15 @@ def test_runai_worker_pod_joins_and_pod_level_ranks_are_removed():
     assert "RANK" not in plan.environment(runai(1)) and "WORLD_SIZE" not in plan.environment(runai(1))
 
 
+@pytest.mark.parametrize("env", [kubeflow_v1(1), trainer_v2(1)], ids=["pytorchjob", "trainjob"])
+def test_the_operators_pod_rank_does_not_reach_torchrun_which_would_warn_of_it(env):
+    # torchrun reads PET_NODE_RANK as --node-rank and warns "node_rank is only used for static rdzv_backend"
+    # in every pod but rank 0's; the c10d rendezvous numbers the pods itself.
+    plan = plan_for(env)
+    assert "PET_NODE_RANK" not in plan.environment(env) and "--rdzv-backend=c10d" in plan.argv
+    assert not any(word.startswith("--node-rank") for word in plan.argv)
+
+
 def test_kubeflow_v1_resolves_the_master_service_name():
     plan = plan_for(kubeflow_v1(1))
     assert "--rdzv-endpoint=10.96.0.10:23456" in plan.argv
@@ -46,7 +55,8 @@ def test_trainer_v2_uses_pet_variables_only():
     plan = plan_for(trainer_v2(0))
     assert {"--nnodes=2", "--nproc-per-node=4", "--rdzv-endpoint=10.96.0.20:29400",
             "--rdzv-conf=is_host=true,read_timeout=300"} <= set(plan.argv)
-    assert not [c for c in plan.changes if c.value is None]  # nothing pod-level to remove
+    # Nothing pod-level to remove but the pod's rank, which torchrun would take for a static rendezvous's.
+    assert [c.name for c in plan.changes if c.value is None] == ["PET_NODE_RANK"]
 
 
 def test_v1_master_with_localhost_address_is_fine_on_rank_zero():
@@ -154,7 +164,9 @@ def test_an_elastic_worker_pod_without_a_rank_joins_the_endpoints_rendezvous():
         "--rdzv-id=elastic-job-worker-0", "--rdzv-conf=is_host=false,read_timeout=300", "--nproc-per-node=1")
     assert "--max-restarts=100" in plan.argv and plan.nodes == 4
     assert plan.notes[0] == "pod elastic-job-worker-2 of 2:4 (elastic: torchrun's rendezvous numbers the pods)"
-    assert plan.announcement is None
+    assert plan.announcement.startswith("ddp-launch: pod elastic-job-worker-2 of 2:4 (elastic: torchrun's rendezvous "
+                                        "numbers the pods) joins the rendezvous (rendezvous host elastic-job-worker-0 "
+                                        "(PET_RDZV_ENDPOINT) = 10.96.0.30, port 23456) with 1 worker(s)")
 
 
 def test_the_pod_the_endpoint_names_hosts_the_rendezvous_and_announces_it():

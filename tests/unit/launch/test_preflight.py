@@ -9,6 +9,7 @@ twin runs them for real (tests/e2e/test_twin_rcp.py).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -111,9 +112,64 @@ def test_waiting_for_the_other_pods_reports_ends_when_all_are_in_or_at_the_deadl
         if now[0] >= 3:
             (tmp_path / "doctor-b.json").write_text(PASS)
 
-    assert sorted(preflight.wait_for_reports(tmp_path, 2, 60, lambda: now[0], sleep)) == ["a", "b"] and now[0] == 3
+    assert sorted(preflight.wait_for_reports(tmp_path, 2, 60, None, lambda: now[0], sleep).fresh) == ["a", "b"]
+    assert now[0] == 3
     now[0] = 0.0
-    assert sorted(preflight.wait_for_reports(tmp_path, 3, 10, lambda: now[0], sleep)) == ["a", "b"] and now[0] == 10
+    assert sorted(preflight.wait_for_reports(tmp_path, 3, 10, None, lambda: now[0], sleep).fresh) == ["a", "b"]
+    assert now[0] == 10
+
+
+def age(path: Path, seconds: float) -> None:
+    """Set path's mtime seconds before now (the claim's clock sets it; here this machine's)."""
+    stat = path.stat()
+    os.utime(path, (stat.st_atime, stat.st_mtime - seconds))
+
+
+def test_a_report_older_than_the_attempt_is_not_judged_and_its_pod_is_waited_for(tmp_path):
+    # b's container failed an hour ago and is restarting more slowly than a's: its report on the claim
+    # is the failing one of the earlier attempt. a waits for b's new report instead of naming b.
+    (tmp_path / "doctor-a.json").write_text(PASS)
+    (tmp_path / "doctor-b.json").write_text(NO_GPU)
+    age(tmp_path / "doctor-b.json", 3600)
+    since = preflight.fresh_since((tmp_path / "doctor-a.json").stat().st_mtime, 600)
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+        if now[0] >= 5:
+            (tmp_path / "doctor-b.json").write_text(PASS)  # b's doctor of this attempt
+
+    found = preflight.wait_for_reports(tmp_path, 2, 600, since, lambda: now[0], sleep)
+    assert sorted(found.fresh) == ["a", "b"] and found.fresh["b"] == PASS and now[0] == 5
+    assert preflight.doctor_verdict({pod: doctor_failures(text) for pod, text in found.fresh.items()}, 2,
+                                    found.earlier).code == 0
+
+
+def test_a_report_the_pods_could_still_be_waiting_for_is_this_attempts(tmp_path):
+    # Written 10 minutes before this pod's: its pod waits the launch's join timeout (20 minutes) for this one.
+    (tmp_path / "doctor-a.json").write_text(PASS)
+    (tmp_path / "doctor-b.json").write_text(NO_GPU)
+    age(tmp_path / "doctor-b.json", 600)
+    since = preflight.fresh_since((tmp_path / "doctor-a.json").stat().st_mtime, 1200)
+    found = preflight.read_reports(tmp_path, since)
+    assert sorted(found.fresh) == ["a", "b"] and found.earlier == ()
+
+
+def test_an_earlier_attempts_report_never_replaced_is_said_and_names_no_pod(tmp_path):
+    (tmp_path / "doctor-a.json").write_text(PASS)
+    (tmp_path / "doctor-b.json").write_text(NO_GPU)
+    age(tmp_path / "doctor-b.json", 3600)
+    since = preflight.fresh_since((tmp_path / "doctor-a.json").stat().st_mtime, 600)
+    now = [0.0]
+    found = preflight.wait_for_reports(tmp_path, 2, 600, since, lambda: now[0],
+                                       lambda seconds: now.__setitem__(0, now[0] + seconds))
+    assert found.fresh.keys() == {"a"} and found.earlier == ("b",) and now[0] == 600
+    verdict = preflight.doctor_verdict({pod: doctor_failures(text) for pod, text in found.fresh.items()}, 2,
+                                       found.earlier)
+    assert verdict.code == 0 and not any("bad pod" in line for line in verdict.lines)
+    assert verdict.lines[0] == ("preflight: the doctor report of pod b is an earlier attempt's (written longer before "
+                                "this pod's than the pods wait for each other), and none of this attempt's came in "
+                                "time: not judged")
 
 
 # -- the whole command, its children recorded ---------------------------------------------------
@@ -180,6 +236,23 @@ def test_every_pod_passing_runs_the_gate_on_its_own_port_then_execs_the_training
     assert "preflight: ddp-launch doctor passed in every pod (2)" in err and "the fabric gate passed" in err
 
 
+def test_an_hour_old_failing_report_of_another_pod_does_not_stop_a_restarted_pod(pod, capsys, monkeypatch):
+    # The scenario of a restart: the worker pod failed an attempt ago and its report is still on the claim;
+    # the master's container restarted first. It waits for the worker's new report, which passes.
+    run_dir, argv, execs, reports = pod
+    stale = reports / "doctor-ddp-train-worker-0.json"
+    stale.write_text(NO_GPU)
+    age(stale, 3600)
+
+    def worker_reports(seconds):
+        stale.write_text(PASS)
+
+    monkeypatch.setattr(preflight.time, "sleep", worker_reports)
+    assert run(argv, POD_ENV, RecordedChildren(PASS)) == 127 and len(execs) == 1
+    err = capsys.readouterr().err
+    assert "bad pod" not in err and "preflight: ddp-launch doctor passed in every pod (2)" in err
+
+
 def test_a_bad_pod_stops_every_pod_before_the_gate_and_the_training(pod, capsys):
     run_dir, argv, execs, reports = pod
     (reports / "doctor-ddp-train-worker-0.json").write_text(NO_GPU)
@@ -227,6 +300,71 @@ def test_the_skips_and_a_launch_that_is_not_a_pods(pod):
     slurm = [*argv[:argv.index("--") + 1], "--mode", "local"]
     with pytest.raises(LaunchError, match=r"^ddp-launch preflight runs in a RunAI/Kubeflow pod"):
         run(slurm, POD_ENV, children)
+
+
+# Kubeflow's elastic PyTorchJob (elasticPolicy minReplicas 1, maxReplicas 2): worker-0 hosts the rendezvous
+# (PET_RDZV_ENDPOINT, at 10.96.0.30 in the fake name table), this pod is worker-1, scaled up or restarted
+# while worker-0 trains.
+ELASTIC_ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "PET_NNODES": "1:2", "PET_RDZV_BACKEND": "c10d",
+               "PET_RDZV_ENDPOINT": "elastic-job-worker-0:29533", "RUNAI_NUM_OF_GPUS": "0", "RUNAI_JOB_NAME": "ddp-train",
+               "RUNAI_JOB_UUID": "6fb7f0fa"}
+
+
+def run_elastic(argv, env, children, answers, hostname="elastic-job-worker-1"):
+    """preflight.run for an elastic pod; answers: the ports of the rendezvous host that accept, in each
+    round of asking (the gate's port, then the training's)."""
+    launch = argv[argv.index("--") + 1:]
+    asked = []
+
+    def connect(address, port):
+        asked.append((address, port))
+        accepting = answers[0] if answers else ()
+        if port == 29533 and answers:
+            answers.pop(0)  # the round's last question
+        return port in accepting
+
+    code = preflight.run(argv, env, children, probe=lambda q: facts_for(env, *launch, hostname=hostname),
+                         connect=connect)
+    return code, asked
+
+
+def test_a_late_elastic_pod_runs_no_gate_and_joins_the_training(pod, capsys, monkeypatch):
+    run_dir, argv, execs, _ = pod
+    children = RecordedChildren(PASS)
+    monkeypatch.setattr(preflight.time, "sleep", lambda seconds: None)
+    # The host is between its gate and its training at first (nothing answers), then trains.
+    code, asked = run_elastic(argv, ELASTIC_ENV, children, [(), (29533,)])
+    assert code == 127 and len(execs) == 1  # the training's launch, exec'd
+    assert all("ddp_train.gate" not in a for a in children.argvs) and len(children.argvs) == 1  # doctor only
+    assert asked == [("10.96.0.30", 29534), ("10.96.0.30", 29533), ("10.96.0.30", 29534), ("10.96.0.30", 29533)]
+    err = capsys.readouterr().err
+    assert err.count("preflight: waiting for the rendezvous host 10.96.0.30 to open the fabric gate's rendezvous "
+                     "(port 29534) or the training's (port 29533), at most 600 s") == 1
+    assert ("preflight: pod elastic-job-worker-1 joins the elastic job ddp-train/6fb7f0fa late: its pods already train "
+            "(the training's rendezvous at 10.96.0.30:29533 answers, the fabric gate's at port 29534 is gone), so "
+            "this pod runs no gate") in err
+
+
+def test_an_elastic_pod_that_finds_the_gates_rendezvous_open_joins_the_gate(pod, monkeypatch):
+    run_dir, argv, execs, _ = pod
+    children = RecordedChildren(PASS)
+    code, asked = run_elastic(argv, ELASTIC_ENV, children, [(29534, 29533)])
+    assert code == 127 and any("ddp_train.gate" in a for a in children.argvs) and asked == [("10.96.0.30", 29534)]
+
+
+def test_the_elastic_rendezvous_host_asks_no_one(pod):
+    run_dir, argv, execs, _ = pod
+    children = RecordedChildren(PASS)
+    code, asked = run_elastic(argv, ELASTIC_ENV, children, [(29533,)], hostname="elastic-job-worker-0")
+    assert code == 127 and asked == [] and any("ddp_train.gate" in a for a in children.argvs)
+
+
+def test_a_static_jobs_pod_asks_no_one(pod):
+    run_dir, argv, execs, reports = pod
+    (reports / "doctor-ddp-train-worker-0.json").write_text(PASS)
+    children = RecordedChildren(PASS)
+    code, asked = run_elastic(argv, POD_ENV, children, [(29533,)], hostname="ddp-train-master-0")
+    assert code == 127 and asked == [] and any("ddp_train.gate" in a for a in children.argvs)
 
 
 def test_ddp_launch_has_the_preflight_subcommand_and_its_missing_flags_are_one_line(capsys):
