@@ -142,9 +142,10 @@ def doctor_failures(text: str) -> Optional[Tuple[Failed, ...]]:
 KNOWN_ISSUE_PREFIX = "known issue "
 
 
-def known_issue_warnings(texts: Mapping[str, str]) -> List[str]:
+def known_issue_warnings(texts: Mapping[str, str], what: str = "node") -> List[str]:
     """One line per known problem the doctor WARNs about (a slowdown, or a hang that needs a condition no
-    version shows), with the nodes that match it: these train, and the job output must say so."""
+    version shows), with the nodes (what: "pod" in a pod's preflight) that match it: these train, and the
+    job output must say so."""
     nodes: Dict[Tuple[str, str, str], List[str]] = {}
     for path, text in sorted(texts.items()):
         try:
@@ -157,7 +158,7 @@ def known_issue_warnings(texts: Mapping[str, str]) -> List[str]:
                 key = (str(check["name"]), str(check.get("detail")), str(check.get("fix") or ""))
                 nodes.setdefault(key, []).append(doctor_node(path))
     return ["preflight: warning: {} on {}: {}{}".format(
-        name, "node " + found[0] if len(found) == 1 else "nodes " + ", ".join(found), detail,
+        name, what + " " + found[0] if len(found) == 1 else what + "s " + ", ".join(found), detail,
         "; fix: " + fix if fix else "") for (name, detail, fix), found in nodes.items()]
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE, HARDWARE_CHECKS, JOB_ID_VAR, rundir_lock
-from ddp_contract.quarantine import Failed, doctor_failures, named_by_gate
+from ddp_contract.quarantine import Failed, doctor_failures, known_issue_warnings, named_by_gate
 from ddp_launch import planner
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.defaults import read_fabric_data
@@ -320,7 +320,9 @@ def doctor_everywhere(pod: PodLaunch, run_dir: str, data_dir: str, site: str | N
         found = Reports({pod.pod: done.stdout})
     verdict = doctor_verdict({name: doctor_failures(text) for name, text in found.fresh.items()}, pod.pods,
                              found.earlier)
-    return replace(verdict, lines=(*verdict.lines, f"preflight: the reports are in {directory}"))
+    # A known slowdown of a pod's stack trains, said here as the SLURM preflight says it (quarantine add).
+    warned = known_issue_warnings(found.fresh, what="pod")
+    return replace(verdict, lines=(*warned, *verdict.lines, f"preflight: the reports are in {directory}"))
 
 
 def gate_across_pods(pod: PodLaunch, run_dir: str, site: str | None, children: Children) -> Verdict:

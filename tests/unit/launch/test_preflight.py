@@ -253,6 +253,22 @@ def test_an_hour_old_failing_report_of_another_pod_does_not_stop_a_restarted_pod
     assert "bad pod" not in err and "preflight: ddp-launch doctor passed in every pod (2)" in err
 
 
+def test_a_known_slowdown_of_a_pods_stack_trains_and_is_said_with_its_pods(pod, capsys):
+    # The doctor's WARN for a known issue (ddp_contract.known_issues): the pods train, and every pod's log
+    # says which pods have it, as a SLURM job's preflight does (ddp_contract.quarantine, known_issue_warnings).
+    run_dir, argv, execs, reports = pod
+    slow = render_json([Check("launch plan", OK, "kubeflow on 2 node(s)"),
+                        Check("known issue nccl-2.26-gh200-c2c", WARN, "NCCL 2.26.6 on GH200: C2C GDR off",
+                              "set NCCL_NET_GDR_C2C=1")])
+    (reports / "doctor-ddp-train-worker-0.json").write_text(slow)
+
+    assert run(argv, POD_ENV, RecordedChildren(slow)) == 127 and len(execs) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert ("preflight: warning: known issue nccl-2.26-gh200-c2c on pods ddp-train-master-0, ddp-train-worker-0: "
+            "NCCL 2.26.6 on GH200: C2C GDR off; fix: set NCCL_NET_GDR_C2C=1") in err
+    assert "preflight: ddp-launch doctor passed in every pod (2)" in err
+
+
 def test_a_bad_pod_stops_every_pod_before_the_gate_and_the_training(pod, capsys):
     run_dir, argv, execs, reports = pod
     (reports / "doctor-ddp-train-worker-0.json").write_text(NO_GPU)
