@@ -483,7 +483,8 @@ def consult(env: Mapping[str, str], forensics: str, node: str, own_pids: Iterabl
     except ValueError as error:
         return Consulted(f"NCCL RAS at {answer.address} answered, but {error}{where}", saved)
     own = set(own_pids)
-    if own and verdict.pids and not own & verdict.pids:
+    # Only the JSON names every rank's process; the text names outliers only, often on other nodes.
+    if verdict.format == "json" and own and verdict.pids and not own & verdict.pids:
         return Consulted(f"NCCL RAS at {answer.address} answered for another job (none of the processes it "
                          f"names is a worker of {node}): ignored; where jobs share a node, give each its own "
                          f"{ADDR_VAR} (NCCL's environment documentation){where}", saved)

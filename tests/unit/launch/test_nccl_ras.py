@@ -171,6 +171,14 @@ def test_another_jobs_ras_on_a_shared_node_is_not_taken_for_ours(ras, tmp_path):
     assert "answered for another job (none of the processes it names is a worker of node2): ignored" in said.line
 
 
+def test_a_text_report_naming_only_another_nodes_ranks_is_still_this_jobs(ras, tmp_path):
+    # The text names only outliers: here rank 3's process on the other node, none of node1's workers.
+    server = ras(job("2.27.7"))
+    said = nccl_ras.consult(env_for(server), str(tmp_path), "node1", [4000, 4001], [], 5)
+    assert said.line.startswith("NCCL RAS (NCCL 2.27.7, 1 communicator(s); a text report: JSON needs NCCL 2.28.7): "
+                                "rank(s) 3 missing (process 4003 on 10.0.0.2)"), said.line
+
+
 def test_something_else_on_the_port_is_not_read_as_a_report(tmp_path):
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
