@@ -238,6 +238,11 @@ ddp::require_image() {
     local -r target="$(ddp::image_target "${image}")" dir="$(dirname -- "${image}")"
     local where=""
     [ "${dir}" -ef "${DDP_REPO}" ] || where=" SIF_DIR=${dir}"
+    if [ "${target}" = build-lumi ]; then
+        # LUMI allows no fakeroot, so `make build-lumi` cannot run there: "building containers on LUMI
+        # is, unfortunately, not in general possible" (https://docs.lumi-supercomputer.eu/software/containers/singularity/).
+        ddp::err "image ${image} not found: LUMI allows no fakeroot, so the LUMI image is built elsewhere: run 'make build-lumi' in a checkout on a machine with Apptainer 1.3 or newer (containers/README.md) and copy train-lumi-x86_64.sif to ${dir}, or set DDP_IMAGE"
+    fi
     if [ -n "${target}" ]; then
         ddp::err "image ${image} not found: build it in the checkout (make ${target}${where}; containers/README.md) or set DDP_IMAGE"
     fi
