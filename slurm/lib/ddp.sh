@@ -57,7 +57,8 @@ readonly DDP_STOP_REQUEST_FILE=.ddp-stop-request
 readonly DDP_STEP_IDS_FILE=.ddp-step-ids
 # ddp_contract.ROLL_CALL_REPORT: in the run dir, the nodes a failed collective's roll call found gone.
 readonly DDP_ROLL_CALL_REPORT=roll-call.json
-# ddp_contract.LAUNCHER_CRASH_REPORT: a node's ddp-launch saw its workers crash (the node is up).
+# ddp_contract.LAUNCHER_CRASH_REPORT: a node's ddp-launch ended the step, its workers killed or on a line of
+# its own (the node is up; ddp_contract.launcher_reports).
 readonly DDP_LAUNCHER_CRASH_REPORTS='launcher-crash-*.json'
 
 ddp::log() {
@@ -534,7 +535,8 @@ ddp::gate() {
         ddp::log "fabric gate skipped (DDP_FABRIC_GATE=0)"
         return 0
     fi
-    rm -f "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt"
+    # shellcheck disable=SC2086 # the launchers' reports' glob: the gate's step starts without an earlier step's
+    rm -f "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt" "${DDP_RUN_DIR}"/${DDP_LAUNCHER_CRASH_REPORTS}
     local -r started="${SECONDS}"
     local status=0
     ddp::launch_step "${mode}" gate --module ddp_train.gate \
