@@ -836,6 +836,19 @@ ddp::step_nodes() {
     esac
 }
 
+# Whether NODE's slurmd still answers, by a step of `true` on it alone, within DDP_NODE_PROBE_S
+# (default 20). A lost node's slurmd is gone with it (killed, or off the network): srun cannot launch
+# there ("Task launch ... failed on node ...: Communication connection failure"), or, once slurmctld
+# has marked the node DOWN and --no-kill removed it from the job, cannot create the step. The
+# survivors' part of the failed step may still hold its resources: --overlap, as ddp::placement.
+#   ddp::slurmd_answers NODE
+ddp::slurmd_answers() {
+    local -r node="$1"
+    ddp::take_step_id
+    timeout --kill-after=5 "${DDP_NODE_PROBE_S:-20}" \
+        srun --overlap --nodes=1 --ntasks=1 --nodelist="${node}" --time=1 --quiet true >/dev/null 2>&1
+}
+
 # After a failed training step whose roll call named the lost node(s) (<run-dir>/roll-call.json,
 # src/ddp_train/safety/peers.py): they go into the quarantine record, and a spare takes each one's place
 # (return 0: train again). A lost node is a bad node: with no spare (DDP_SPARE_NODES=0, or all used up)
@@ -843,18 +856,30 @@ ddp::step_nodes() {
 # (return 76, ddp::maybe_requeue, within DDP_MAX_REQUEUES). The scripts' --no-kill keeps slurmctld from
 # ending the job as NODE_FAIL (and requeueing it onto the same node where it is not marked DOWN yet), so
 # this is where a lost node's requeue happens; its late kills are harmless (ddp::skip_used_step_ids).
-# A report that names no node is a crash: return 1; so is one whose silent node's own ddp-launch wrote
-# that its workers crashed (launcher-crash-<node>.json): every worker of a live node killed at once. The seconds from the fault to training again are
-# the trainer's to say (DDP_RECOVERY).
-#   ddp::replace_lost_node STEP_ENDED_AT
+# A node is lost only if its slurmd no longer answers (ddp::slurmd_answers): every rank of a live node
+# also falls silent when its launcher is killed (the OOM killer: its workers die with it), in task mode
+# when all its tasks are, or when its launcher stopped on a usage error. So is one whose own ddp-launch
+# wrote that it ended the step (launcher-crash-<node>.json). Such a node is kept, and the step's
+# failure is the job's: its own status (137 for a killed launcher, 2 for a usage error), never a
+# requeue. The seconds from the fault to training again are the trainer's to say (DDP_RECOVERY).
+#   ddp::replace_lost_node STEP_ENDED_AT STEP_STATUS
 ddp::replace_lost_node() {
-    local -r ended_at="$1" report="${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
-    local status=0
+    local -r ended_at="$1" step_status="$2" report="${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
+    local status=0 node
+    local -a up=()
+    while IFS= read -r node; do
+        if [ -n "${node}" ] && ddp::slurmd_answers "${node}"; then
+            up+=(--up "${node}")
+        fi
+    done < <(ddp::on_host ddp_contract.quarantine lost "${report}")
     ddp::on_host ddp_contract.quarantine add --by roll-call --job "${SLURM_JOB_ID:-local}" \
-        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${report}" >&2 || status=$?
+        --restart "${SLURM_RESTART_COUNT:-0}" "${up[@]}" "${DDP_RUN_DIR}" "${report}" >&2 || status=$?
     if [ "${status}" -ne "${DDP_EXIT_BAD_NODE}" ]; then  # 76: a node new to the record
-        ddp::log "the failed step's roll call named no node to exclude (${report}): exit 1"
-        return 1
+        # A status that would requeue (75, 76) is not this step's own to give: a crash then.
+        status="${step_status}"
+        [ "${status}" -ne "${DDP_EXIT_REQUEUE}" ] && [ "${status}" -ne "${DDP_EXIT_BAD_NODE}" ] || status=1
+        ddp::log "the failed step's roll call named no node to exclude (${report}): exit ${status}"
+        return "${status}"
     fi
     if [ "${DDP_SPARE_NODES:-0}" = 0 ]; then
         ddp::log "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): requeuing without it, to resume from the last checkpoint (exit ${DDP_EXIT_BAD_NODE})"
@@ -891,7 +916,7 @@ ddp::train_with_spares() {
             return "${status}"
         fi
         ddp::monitor_stop later
-        ddp::replace_lost_node "${ended_at}" || return "$?"
+        ddp::replace_lost_node "${ended_at}" "${status}" || return "$?"
     done
 }
 
