@@ -969,7 +969,18 @@ ddp::run_job() {
     if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
         ddp::log "not requeued: bad node(s) named above (exit ${status}); the run dir keeps the checkpoint and the quarantine record"
     elif [ "${status}" -ne 0 ]; then
-        ddp::log "job failed with exit status ${status}; per-rank logs are in ${DDP_RUN_DIR}/logs"
+        ddp::log "job failed with exit status ${status}$(ddp::exit_meaning "${status}"); per-rank logs are in ${DDP_RUN_DIR}/logs"
     fi
     exit "${status}"
+}
+
+# What an exit status above 128 says: srun's code for a task killed by signal N is 128 + N (the
+# status a shell gives a process killed by a signal, bash(1), EXIT STATUS). Printed after the status,
+# with the cause and where to read more (docs/troubleshooting.md); nothing for the others.
+#   ddp::exit_meaning STATUS
+ddp::exit_meaning() {
+    case "$1" in
+        135) printf ' (128 + SIGBUS: the image went away under the tasks: unprivileged Apptainer serves it through a squashfuse_ll process in the step, which a signal to every process of the step ends, the time limit'"'"'s TERM or scancel --signal without --batch; export APPTAINER_UNSQUASH=1 before sbatch where that happens; docs/troubleshooting.md, "Exit 135 or 137")' ;;
+        137) printf ' (128 + SIGKILL: a task was killed: srun ends the tasks still running DDP_STEP_WAIT=%s s after the first one ended, a hung rank among them, or the OOM killer or a kill -9 took a launcher on a live node; see the lines above and docs/troubleshooting.md, "Exit 135 or 137")' "${DDP_STEP_WAIT:-30}" ;;
+    esac
 }
