@@ -52,7 +52,7 @@ def _workers_on(cluster: Cluster, node: str) -> list[str]:
             if b"ddp_launch.worker" in cmdline and b"ddp_launch.agent" not in cmdline]
 
 
-def test_workers_die_with_their_launcher_when_it_is_killed(cluster, job_env, tmp_path):
+def test_workers_die_with_their_launcher_when_it_is_killed_and_the_live_node_is_kept(cluster, job_env, tmp_path):
     # SIGKILL cannot be caught: only PR_SET_PDEATHSIG (prctl(2)) stops the workers of a
     # launcher the OOM killer or a `kill -9` took, instead of orphans writing the run dir.
     # DDP_STEP_WAIT: srun would end the step 120 s after the first task; the workers must not
@@ -70,7 +70,16 @@ def test_workers_die_with_their_launcher_when_it_is_killed(cluster, job_env, tmp
     killed_at = time.monotonic()
     cluster.wait_for_file(run_dir, 30, predicate=lambda _: not _workers_on(cluster, "node2"))
     print(f"node2's workers were gone {time.monotonic() - killed_at:.1f} s after their launcher was killed")
-    cluster.run(["scancel", job_id], timeout=30)
+
+    # node1's ranks find node2's silent and their roll call names it, as it would a lost node; but
+    # node2's slurmd answers, so the job script keeps it: a crash (srun's 137 for the killed task),
+    # not a lost node's requeue without a healthy node (a seeded soak showed that requeue).
+    job = cluster.wait(job_id, timeout=240)
+    output = job.output()
+    assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("FAILED", "137:0", "0"), output
+    assert "node2 is up: its slurmd answered after the step failed" in output, output
+    assert "excluded node2" not in output and not (run_dir / "quarantine.json").exists()
+    assert "ddp: job failed with exit status 137 (128 + SIGKILL: a task was killed" in output, output
 
 
 def test_killed_workers_on_one_node_fail_the_job_quickly_naming_the_rank(cluster, job_env, tmp_path):
