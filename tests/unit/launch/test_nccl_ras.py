@@ -157,8 +157,8 @@ def test_nothing_listening_is_one_line_that_says_what_that_can_mean(tmp_path):
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     started = time.monotonic()
-    said = nccl_ras.consult({"NCCL_RAS_ADDR": f"127.0.0.1:{port}"}, str(tmp_path), "n", [1], [0], 5)
-    assert time.monotonic() - started < 2
+    said = nccl_ras.consult({"NCCL_RAS_ADDR": f"127.0.0.1:{port}"}, str(tmp_path), "n", [1], [0], 30)
+    assert time.monotonic() - started < 10  # refused at once: not the 30 s budget
     assert said.line == (f"NCCL RAS: nothing listens on 127.0.0.1:{port} (NCCL older than 2.24, NCCL_RAS_ENABLE=0, "
                          "another NCCL_RAS_ADDR, or no NCCL in these workers): no verdict from NCCL")
 
@@ -206,13 +206,13 @@ def test_a_report_that_never_ends_is_given_up_on_within_the_budget(tmp_path):
                 conn.recv(100)
                 conn.sendall(b"SERVER PROTOCOL 2\n" if _ == 0 else b"OK\n")
             conn.recv(100)
-            time.sleep(10)  # STATUS, and nothing more
+            time.sleep(60)  # STATUS, and nothing more
             conn.close()
         threading.Thread(target=stuck, daemon=True).start()
         started = time.monotonic()
         with pytest.raises(nccl_ras.Unanswered, match="did not finish its report within 2 s"):
             nccl_ras.query("127.0.0.1", listener.getsockname()[1], 2)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 20  # the budget, give or take a loaded machine: not the 60 s
 
 
 @pytest.mark.parametrize("value, expected", [("", ("localhost", 28028)), ("localhost:12345", ("localhost", 12345)),
