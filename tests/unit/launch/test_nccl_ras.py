@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from stand_ins import nccl_ras as stand_in
 
-from ddp_launch import nccl_ras
+from ddp_launch import nccl_ras, nccl_ras_report
 
 DATA = Path(__file__).parent / "data" / "nccl-ras"
 
@@ -60,7 +60,7 @@ def test_json_is_asked_for_and_text_taken_where_the_nccl_is_older_than_2_28_7(ra
 def test_every_version_names_the_missing_rank_and_the_one_behind_with_their_node(ras, version):
     server = ras(job(version))
     answer = nccl_ras.query("127.0.0.1", server.server_address[1], 5)
-    verdict = nccl_ras.read(answer)
+    verdict = nccl_ras_report.read(answer.format, answer.text)
     assert [m.rank for m in verdict.missing] == [3]
     assert not verdict.healthy and "10.0.0.2" in verdict.hosts()
     [gap] = verdict.gaps
@@ -81,14 +81,15 @@ def test_the_missing_comma_of_nccl_2_28_7_to_2_28_9_is_mended(ras):
     text = stand_in.render_json(job("2.28.9"))
     with pytest.raises(json.JSONDecodeError):
         json.loads(text)
-    verdict = nccl_ras.read_json(text)
+    verdict = nccl_ras_report.read_json(text)
     assert [(m.rank, m.host, m.pid) for m in verdict.missing] == [(3, "10.0.0.2", 4003)]
 
 
 def test_a_ras_that_says_ok_while_ranks_hang_is_said_to_say_ok_and_the_watchdog_stands(ras):
     # NVIDIA/nccl#1730: every rank present, counts equal, and PyTorch's collective timed out.
     server = ras(job("2.29.2", missing=False, behind=False))
-    verdict = nccl_ras.read(nccl_ras.query("127.0.0.1", server.server_address[1], 5))
+    answer = nccl_ras.query("127.0.0.1", server.server_address[1], 5)
+    verdict = nccl_ras_report.read(answer.format, answer.text)
     assert verdict.healthy
     line = nccl_ras.verdict_line(verdict, [3])
     assert "every rank present and every collective count equal while rank(s) 3 stopped advancing" in line
@@ -96,15 +97,13 @@ def test_a_ras_that_says_ok_while_ranks_hang_is_said_to_say_ok_and_the_watchdog_
 
 
 def test_the_ok_report_of_issue_1730_reads_as_healthy():
-    verdict = nccl_ras.read(nccl_ras.Answer("x", "text", (DATA / "issue-1730-nccl-2.26.2-ok-during-a-timeout.txt")
-                                            .read_text()))
+    verdict = nccl_ras_report.read("text", (DATA / "issue-1730-nccl-2.26.2-ok-during-a-timeout.txt").read_text())
     assert (verdict.nccl_version, verdict.communicators, verdict.healthy) == ("2.26.2", 1, True)
 
 
 def test_counts_apart_where_nccl_names_only_the_ranks_ahead_say_so():
     # NVIDIA/nccl#1911: 30 ranks at 640 (not named: no outliers), ranks 12 and 13 at 641.
-    verdict = nccl_ras.read(nccl_ras.Answer("x", "text", (DATA / "issue-1911-nccl-2.26.2-allgather-counts-apart.txt")
-                                            .read_text()))
+    verdict = nccl_ras_report.read("text", (DATA / "issue-1911-nccl-2.26.2-allgather-counts-apart.txt").read_text())
     [gap] = verdict.gaps
     assert (gap.operation, gap.behind, [r.rank for r in gap.ahead]) == ("AllGather", (), [12, 13])
     line = nccl_ras.verdict_line(verdict, [])
@@ -112,8 +111,7 @@ def test_counts_apart_where_nccl_names_only_the_ranks_ahead_say_so():
 
 
 def test_the_user_guides_stopped_process_names_its_rank_and_node():
-    verdict = nccl_ras.read(nccl_ras.Answer("x", "text", (DATA / "ras-rst-incomplete-a-stopped-process.txt")
-                                            .read_text()))
+    verdict = nccl_ras_report.read("text", (DATA / "ras-rst-incomplete-a-stopped-process.txt").read_text())
     assert [m.rank for m in verdict.missing] == [21]
     assert [(p.host, p.pid, p.dead) for p in verdict.processes] == [("172.16.64.213", 3487984, False)]
     line = nccl_ras.verdict_line(verdict, [21])
@@ -121,8 +119,7 @@ def test_the_user_guides_stopped_process_names_its_rank_and_node():
 
 
 def test_the_user_guides_json_names_the_unresponsive_rank():
-    verdict = nccl_ras.read(nccl_ras.Answer("x", "json", (DATA / "ras-rst-nccl-2.29.1-json-a-missing-rank.json")
-                                            .read_text()))
+    verdict = nccl_ras_report.read("json", (DATA / "ras-rst-nccl-2.29.1-json-a-missing-rank.json").read_text())
     assert [(m.rank, m.host, m.pid, m.dead) for m in verdict.missing] == [(1, "172.16.64.245", 1524345, False)]
     assert verdict.pids == {1524344, 1524345}
 
@@ -131,7 +128,7 @@ def test_a_dead_process_is_said_to_be_dead():
     described = job("2.29.2")
     described["communicators"][0]["missing"][0]["dead"] = True
     for text, form in ((stand_in.render_json(described), "json"), (stand_in.render_text(described), "text")):
-        verdict = nccl_ras.read(nccl_ras.Answer("x", form, text))
+        verdict = nccl_ras_report.read(form, text)
         assert [(m.rank, m.dead) for m in verdict.missing] == [(3, True)], form
         assert "rank(s) 3 dead (process 4003 on 10.0.0.2)" in nccl_ras.verdict_line(verdict, [3])
 
