@@ -94,9 +94,13 @@ def test_lumi_twin_nodes_carry_four_nics_cxi_devices_gcds_and_standard_g(twin):
 
 
 def test_lumi_image_help_is_lumis_singularity_its_binds_variable_and_srun_options(twin, lumi_sif):
-    """`make build-lumi` fills gpu.def's %help from LUMI's profile (containers/image_help.py): run-help on a
-    LUMI node, with its singularity, shows the commands that work there, in the image the real build made."""
-    done = twin.node_exec("nid005001", ["singularity", "run-help", str(lumi_sif)], timeout=60)
+    """`make build-lumi` fills gpu.def's %help from LUMI's profile (containers/image_help.py): on a LUMI node,
+    the image the real build made shows the commands that work there. `run-help` prints the image's
+    /.singularity.d/runscript.help (Apptainer's cmd/internal/cli/help: /bin/cat of that file in the
+    container); here it is read with `singularity exec`, since the twin's singularity is Apptainer's, whose
+    run-help execs /usr/bin/apptainer, which a LUMI node (and so the twin) does not have."""
+    done = twin.as_user(["srun", "--partition=standard-g", "--nodes=1", "--ntasks=1", "singularity", "exec",
+                         str(lumi_sif), "cat", "/.singularity.d/runscript.help"], timeout=120)
     assert done.returncode == 0, done.stderr
     assert 'export SINGULARITY_BIND="$(PYTHONPATH="$REPO/entrypoints" python3 -m ddp_launch.binds --site lumi)"' \
         in done.stdout, done.stdout
