@@ -29,6 +29,7 @@
 #   DDP_MONITOR_INTERVAL  GPU sampling period in seconds (0 disables the sampler)
 #   DDP_MAX_REQUEUES      requeues after a stop signal or without a bad node, counted by SLURM_RESTART_COUNT (3)
 #   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
+#   DDP_NODE_PROBE_S      seconds a node the roll call names has to run a step of `true`, or be lost (20)
 #   DDP_PREFLIGHT         1 runs `ddp-launch doctor` on every node first (default), 0 skips it
 #   DDP_FABRIC_GATE       1 runs the fabric gate before training (default), 0 skips it
 #   DDP_TRAIN_NODES       N, the nodes the training runs on: each script's default is its #SBATCH --nodes
