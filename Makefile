@@ -58,7 +58,7 @@ sysdeps:
 lint: venv sysdeps
 	shellcheck slurm/*.sh slurm/lib/*.sh runai/*.sh tests/e2e/cluster/*.sh tests/e2e/cluster/twins/*.sh containers/*.sh tests/unit/doctor/data/gpu-health/bin/* tests/bats/stubs/*
 	cd entrypoints && $(abspath $(VENV))/bin/vermin --target=3.6- --violations --no-tips $$(grep -v '^#' host-modules.txt)
-	$(VENV)/bin/vermin --target=3.6- --violations --no-tips containers/base_image.py
+	$(VENV)/bin/vermin --target=3.6- --violations --no-tips containers/base_image.py containers/image_help.py
 
 test-bats: sysdeps
 	bats --recursive tests/bats
@@ -136,8 +136,12 @@ OLIVIA_ACCOUNT   ?= $(SBATCH_ACCOUNT)
 IMAGE_ARGS        = --build-arg VERSION=$(IMAGE_VERSION) --build-arg GIT_COMMIT=$(GIT_COMMIT)
 # One definition for every GPU image; its build arguments pick the target (see its header).
 GPU_DEF          := containers/gpu.def
-OLIVIA_ARGS      := --build-arg ARCH=arm64 --build-arg SITE=olivia
-LUMI_ARGS        := --build-arg ARCH=amd64 --build-arg SITE=lumi
+# An image's %help is its site's (runtime, binds variable, GPU flag, srun options), from the site
+# profile: `python3 containers/image_help.py SITE` prints those build arguments (the x86 image's, with
+# no site, are gpu.def's defaults). `=`, not `:=`: read when a build needs them.
+image_help        = $(or $(shell PYTHONPATH="$(CURDIR)/entrypoints" $(PYTHON) $(CURDIR)/containers/image_help.py $(1)),$(error containers/image_help.py $(1) printed nothing: see its error above))
+OLIVIA_ARGS       = --build-arg ARCH=arm64 --build-arg SITE=olivia $(call image_help,olivia)
+LUMI_ARGS         = --build-arg ARCH=amd64 --build-arg SITE=lumi $(call image_help,lumi)
 X86_ARGS         := --build-arg ARCH=amd64
 
 # Bases: the NGC image from its registry; the e2e tests swap in a local SIF

@@ -3,7 +3,7 @@
 spython's writer turns %runscript into a shell-form CMD, which drops the
 container's arguments; we swap it for an exec-form ENTRYPOINT so
 `docker run IMAGE --nodes 2` reaches ddp-launch, and run %test as a build step.
-Every %arguments name but BOOTSTRAP becomes an ARG whose default is the definition's
+Every %arguments name but BOOTSTRAP and %help's (HELP_*) becomes an ARG whose default is the definition's
 (or this script's --build-arg), so `docker build --build-arg` means what
 `apptainer build --build-arg` does; BASE_IMAGE is declared before FROM as well, so a
 test can build the same recipe on another base. %files become COPY, which Docker and
@@ -30,6 +30,8 @@ _SHELL_ONLY_EXPANSION = re.compile(r"\$\{\w+:[-+]")
 _DEFAULT_ONLY = re.compile(r'^ENV (?P<name>\w+)="?\$\{(?P=name):-(?P<value>.*)\}"?$')
 # How Apptainer gets the base (docker | localimage); Docker has only FROM.
 APPTAINER_ONLY_ARGUMENTS = ("BOOTSTRAP",)
+# What only %help reads (gpu.def's header): a Dockerfile has no help for them to fill in.
+HELP_ARGUMENTS = "HELP_"
 EXPECTED_RUNSCRIPT = 'exec ddp-launch "$@"'
 ENTRYPOINT = '["ddp-launch"]'
 DEFAULT_DEF = os.path.join("containers", "gpu.def")
@@ -46,7 +48,7 @@ def generate(def_path: str, build_args: Dict[str, str]) -> str:
         raise ValueError(f"{def_path}: no `From:` line in the header")
     base_image = base.group(1)
     defaults = {name: value for name, value in {**build_arguments(text), **build_args}.items()
-                if name not in APPTAINER_ONLY_ARGUMENTS}
+                if name not in APPTAINER_ONLY_ARGUMENTS and not name.startswith(HELP_ARGUMENTS)}
     rendered = render(text, {**build_args, **{name: "${%s}" % name for name in defaults}})
     # Each RUN fails the build on its own, so `set -e` (needed in %test) is dropped.
     test_lines = [

@@ -26,7 +26,9 @@
 # (https://docs.lumi-supercomputer.eu/software/containers/singularity/): DDP_CONTAINER_RUNTIME.
 # Submit from the repository root, with your project: sbatch --account=project_NNNNNNNNN
 #   slurm/lumi-multinode.sh [trainer flags...], e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win);
-# ddp-launch flags go in DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
+# ddp-launch flags go in DDP_LAUNCH_ARGS, e.g. DDP_LAUNCH_ARGS="--nccl-debug INFO" (RCCL's INFO lines in
+# each rank's log); with no torchrun here, --max-restarts does nothing: a crash ends the job, and a new
+# one on the same DDP_RUN_DIR resumes from its checkpoint. Every DDP_* setting: slurm/lib/ddp.sh.
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
 source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 

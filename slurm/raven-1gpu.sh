@@ -21,8 +21,10 @@
 # guide's GPU batch scripts (https://docs.mpcdf.mpg.de/doc/computing/raven-user-guide.html) and
 # MPCDF's tutorial (github.com/mvigl/MPCDF_tutorial, docs/09_quotas_and_partitions.md).
 # Submit from the repository root: sbatch slurm/raven-1gpu.sh [trainer flags...]
-# e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
-# DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
+# e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in DDP_LAUNCH_ARGS, e.g.
+# DDP_LAUNCH_ARGS="--nccl-debug INFO" (NCCL's INFO lines in each rank's log); with no torchrun here,
+# --max-restarts does nothing: a crash ends the job, and a new one on the same DDP_RUN_DIR resumes
+# from its checkpoint. Every DDP_* setting: slurm/lib/ddp.sh.
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
 source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 

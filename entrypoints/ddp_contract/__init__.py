@@ -54,9 +54,11 @@ HARDWARE_CHECKS = ("gpu health",)
 ROLL_CALL_REPORT = "roll-call.json"
 # In the run dir: written by a node's ddp-launch (its torchrun agent, ddp_launch/agent.py) when its own
 # workers were killed by a signal (not when they exited on their own: a node cut off the network
-# ends its ranks with exit 1). Every worker of a node killed at once is silent in the roll call as a lost node's
-# are, but a node whose launcher lived to say so is up: the quarantine reads these and leaves such a
-# node out (a crash, exit 1, not a lost node). The job script removes them before each training step.
+# ends its ranks with exit 1), or when it stopped the step with a line of its own (a usage error:
+# ddp_contract.launcher_reports, which the other nodes read to name it). Every worker of a node killed at
+# once is silent in the roll call as a lost node's are, but a node whose launcher lived to say so is up:
+# the quarantine reads these and leaves such a node out (a crash, not a lost node). The job script
+# removes them before each step.
 LAUNCHER_CRASH_REPORT = "launcher-crash-{node}.json"
 # Set by the job script for a training step that replaces nodes with spares (ddp_contract.spares):
 # JSON with the nodes swapped and the fault's times; the trainer records the recovery from it.

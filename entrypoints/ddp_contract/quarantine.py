@@ -3,12 +3,14 @@
 A node that the fabric gate (gate.json), the preflight (`ddp-launch doctor --json`, one
 report per node) or the trainer's roll call after a failed collective (roll-call.json: a node lost
 mid-run) names goes into <run-dir>/quarantine.json with why (a node the roll call found silent whose
-own launcher reported its workers' crash, launcher-crash-<node>.json, is up and stays out of it); the batch script trains on a spare
+own launcher reported its workers' crash, launcher-crash-<node>.json, or whose slurmd the batch script
+found answering, --up, is up and stays out of it); the batch script trains on a spare
 node instead (ddp_contract.spares) or requeues the job with those nodes in ExcNodeList. A check that
 fails on every node is the setup's, not a node's: `add` names nothing then, prints one line with
 the fix and exits 2; otherwise it also prints each known problem the doctor warns about (a slowdown
 of the node's stack: ddp_contract.known_issues), with the nodes that have it. Runs on the host's python3 (3.6 on SLES 15):
-    python3 -m ddp_contract.quarantine add --by gate|doctor|roll-call --job ID --restart N [--nodes N] RUN_DIR REPORT...
+    python3 -m ddp_contract.quarantine add --by gate|doctor|roll-call --job ID --restart N [--nodes N] [--up NODE]... RUN_DIR REPORT...
+    python3 -m ddp_contract.quarantine lost REPORT      (the nodes a roll call names, one a line)
     python3 -m ddp_contract.quarantine exclude RUN_DIR     (comma-separated nodes, for ExcNodeList)
     python3 -m ddp_contract.quarantine show RUN_DIR        (one line per excluded node and why)
     python3 -m ddp_contract.quarantine enough RUN_DIR NEED NODE...   (exit 1 with one line when short)
@@ -264,7 +266,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     add.add_argument("--job", default="?")
     add.add_argument("--restart", type=int, default=0)
     add.add_argument("--nodes", type=int, default=0, help="the job's node count (default: one per report)")
+    add.add_argument("--up", action="append", default=[], metavar="NODE",
+                     help="with --by roll-call: a node whose slurmd answered after the step: up, not lost")
     add.add_argument("reports", nargs="*")
+    sub.add_parser("lost").add_argument("report")
     for name in ("exclude", "show"):
         sub.add_parser(name).add_argument("run_dir")
     enough = sub.add_parser("enough")
@@ -275,6 +280,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command is None:
         parser.print_usage(sys.stderr)
         return EXIT_USAGE
+    if args.command == "lost":
+        texts = read_reports([args.report])
+        for text in texts.values():
+            try:
+                print("\n".join(sorted(named_by_roll_call(json.loads(text)))))
+            except ValueError:
+                pass
+        return 0
     known = read_record(args.run_dir)
     if args.command == "add":
         texts = read_reports(args.reports)
@@ -291,7 +304,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for node in up:
                 print("{} is up: its ddp-launch reported its workers' crash ({}): a crash, not a lost node".format(
                     node, LAUNCHER_CRASH_REPORT.format(node=node)))
-            named = [e for e in named if e.node not in up]
+            answered = [e.node for e in named if e.node in args.up and e.node not in up]
+            for node in answered:
+                print("{} is up: its slurmd answered after the step failed (its ranks were killed, or stopped, on a "
+                      "live node): a crash, not a lost node".format(node))
+            named = [e for e in named if e.node not in up and e.node not in answered]
         record, new = merge(known, named)
         if new:
             write_record(args.run_dir, record)

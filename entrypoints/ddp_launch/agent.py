@@ -9,16 +9,16 @@ This module imports torch: it runs only after the exec, never in the launcher.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from ddp_contract import (EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE, LAUNCHER_CRASH_REPORT, NODE_NAME_VAR,
-                          RENDEZVOUS_STARTED_VAR)
+from ddp_contract import EXIT_BAD_NODE, EXIT_REQUEUE, EXIT_USAGE, RENDEZVOUS_STARTED_VAR, launcher_reports
 from ddp_contract import free_bytes as contract_free_bytes
 from ddp_contract.heartbeat import HEARTBEAT_DIR_VAR
 from ddp_launch.watchdog import Watchdog, heartbeat_directory
@@ -124,25 +124,91 @@ def crash_summary(rank: int, host: str, exitcode: int, log_dir: str | None) -> s
     return f"ddp-launch: error: worker rank {rank} on {host} {how} (crash): see {where}"
 
 
-def write_crash_report(env: Mapping[str, str], host: str, rank: int, exitcode: int, now: float) -> str | None:
-    """Say in the run dir that this node is up and its workers were killed (ddp_contract.LAUNCHER_CRASH_REPORT),
-    so that the roll call's silence of all its ranks is not taken for a lost node. Written aside and
-    renamed: the job script never reads half of one. None, or a warning line where it cannot be written."""
-    run_dir = env.get("DDP_RUN_DIR", "")
+def write_crash_report(env: Mapping[str, str], host: str, rank: int | None, exitcode: int, now: float,
+                       line: str = "") -> str | None:
+    """Say in the run dir that this node is up and its launcher ended the step (ddp_contract.launcher_reports):
+    its workers were killed, or it stopped with `line` (a usage error, a port taken), so that the roll
+    call's silence of all its ranks is not taken for a lost node and the other nodes name its line.
+    None, or a warning line where it cannot be written."""
+    run_dir = env.get(launcher_reports.RUN_DIR_VAR, "")
     if not run_dir:  # a launcher started by hand, outside the job scripts: no quarantine reads it
         return None
-    node = env.get(NODE_NAME_VAR) or host
-    path = os.path.join(run_dir, LAUNCHER_CRASH_REPORT.format(node=node))
-    tmp = f"{path}.{os.getpid()}.tmp"
-    record = {"node": node, "rank": rank, "exitcode": exitcode, "at": round(now, 3)}
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-        os.replace(tmp, path)
-    except OSError as error:
-        return (f"ddp-launch: warning: cannot write {path} ({error.strerror}): the job script may take "
-                f"{node} for a lost node")
+    node = launcher_reports.node_name(env, host)
+    problem = launcher_reports.write(run_dir, node, exitcode, line, rank, now)
+    if problem:
+        return f"ddp-launch: warning: {problem}: the job script may take {node} for a lost node"
     return None
+
+
+def worker_error_line(log_dir: str | None) -> str:
+    """Local rank 0's last error line from its log under torchrun's --log-dir (<run>/attempt_<N>/0/stderr.log,
+    the newest): the line a usage error says, which the other nodes then name. "" when there is none."""
+    if not log_dir:
+        return ""
+    logs = []
+    for top, _dirs, files in os.walk(log_dir):
+        if "stderr.log" in files and os.path.basename(top) == "0" and "attempt_" in top:
+            path = os.path.join(top, "stderr.log")
+            try:
+                logs.append((os.path.getmtime(path), path))
+            except OSError:
+                continue
+    for _, path in sorted(logs, reverse=True)[:1]:
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(max(0, os.path.getsize(path) - 65536))
+                tail = handle.read().decode(errors="replace").splitlines()
+        except OSError:
+            return ""
+        errors = [line.strip() for line in tail if ": error: " in line]
+        return errors[-1] if errors else ""
+    return ""
+
+
+def process_started_at(proc: str = "/proc") -> float:
+    """When this process started, in seconds since the epoch: field 22 of /proc/self/stat in clock ticks
+    after boot, and the boot's time, btime of /proc/stat (proc(5)). The exec'd launcher's own start: the
+    launcher and the agent are one process."""
+    try:
+        with open(f"{proc}/self/stat") as handle:
+            ticks = int(handle.read().rsplit(")", 1)[1].split()[19])
+        with open(f"{proc}/stat") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+class PeerStopWatch:
+    """While this node's launcher waits in the rendezvous, another node's may have stopped with a line
+    of its own (a usage error on the head: its rendezvous store never comes up, or goes): it says so
+    in the run dir, and this node then names that line and ends with its code, at once, instead of
+    waiting out the store's timeout and being killed by srun (--wait) as if it had crashed."""
+
+    def __init__(self, env: Mapping[str, str], host: str, started_at: float, workers: Callable[[], list[int]],
+                 stop: Callable[[str, int], None], poll_s: float = 1.0):
+        self.run_dir = env.get(launcher_reports.RUN_DIR_VAR, "")
+        self.node = launcher_reports.node_name(env, host)
+        self.started_at, self.workers, self.stop, self.poll_s = started_at, workers, stop, poll_s
+        self._done = threading.Event()
+
+    def start(self) -> "PeerStopWatch":
+        if self.run_dir:
+            threading.Thread(target=self._run, name="ddp-peer-stop", daemon=True).start()
+        return self
+
+    def cancel(self) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.poll_s):
+            if self.workers():  # the rendezvous completed: the workers' own errors tell from here on
+                return
+            report = launcher_reports.stopped_first(self.run_dir, self.node, self.started_at)
+            if report is not None:
+                self.stop(f"ddp-launch: error: {launcher_reports.stopped_line(report)}; this node stops too",
+                          int(report["exitcode"]) if int(report["exitcode"]) > 0 else EXIT_CRASH)
+                return
 
 
 def rendezvous_failure(kind: str, endpoint: str, nnodes: str, detail: str) -> str:
@@ -303,16 +369,23 @@ def main(argv: list[str] | None = None) -> int:
     heartbeats = heartbeat_directory()
     os.environ[HEARTBEAT_DIR_VAR] = heartbeats  # the workers' heartbeats (watchdog.py)
     watchdog = Watchdog(heartbeats).start()
+
+    def stop_with_peer(line: str, code: int) -> None:  # from the watch's thread: no worker to wait for
+        print(line, file=sys.stderr, flush=True)
+        shutil.rmtree(heartbeats, ignore_errors=True)
+        os._exit(code)
+
+    peers = PeerStopWatch(os.environ, socket.gethostname(), process_started_at(),
+                          lambda: child_pids(os.getpid()), stop_with_peer).start()
     try:
         return _run_torchrun(torchrun, argv)
     finally:
+        peers.cancel()
         watchdog.stop()
         shutil.rmtree(heartbeats, ignore_errors=True)
 
 
 def _run_torchrun(torchrun, argv: list[str] | None) -> int:
-    import socket
-
     from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -325,6 +398,7 @@ def _run_torchrun(torchrun, argv: list[str] | None) -> int:
     problem = log_dir_problem(args.log_dir)
     if problem:
         print(problem, file=sys.stderr)
+        _said_in_run_dir(socket.gethostname(), EXIT_USAGE, problem)
         return EXIT_USAGE
     # The workers inherit it: a recovery's record measures torchrun's rendezvous from here (ddp_train.recovery).
     os.environ[RENDEZVOUS_STARTED_VAR] = f"{time.time():.3f}"
@@ -347,14 +421,26 @@ def _run_torchrun(torchrun, argv: list[str] | None) -> int:
             if warning:
                 print(warning, file=sys.stderr)
         # EXIT_USAGE: the worker's own line says what to fix; nothing to add, unless a full
-        # disk kept that line out of its log.
+        # disk kept that line out of its log. The other nodes name it (launcher_reports).
+        if code == EXIT_USAGE:
+            _said_in_run_dir(socket.gethostname(), code, worker_error_line(args.log_dir))
         note = full_log_dir_note(args.log_dir)
         if note:
             print(note, file=sys.stderr)
         return code
     except (RendezvousError, DistError) as error:
         kind = "timeout" if isinstance(error, RendezvousTimeoutError) else "connection"
-        print(rendezvous_failure(kind, args.rdzv_endpoint, args.nnodes, first_line(error)), file=sys.stderr)
+        line = rendezvous_failure(kind, args.rdzv_endpoint, args.nnodes, first_line(error))
+        if "already in use" in line:  # this node is the head and its port is taken: the others name it
+            print(line, file=sys.stderr)
+            _said_in_run_dir(socket.gethostname(), EXIT_RENDEZVOUS, line)
+            return EXIT_RENDEZVOUS
+        first = _stopped_first(socket.gethostname())
+        if first is not None:  # the store went with a node that stopped on an error of its own
+            print(f"ddp-launch: error: {launcher_reports.stopped_line(first)}; the rendezvous at "
+                  f"{args.rdzv_endpoint} ended with it", file=sys.stderr)
+            return int(first["exitcode"]) if int(first["exitcode"]) > 0 else EXIT_CRASH
+        print(line, file=sys.stderr)
         return EXIT_RENDEZVOUS
     except SignalException as error:
         name = error.sigval.name
@@ -365,6 +451,25 @@ def _run_torchrun(torchrun, argv: list[str] | None) -> int:
         print(f"ddp-launch: stopped by {name}: the workers were sent {name}", file=sys.stderr)
         return 128 + int(error.sigval)
     return 0
+
+
+# How long a node whose store failed waits for the report of the node that stopped first: that node
+# writes it as it exits, and a shared file system may show it a moment later.
+PEER_REPORT_WAIT_S = 5.0
+
+
+def _said_in_run_dir(host: str, code: int, line: str) -> None:
+    warning = write_crash_report(os.environ, host, None, code, time.time(), line)
+    if warning:
+        print(warning, file=sys.stderr)
+
+
+def _stopped_first(host: str) -> dict | None:
+    run_dir = os.environ.get(launcher_reports.RUN_DIR_VAR, "")
+    if not run_dir:
+        return None
+    return launcher_reports.wait_for_stopped_first(run_dir, launcher_reports.node_name(os.environ, host),
+                                                   process_started_at(), PEER_REPORT_WAIT_S)
 
 
 if __name__ == "__main__":

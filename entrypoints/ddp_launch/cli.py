@@ -32,9 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def launch(argv: list[str]) -> int:
     env = dict(os.environ)
-    options = read_options(argv, env)
-    parsed = planner.parse(options, env, read_fabric_data(options.site, env))
-    plan = planner.plan(parsed, planner.probe(planner.questions(parsed)))
+    try:
+        options = read_options(argv, env)
+        parsed = planner.parse(options, env, read_fabric_data(options.site, env))
+        plan = planner.plan(parsed, planner.probe(planner.questions(parsed)))
+    except LaunchError as error:
+        _say_in_run_dir(env, f"ddp-launch: error: {error}")
+        raise
     if options.dry_run:
         print(plan.render_json() if options.json else plan.render_text())
         return 0
@@ -54,6 +58,16 @@ def execute(plan: LaunchPlan, env: dict[str, str]) -> int:
     except OSError as error:
         print(f"ddp-launch: error: cannot run {plan.argv[0]!r}: {error.strerror}", file=sys.stderr)
     return EXIT_CANNOT_EXEC
+
+
+def _say_in_run_dir(env: dict[str, str], line: str) -> None:
+    """A job's launcher that stops before its rendezvous leaves its line for the other nodes, which
+    would otherwise wait for its store until srun ends them (ddp_contract.launcher_reports)."""
+    from ddp_contract import EXIT_USAGE, launcher_reports
+    run_dir = env.get(launcher_reports.RUN_DIR_VAR)
+    if run_dir:
+        import socket
+        launcher_reports.write(run_dir, launcher_reports.node_name(env, socket.gethostname()), EXIT_USAGE, line)
 
 
 def _subcommand(name: str) -> Callable[[list[str]], int | None]:

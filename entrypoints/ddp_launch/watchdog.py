@@ -12,6 +12,9 @@ stacks (faulthandler) and Flight Recorder buffer into <run_dir>/forensics, print
 culprit, and kills the culprit: its peers' collectives then fail at once, on every node, and the
 job ends with a crash (exit 1), well within the collective timeout. A node whose ranks only
 wait says so in one line, and leaves the ending to the culprit's node or to the timeout.
+Meanwhile it asks NCCL's own RAS service once (nccl_ras.py), before the culprit is killed: its
+report goes beside the stacks, and one line says NCCL's verdict (missing ranks, collective counts
+apart, their nodes), that it says OK, or why there is none.
 """
 
 from __future__ import annotations
@@ -24,14 +27,19 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ddp_contract import heartbeat as hb
+from ddp_launch import nccl_ras
 
 POLL_S = 1.0
 DUMP_WAIT_S = 5.0       # for faulthandler and the Flight Recorder dump to land
 STACKS_SIGNAL = signal.SIGURG   # what ddp_train.safety.heartbeat registers faulthandler on
+# The most the culprit's end waits for NCCL's RAS (asked while the stacks are written): NCCL's own
+# client waits its leg timeout and 5 s more (src/ras/client.cc). Never more than half of what is
+# left of the collective timeout (Watchdog.ras_budget_s).
+RAS_BUDGET_S = 10.0
 # /proc/PID/stat states that say the process is not running on its own (proc(5)).
 STOPPED_STATES = {"T": "stopped by a signal", "t": "stopped by a tracer", "D": "in uninterruptible sleep"}
 
@@ -134,6 +142,13 @@ def waiting_line(node: str, waiting: Sequence[Beat], forensics: str) -> str:
             f"the gradient all-reduce at step {step} for a rank on another node; stacks in {forensics}")
 
 
+def ras_budget_s(stalled: Sequence[Beat]) -> float:
+    """How long NCCL's RAS may take: RAS_BUDGET_S, but at most half of what the collective timeout
+    leaves after the stall threshold (the threshold is half the timeout), so the culprit still ends
+    the job before its peers time out."""
+    return max(1.0, min(RAS_BUDGET_S, min(b.stall_after_s for b in stalled) / 2))
+
+
 def process_state(pid: int, proc: str = "/proc") -> str:
     try:
         with open(f"{proc}/{pid}/stat") as f:
@@ -147,9 +162,11 @@ class Watchdog:
     """Reads the heartbeat directory once a second on a daemon thread; acts once per set of workers."""
 
     def __init__(self, directory: str, say: Callable[[str], None] = lambda line: print(line, file=sys.stderr,
-                                                                                        flush=True)):
+                                                                                        flush=True),
+                 env: Mapping[str, str] = os.environ):
         self.directory = directory
         self.say = say
+        self.env = env  # the workers' environment: NCCL_RAS_ADDR, NCCL_RAS_ENABLE
         self._records: dict[int, tuple[int, mmap.mmap]] = {}   # rank -> (pid, its record)
         self._handled: set[int] = set()                         # pids already reported
         self._stop = threading.Event()
@@ -212,16 +229,39 @@ class Watchdog:
         if not guilty and len(stalled) < len([b for b in beats if b.state]):
             return  # a local rank still advances: wait until it too waits, or stops
         forensics = hb.forensics_dir(stalled[0].run_dir)
+        ras = self.ask_ras(beats, guilty or stalled, forensics)  # while the stacks are written
         self.collect(beats, guilty, forensics)
         if guilty:
             for beat in guilty:
                 stacks = _read(os.path.join(forensics, f"stacks-rank{beat.rank}.txt"))
                 self.say(hang_line(beat, where_stopped(stacks, beat.main_thread), forensics))
+            self.say(ras())
             for beat in guilty:
                 _signal(beat.pid, signal.SIGKILL)  # its peers' collectives fail now, on every node
         else:
             self.say(waiting_line(stalled[0].node, stalled, forensics))
+            self.say(ras())
         self._handled.update(b.pid for b in beats)
+
+    def ask_ras(self, beats: Sequence[Beat], stalled: Sequence[Beat], forensics: str) -> Callable[[], str]:
+        """Ask NCCL's RAS on a thread; the callable returns its line, waiting at most the budget."""
+        budget = ras_budget_s(stalled)
+        said: list[str] = []
+
+        def ask() -> None:
+            consulted = nccl_ras.consult(self.env, forensics, stalled[0].node, [b.pid for b in beats],
+                                         [b.rank for b in stalled], budget)
+            said.append(consulted.line)
+
+        asking = threading.Thread(target=ask, name="ddp-watchdog-ras", daemon=True)
+        started = time.monotonic()
+        asking.start()
+
+        def line() -> str:
+            asking.join(max(0.0, budget + 1.0 - (time.monotonic() - started)))
+            return "ddp-launch: " + (said[0] if said else
+                                     f"NCCL RAS did not answer within {budget:.0f} s: no verdict from NCCL")
+        return line
 
     def collect(self, beats: Sequence[Beat], guilty: Sequence[Beat], forensics: str) -> None:
         """Every local worker's stacks and Flight Recorder buffer, into the run directory."""

@@ -29,6 +29,7 @@
 #   DDP_MONITOR_INTERVAL  GPU sampling period in seconds (0 disables the sampler)
 #   DDP_MAX_REQUEUES      requeues after a stop signal or without a bad node, counted by SLURM_RESTART_COUNT (3)
 #   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
+#   DDP_NODE_PROBE_S      seconds a node the roll call names has to run a step of `true`, or be lost (20)
 #   DDP_PREFLIGHT         1 runs `ddp-launch doctor` on every node first (default), 0 skips it
 #   DDP_FABRIC_GATE       1 runs the fabric gate before training (default), 0 skips it
 #   DDP_TRAIN_NODES       N, the nodes the training runs on: each script's default is its #SBATCH --nodes
@@ -57,7 +58,8 @@ readonly DDP_STOP_REQUEST_FILE=.ddp-stop-request
 readonly DDP_STEP_IDS_FILE=.ddp-step-ids
 # ddp_contract.ROLL_CALL_REPORT: in the run dir, the nodes a failed collective's roll call found gone.
 readonly DDP_ROLL_CALL_REPORT=roll-call.json
-# ddp_contract.LAUNCHER_CRASH_REPORT: a node's ddp-launch saw its workers crash (the node is up).
+# ddp_contract.LAUNCHER_CRASH_REPORT: a node's ddp-launch ended the step, its workers killed or on a line of
+# its own (the node is up; ddp_contract.launcher_reports).
 readonly DDP_LAUNCHER_CRASH_REPORTS='launcher-crash-*.json'
 
 ddp::log() {
@@ -238,6 +240,11 @@ ddp::require_image() {
     local -r target="$(ddp::image_target "${image}")" dir="$(dirname -- "${image}")"
     local where=""
     [ "${dir}" -ef "${DDP_REPO}" ] || where=" SIF_DIR=${dir}"
+    if [ "${target}" = build-lumi ]; then
+        # LUMI allows no fakeroot, so `make build-lumi` cannot run there: "building containers on LUMI
+        # is, unfortunately, not in general possible" (https://docs.lumi-supercomputer.eu/software/containers/singularity/).
+        ddp::err "image ${image} not found: LUMI allows no fakeroot, so the LUMI image is built elsewhere: run 'make build-lumi' in a checkout on a machine with Apptainer 1.3 or newer (containers/README.md) and copy train-lumi-x86_64.sif to ${dir}, or set DDP_IMAGE"
+    fi
     if [ -n "${target}" ]; then
         ddp::err "image ${image} not found: build it in the checkout (make ${target}${where}; containers/README.md) or set DDP_IMAGE"
     fi
@@ -529,7 +536,8 @@ ddp::gate() {
         ddp::log "fabric gate skipped (DDP_FABRIC_GATE=0)"
         return 0
     fi
-    rm -f "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt"
+    # shellcheck disable=SC2086 # the launchers' reports' glob: the gate's step starts without an earlier step's
+    rm -f "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt" "${DDP_RUN_DIR}"/${DDP_LAUNCHER_CRASH_REPORTS}
     local -r started="${SECONDS}"
     local status=0
     ddp::launch_step "${mode}" gate --module ddp_train.gate \
@@ -829,6 +837,19 @@ ddp::step_nodes() {
     esac
 }
 
+# Whether NODE's slurmd still answers, by a step of `true` on it alone, within DDP_NODE_PROBE_S
+# (default 20). A lost node's slurmd is gone with it (killed, or off the network): srun cannot launch
+# there ("Task launch ... failed on node ...: Communication connection failure"), or, once slurmctld
+# has marked the node DOWN and --no-kill removed it from the job, cannot create the step. The
+# survivors' part of the failed step may still hold its resources: --overlap, as ddp::placement.
+#   ddp::slurmd_answers NODE
+ddp::slurmd_answers() {
+    local -r node="$1"
+    ddp::take_step_id
+    timeout --kill-after=5 "${DDP_NODE_PROBE_S:-20}" \
+        srun --overlap --nodes=1 --ntasks=1 --nodelist="${node}" --time=1 --quiet true >/dev/null 2>&1
+}
+
 # After a failed training step whose roll call named the lost node(s) (<run-dir>/roll-call.json,
 # src/ddp_train/safety/peers.py): they go into the quarantine record, and a spare takes each one's place
 # (return 0: train again). A lost node is a bad node: with no spare (DDP_SPARE_NODES=0, or all used up)
@@ -836,18 +857,30 @@ ddp::step_nodes() {
 # (return 76, ddp::maybe_requeue, within DDP_MAX_REQUEUES). The scripts' --no-kill keeps slurmctld from
 # ending the job as NODE_FAIL (and requeueing it onto the same node where it is not marked DOWN yet), so
 # this is where a lost node's requeue happens; its late kills are harmless (ddp::skip_used_step_ids).
-# A report that names no node is a crash: return 1; so is one whose silent node's own ddp-launch wrote
-# that its workers crashed (launcher-crash-<node>.json): every worker of a live node killed at once. The seconds from the fault to training again are
-# the trainer's to say (DDP_RECOVERY).
-#   ddp::replace_lost_node STEP_ENDED_AT
+# A node is lost only if its slurmd no longer answers (ddp::slurmd_answers): every rank of a live node
+# also falls silent when its launcher is killed (the OOM killer: its workers die with it), in task mode
+# when all its tasks are, or when its launcher stopped on a usage error. So is one whose own ddp-launch
+# wrote that it ended the step (launcher-crash-<node>.json). Such a node is kept, and the step's
+# failure is the job's: its own status (137 for a killed launcher, 2 for a usage error), never a
+# requeue. The seconds from the fault to training again are the trainer's to say (DDP_RECOVERY).
+#   ddp::replace_lost_node STEP_ENDED_AT STEP_STATUS
 ddp::replace_lost_node() {
-    local -r ended_at="$1" report="${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
-    local status=0
+    local -r ended_at="$1" step_status="$2" report="${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
+    local status=0 node
+    local -a up=()
+    while IFS= read -r node; do
+        if [ -n "${node}" ] && ddp::slurmd_answers "${node}"; then
+            up+=(--up "${node}")
+        fi
+    done < <(ddp::on_host ddp_contract.quarantine lost "${report}")
     ddp::on_host ddp_contract.quarantine add --by roll-call --job "${SLURM_JOB_ID:-local}" \
-        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${report}" >&2 || status=$?
+        --restart "${SLURM_RESTART_COUNT:-0}" "${up[@]}" "${DDP_RUN_DIR}" "${report}" >&2 || status=$?
     if [ "${status}" -ne "${DDP_EXIT_BAD_NODE}" ]; then  # 76: a node new to the record
-        ddp::log "the failed step's roll call named no node to exclude (${report}): exit 1"
-        return 1
+        # A status that would requeue (75, 76) is not this step's own to give: a crash then.
+        status="${step_status}"
+        [ "${status}" -ne "${DDP_EXIT_REQUEUE}" ] && [ "${status}" -ne "${DDP_EXIT_BAD_NODE}" ] || status=1
+        ddp::log "the failed step's roll call named no node to exclude (${report}): exit ${status}"
+        return "${status}"
     fi
     if [ "${DDP_SPARE_NODES:-0}" = 0 ]; then
         ddp::log "a node was lost mid-run and the job has no spare node (DDP_SPARE_NODES=0): requeuing without it, to resume from the last checkpoint (exit ${DDP_EXIT_BAD_NODE})"
@@ -884,7 +917,7 @@ ddp::train_with_spares() {
             return "${status}"
         fi
         ddp::monitor_stop later
-        ddp::replace_lost_node "${ended_at}" || return "$?"
+        ddp::replace_lost_node "${ended_at}" "${status}" || return "$?"
     done
 }
 
@@ -937,7 +970,18 @@ ddp::run_job() {
     if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
         ddp::log "not requeued: bad node(s) named above (exit ${status}); the run dir keeps the checkpoint and the quarantine record"
     elif [ "${status}" -ne 0 ]; then
-        ddp::log "job failed with exit status ${status}; per-rank logs are in ${DDP_RUN_DIR}/logs"
+        ddp::log "job failed with exit status ${status}$(ddp::exit_meaning "${status}"); per-rank logs are in ${DDP_RUN_DIR}/logs"
     fi
     exit "${status}"
+}
+
+# What an exit status above 128 says: srun's code for a task killed by signal N is 128 + N (the
+# status a shell gives a process killed by a signal, bash(1), EXIT STATUS). Printed after the status,
+# with the cause and where to read more (docs/troubleshooting.md); nothing for the others.
+#   ddp::exit_meaning STATUS
+ddp::exit_meaning() {
+    case "$1" in
+        135) printf ' (128 + SIGBUS: the image went away under the tasks: unprivileged Apptainer serves it through a squashfuse_ll process in the step, which a signal to every process of the step ends, the time limit'"'"'s TERM or scancel --signal without --batch; export APPTAINER_UNSQUASH=1 before sbatch where that happens; docs/troubleshooting.md, "Exit 135 or 137")' ;;
+        137) printf ' (128 + SIGKILL: a task was killed: srun ends the tasks still running DDP_STEP_WAIT=%s s after the first one ended, a hung rank among them, or the OOM killer or a kill -9 took a launcher on a live node; see the lines above and docs/troubleshooting.md, "Exit 135 or 137")' "${DDP_STEP_WAIT:-30}" ;;
+    esac
 }

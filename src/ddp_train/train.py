@@ -70,7 +70,8 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
                 return train(decided, Live(env, dist_env, device, stop, forensics.heartbeat, console, started))
             except RuntimeError as exc:  # a failed collective: was it a node that went away?
                 lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),
-                                       env.get("MASTER_ADDR", "?")) if hosts else None
+                                       env.get("MASTER_ADDR", "?"), run_dir=str(config.run_dir),
+                                       env=env) if hosts else None
                 if lost is None:
                     raise
                 if lost.prints and lost.report:  # for the job script: a spare can take the node's place

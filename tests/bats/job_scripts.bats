@@ -327,7 +327,11 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
         # The script's image under its own name, where none was built (the checkout may hold one).
         DDP_IMAGE="${BATS_TEST_TMPDIR}/sifs/${image}" run bash "${script}"
         assert_failure 2
-        assert_output "ddp: error: image ${BATS_TEST_TMPDIR}/sifs/${image} not found: build it in the checkout (make ${target} SIF_DIR=${BATS_TEST_TMPDIR}/sifs; containers/README.md) or set DDP_IMAGE"
+        if [ "${target}" = build-lumi ]; then  # built off LUMI: lumi.bats
+            assert_output --partial "run 'make build-lumi' in a checkout on a machine with Apptainer 1.3 or newer"
+        else
+            assert_output "ddp: error: image ${BATS_TEST_TMPDIR}/sifs/${image} not found: build it in the checkout (make ${target} SIF_DIR=${BATS_TEST_TMPDIR}/sifs; containers/README.md) or set DDP_IMAGE"
+        fi
         count=$((count + 1))
     done
     [ "${count}" -eq 9 ]
@@ -586,6 +590,25 @@ scontrol release 42_1"
     assert_output --partial "job failed with exit status 1; per-rank logs are in ${DDP_RUN_DIR}/logs"
     run grep -c '^scontrol' "${CALLS}"
     assert_output "0"
+}
+
+@test "a step killed by SIGBUS (135) or SIGKILL (137) says why in the job's last line" {
+    # srun's code for a task killed by signal N is 128 + N. SIGBUS: the image's squashfuse mount went
+    # (docs/troubleshooting.md); SIGKILL: srun --wait ended a task that outlived the first one, or the
+    # OOM killer took a launcher.
+    export SRUN_STATUS=135
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 135
+    assert_line --partial "ddp: job failed with exit status 135 (128 + SIGBUS: the image went away under the tasks: unprivileged Apptainer serves it through a squashfuse_ll process"
+    assert_line --partial "export APPTAINER_UNSQUASH=1 before sbatch"
+
+    export SRUN_STATUS=137 DDP_STEP_WAIT=45
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+    assert_failure 137
+    assert_line --partial "ddp: job failed with exit status 137 (128 + SIGKILL: a task was killed: srun ends the tasks still running DDP_STEP_WAIT=45 s after the first one ended, a hung rank among them, or the OOM killer"
+    # Both name the page that says more, under a heading it has.
+    run grep -c '^## Exit 135 or 137$' "${REPO}/docs/troubleshooting.md"
+    assert_output "1"
 }
 
 @test "apptainer missing from PATH stops the job in one line naming the module, before any srun" {

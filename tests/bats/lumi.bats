@@ -138,3 +138,17 @@ LUMI_MASKS="0x00fe000000000000,0xfe00000000000000,0x0000000000fe0000,0x00000000f
     run grep -c '^LUMI_SIF *?= $(SIF_DIR)/train-lumi-x86_64.sif$' "${REPO}/Makefile"
     assert_output 1
 }
+
+@test "lumi: a missing image says it is built off LUMI and copied there, not to run make build-lumi on LUMI" {
+    # LUMI disables fakeroot: "building containers on LUMI is, unfortunately, not in general possible"
+    # (https://docs.lumi-supercomputer.eu/software/containers/singularity/); the README's LUMI-G quick start
+    # builds the image elsewhere and copies it into the checkout.
+    export DDP_IMAGE="${BATS_TEST_TMPDIR}/checkout/train-lumi-x86_64.sif"
+
+    run bash "${REPO}/slurm/lumi-multinode.sh"
+
+    assert_failure 2
+    assert_output "ddp: error: image ${DDP_IMAGE} not found: LUMI allows no fakeroot, so the LUMI image is built elsewhere: run 'make build-lumi' in a checkout on a machine with Apptainer 1.3 or newer (containers/README.md) and copy train-lumi-x86_64.sif to ${BATS_TEST_TMPDIR}/checkout, or set DDP_IMAGE"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}

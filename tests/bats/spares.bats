@@ -199,6 +199,36 @@ scontrol release 42"
     assert_output "0"
 }
 
+@test "a node the roll call names whose slurmd still answers (its launcher killed: the OOM killer) is kept: the step's 137, no exclusion, no requeue" {
+    # A soak of 2-node jobs showed it: SIGKILL of one node's ddp-launch silences all its ranks (they die with
+    # it), the roll call names the node as lost, and the healthy node was excluded and the job requeued.
+    export DDP_SPARE_NODES=0 ROLL_CALL_LOSES=node2 SLURMD_ANSWERS=node2 ROLL_CALL_STATUS=137
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 137
+    assert_output --partial "node2 is up: its slurmd answered after the step failed (its ranks were killed, or stopped, on a live node): a crash, not a lost node"
+    assert_output --partial "the failed step's roll call named no node to exclude (${DDP_RUN_DIR}/roll-call.json): exit 137"
+    refute_output --partial "excluded node2"
+    [ ! -e "${DDP_RUN_DIR}/quarantine.json" ]
+    run grep -c '^scontrol \(requeue\|requeuehold\|update\)' "${CALLS}"
+    assert_output "0"
+    # The probe: a step of `true` on node2 alone, beside the failed step's resources.
+    run grep -c -- '^srun --overlap --nodes=1 --ntasks=1 --nodelist=node2 --time=1 --quiet true$' "${CALLS}"
+    assert_output "1"
+}
+
+@test "with a spare, a named node whose slurmd answers takes no spare: the step's status is the job's" {
+    export ROLL_CALL_LOSES=node2 SLURMD_ANSWERS=node2 ROLL_CALL_STATUS=137
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 137
+    refute_output --partial "replaces"
+    run grep -c -- ' -- --data-dir ' "${CALLS}"
+    assert_output "1"
+}
+
 @test "a crash on a live node (no roll-call report) is no lost node: no spare, the step's status is the job's" {
     export SRUN_STATUS=137
 

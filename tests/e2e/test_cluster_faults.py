@@ -193,6 +193,12 @@ def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, 
     assert lines, output
     assert "Traceback" not in output
     assert re.search(rf"ddp-launch: error: rendezvous port {port} on the head node \(\S+:{port}\) is already in use", lines[0]), lines
+    # The other node names the head's line at once (its run dir report), rather than wait for a store that
+    # never comes until srun's --wait kills it (137) or say "raise --rdzv-timeout".
+    assert re.search(rf"^(\S+: )?ddp-launch: error: node1's ddp-launch stopped first \(exit 1\): ddp-launch: error: "
+                     rf"rendezvous port {port} on the head node .*; this node stops too$", output, re.M), output
+    assert "raise --rdzv-timeout" not in output
+    assert job.exit_code == "1:0", job.exit_code
 
 
 @LONG

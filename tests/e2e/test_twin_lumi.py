@@ -133,3 +133,18 @@ def test_lumi_twin_nodes_carry_four_nics_cxi_devices_gcds_and_standard_g(twin):
                                    *[f"renderD{128 + i}" for i in range(8)], "0,1,2,3,4,5,6,7"]
     partitions = twin.run(["sinfo", "-h", "-o", "%P"], timeout=30).stdout.split()
     assert partitions == ["standard-g", "small-g", "dev-g"]
+
+
+def test_lumi_image_help_is_lumis_singularity_its_binds_variable_and_srun_options(twin, lumi_sif):
+    """`make build-lumi` fills gpu.def's %help from LUMI's profile (containers/image_help.py): on a LUMI node,
+    the image the real build made shows the commands that work there. `run-help` prints the image's
+    /.singularity.d/runscript.help (Apptainer's cmd/internal/cli/help: /bin/cat of that file in the
+    container); here it is read with `singularity exec`, since the twin's singularity is Apptainer's, whose
+    run-help execs /usr/bin/apptainer, which a LUMI node (and so the twin) does not have."""
+    done = twin.as_user(["srun", "--partition=standard-g", "--nodes=1", "--ntasks=1", "singularity", "exec",
+                         str(lumi_sif), "cat", "/.singularity.d/runscript.help"], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 'export SINGULARITY_BIND="$(PYTHONPATH="$REPO/entrypoints" python3 -m ddp_launch.binds --site lumi)"' \
+        in done.stdout, done.stdout
+    assert "srun --network=disable_rdzv_get singularity run --rocm train.sif --nodes 2 -- --epochs 100" in done.stdout
+    assert "apptainer" not in done.stdout and "APPTAINER_BIND" not in done.stdout and "{{" not in done.stdout

@@ -6,16 +6,22 @@ Olivia has them, with the closure they link; the NCCL module's EBROOT* and LD_LI
 accel partition and four GPUs a node in gres. The image is the x86_64 one (gpu.def): the scripts
 name their site, and Olivia's arm64 build runs in test_make_build.py. The scripts get only --output
 and short-training flags; CPU workers stand in for the GPUs. One 2-node run of olivia-multinode.sh,
-submitted by the README's Olivia quick start's sbatch line word for word, serves the tests that read it.
+submitted by the README's Olivia quick start's sbatch line word for word, serves the tests that read it;
+a second one is the hang that the watchdog names, with NCCL's RAS answered by a stand-in on each node.
 """
 from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import twins
-from conftest import (container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records, run_twin_scripts,
+from conftest import (REPO, WITHOUT_CHECKS, Cluster, container_versions, doctor_reports, epochs_done,
+                      fake_nvidia_smi_env, metrics_records, run_twin_scripts,
                       submit_twin_job, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
@@ -244,3 +250,104 @@ def test_olivia_twin_nodes_carry_olivias_names_nic_partition_and_gpus(twin):
                                    "/opt/cray/libfabric/2.3.1/lib64/libfabric.so.1", "/usr/lib64/libcxi.so.1"]
     nodes = twin.run(["sinfo", "-h", "-N", "-o", "%N %P %G %c %m"], timeout=30).stdout.split("\n")
     assert "nid001000 accel gpu:gh200:4 288 460800" in nodes
+
+
+# -- a hang, with NCCL's own view of it ---------------------------------------------------------
+
+# The collective timeout the hang runs under: the watchdog acts at half of it.
+DIST_TIMEOUT_S = 40
+# After the timeout: the job script's own ending (srun ends the step, SLURM records the job).
+SLACK_S = 45
+HANG_RUN = ("--epochs", "30", "--batch-size", "64", "--width-scale", "0.25", "--allow-unverified-data",
+            "--dist-timeout-s", str(DIST_TIMEOUT_S))
+# The NCCL Olivia's module brings (twins.OLIVIA_NCCL): it runs RAS (since 2.24) and answers in text (JSON
+# came in 2.28.7). The stand-in answers as it does, on NCCL's default port in each node's namespace.
+OLIVIA_NCCL_VERSION = "2.27.7"
+STAND_IN_RAS = REPO / "tests" / "stand_ins" / "nccl_ras.py"
+
+
+def _workers(cluster: Cluster, node: str) -> dict[int, int]:
+    """{global rank: pid} of the trainer workers in one node's namespace, read from /proc."""
+    pids = subprocess.run(["ip", "netns", "pids", cluster.netns(node)], capture_output=True,
+                          text=True).stdout.split()
+    found = {}
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if b"ddp_launch.worker" not in cmdline or b"ddp_launch.agent" in cmdline:
+            continue
+        rank = [v.split(b"=", 1)[1] for v in environ if v.startswith(b"RANK=")]
+        if rank:
+            found[int(rank[0])] = int(pid)
+    return found
+
+
+def nccl_ras_on(cluster: Cluster, nodes: list, workers: dict, stopped: int, directory: Path) -> list:
+    """The stand-in RAS on localhost:28028 of each node, describing the job as NCCL's RAS threads would
+    see it once `stopped` stops: its rank missing from their gathering, every other rank's all-reduce
+    count alike. The started processes, to kill."""
+    ranks = [{"rank": rank, "host": cluster.address(node), "pid": pid, "gpu": rank % 2, "counts": {"AllReduce": 120}}
+             for node in nodes for rank, pid in sorted(workers[node].items())]
+    described = directory / "ras-job.json"
+    described.write_text(json.dumps({"nccl_version": OLIVIA_NCCL_VERSION, "communicators": [{
+        "hash": "0x5ea1f00d", "size": len(ranks), "ranks": [r for r in ranks if r["rank"] != stopped],
+        "missing": [r for r in ranks if r["rank"] == stopped]}]}))
+    started = []
+    for node in nodes:
+        server = subprocess.Popen(["ip", "netns", "exec", cluster.netns(node), sys.executable, str(STAND_IN_RAS),
+                                   "--job", str(described), "--listen", "127.0.0.1:28028"],
+                                  stdout=subprocess.PIPE, text=True)
+        started.append(server)
+        assert server.stdout.readline().startswith("listening 127.0.0.1:28028"), node
+    return started
+
+
+def test_olivia_a_rank_stopped_mid_epoch_is_named_with_nccls_own_verdict_and_the_job_crashes(
+        twin_cluster, images, cifar_data, tmp_path):
+    # The preflight and the gate are off (a user may turn them off too): this is about the training's hang.
+    run_dir = user_dir(tmp_path / "hang") / "run"
+    env = {**twin_job_env(TWIN, images.x86, cifar_data, run_dir), **WITHOUT_CHECKS}
+    job_id = twin_cluster.sbatch([f"--output={run_dir.parent}/%j.out", "slurm/olivia-multinode.sh", *HANG_RUN],
+                                 env=env)
+    twin_cluster.wait_for_file(run_dir, 600, predicate=lambda d: epochs_done(d) >= 1)
+    nodes = twin_cluster.job_nodes(twin_cluster.job(job_id))
+    workers = {node: _workers(twin_cluster, node) for node in nodes}
+    assert [len(found) for found in workers.values()] == [2, 2], workers
+    node = nodes[1]
+    rank = max(workers[node])
+    servers = nccl_ras_on(twin_cluster, nodes, workers, rank, tmp_path)
+    try:
+        # SIGSTOP: the process neither crashes nor answers; its peers wait in the next collective.
+        subprocess.run(["kill", "-STOP", str(workers[node][rank])], check=True)
+        stopped_at = time.monotonic()
+        job = twin_cluster.wait(job_id, timeout=DIST_TIMEOUT_S + SLACK_S + 30)
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+    took = time.monotonic() - stopped_at
+    print(f"the job ended {took:.1f} s after rank {rank} was stopped")
+
+    output = job.output()
+    assert took < DIST_TIMEOUT_S + SLACK_S, output
+    assert job.state == "FAILED", output
+    assert job.exit_code.startswith("1:"), job.exit_code  # a crash: never requeued blindly
+    named = re.findall(rf"ddp-launch: error: rank {rank} on {node} stopped advancing at step \d+ "
+                       rf"\(.*stopped by a signal \(T\)\) at \S+:\d+ in \S+", output)
+    assert len(named) == 1, output
+    forensics = run_dir / "forensics"
+    for r in (rank - 1, rank):  # both of the node's workers; the other node's agent writes its own
+        assert "most recent call first" in (forensics / f"stacks-rank{r}.txt").read_text()
+    # gloo records collectives into the Flight Recorder; the trainer dumps it when asked.
+    assert (forensics / f"fr-trace-rank{rank - 1}").stat().st_size > 0
+    # NCCL's verdict beside them, from the node's RAS socket, in the text of Olivia's NCCL 2.27.7; the
+    # address RAS names is the node's, named as the node's /etc/hosts names it.
+    saved = forensics / f"nccl-ras-{node}.txt"
+    verdict = (f"ddp-launch: NCCL RAS (NCCL {OLIVIA_NCCL_VERSION}, 1 communicator(s); a text report: JSON needs "
+               f"NCCL 2.28.7): rank(s) {rank} missing (process {workers[node][rank]} on {node}); "
+               f"node(s): {node}; its report: {saved}")
+    assert verdict in output, output
+    assert f"Rank {rank} -- GPU" in saved.read_text()

@@ -398,7 +398,8 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
     notes = [f"SLURM job {slurm.job_id}: task {slurm.proc_id} of {slurm.num_tasks}, "
              f"{local_world} task(s) on this node", head_note, port_note]
     if options.max_restarts is not None and options.max_restarts.source == "--max-restarts":
-        notes.append("--max-restarts is ignored in slurm-task mode (no torchrun): use srun's own restarts")
+        notes.append("--max-restarts is ignored in slurm-task mode (no torchrun restarts the tasks): a crash ends "
+                     "the step, and a new run on the same --run-dir resumes from its checkpoint")
     if options.log_dir:
         notes.append("--log-dir is ignored in slurm-task mode (no torchrun): use srun --output")
     if options.rdzv_timeout is not None:

@@ -18,7 +18,9 @@ The rank that says the verdict also writes it for the job script, <run-dir>/roll
 lost nodes, the cause, when the collective failed and when the roll call named them): a lost node
 goes into the quarantine record, and the job script trains on a spare in its place
 (slurm/lib/ddp.sh, DDP_SPARE_NODES). Ranks that died on a live node make no report: that is a crash,
-not a lost node.
+not a lost node. Nor does a node whose launcher stopped the step with a line of its own (a usage error
+of its rank 0: ddp_contract.launcher_reports): its silence, and its store's, are that error, which the
+line names instead.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
-from ddp_contract import NODE_NAME_VAR, ROLL_CALL_REPORT
+from ddp_contract import NODE_NAME_VAR, RENDEZVOUS_STARTED_VAR, ROLL_CALL_REPORT, launcher_reports
 from ddp_train.errors import PeerLost
 
 # A trainer started without ddp-launch (srun python -m ddp_train) has no DDP_NODE_NAME: SLURM's name
@@ -137,11 +139,33 @@ def first_line(exc: BaseException) -> str:
     return lines[0][:160] if lines else type(exc).__name__
 
 
+# How long a rank that lost the store waits for the report of a launcher that stopped on its own error:
+# written as that launcher exits, and a shared file system may show it a moment later.
+STOPPED_REPORT_WAIT_S = 3.0
+
+
+def stopped_instead(run_dir: Optional[str], nodes: Sequence[str], me: str, env: Mapping[str, str],
+                    wait_s: float = 0.0) -> Optional[dict]:
+    """The report of a launcher among `nodes` that stopped the step with a line of its own, or None."""
+    if not run_dir:
+        return None
+    since = float(env.get(RENDEZVOUS_STARTED_VAR) or 0)
+    found = launcher_reports.wait_for_stopped_first(run_dir, me, since, wait_s)
+    return found if found is not None and found.get("node") in nodes else None
+
+
+def stopped_message(report: dict, cause: str, checkpoint: str) -> str:
+    return (f"{launcher_reports.stopped_line(report)}; this rank's collective failed with it ({cause}); the last "
+            f"checkpoint ({checkpoint}) is kept")
+
+
 def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: str, head: str,
-              store: Optional[dist.Store] = None, wait_s: float = ROLL_CALL_S) -> Optional[PeerLost]:
+              store: Optional[dist.Store] = None, wait_s: float = ROLL_CALL_S, run_dir: Optional[str] = None,
+              env: Mapping[str, str] = os.environ) -> Optional[PeerLost]:
     """After a failed collective: PeerLost naming the silent nodes, or None when every rank answered
     (then the failure is not a lost node and keeps its traceback). `store`: the process group's
-    (the rendezvous store) unless given."""
+    (the rendezvous store) unless given. A silent node whose launcher stopped with a line of its own
+    (in run_dir) is named with that line, and is no lost node."""
     cause = first_line(exc)
     failed_at = time.time()
     try:
@@ -159,20 +183,25 @@ def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: s
             time.sleep(0.5)
     except Exception:  # noqa: BLE001 - any store failure means the store's host is out of reach
         first_here = min(r for r, host in enumerate(hosts) if host == hosts[rank])
-        message = head_lost_message(head, cause, checkpoint)
         node = head_node(head, hosts)
+        stopped = stopped_instead(run_dir, [node], hosts[rank], env, STOPPED_REPORT_WAIT_S)
+        if stopped is not None:  # the head's launcher ended the step with its error, and its store with it
+            return PeerLost(stopped_message(stopped, cause, checkpoint), prints=rank == first_here)
+        message = head_lost_message(head, cause, checkpoint)
         return PeerLost(message, prints=rank == first_here,
                         report=roll_call_report({node: [r for r, h in enumerate(hosts) if h == node]}, cause,
                                                 failed_at, message))
     silent = missing_nodes(hosts, answered)
     if not silent:
         return None
-    message = lost_message(silent, hosts, wait_s, cause, checkpoint)
+    stopped = stopped_instead(run_dir, gone_nodes(silent, hosts), hosts[rank], env)
+    message = (stopped_message(stopped, cause, checkpoint) if stopped is not None
+               else lost_message(silent, hosts, wait_s, cause, checkpoint))
     try:  # the first rank to finish its roll call says it and leaves it for the late ones
         first = store.add(PRINTED_KEY, 1) == 1
         if first:
             store.set(VERDICT_KEY, message)
     except Exception:  # noqa: BLE001 - the store went away meanwhile: say it from the lowest rank that answered
         first = rank == min(answered)
-    gone = {node: silent[node] for node in gone_nodes(silent, hosts)}
+    gone = {node: silent[node] for node in gone_nodes(silent, hosts)} if stopped is None else {}
     return PeerLost(message, prints=first, report=roll_call_report(gone, cause, failed_at, message) if gone else None)

@@ -91,10 +91,9 @@ def test_lumi_is_the_gpu_definition_on_a_rocm_base_sif():
     assert labels("lumi")["org.ddp.site"] == "lumi" and labels("lumi")["org.ddp.architecture"] == "amd64"
 
 
-def test_lumi_help_says_rocm_where_the_examples_say_nv():
+def test_lumi_help_names_its_architecture_and_site():
     help_text = sections(render(text("gpu.def"), BUILDS["lumi"][1]))["help"]
     assert "for amd64 GPU nodes" in help_text and 'Default site profile: "lumi"' in help_text
-    assert "use --rocm where the examples below say --nv" in help_text
 
 
 def labels(build: str) -> dict:

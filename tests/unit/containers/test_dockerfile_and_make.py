@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from pathlib import Path
-from deffile import build_arguments
+from deffile import build_arguments, render, sections
 from definitions_paths import BUILDS, REPO
 from dockerfile import generate
 
@@ -104,6 +104,49 @@ def test_each_target_passes_its_images_build_arguments(target, build, tmp_path):
     definition, arguments = BUILDS[build]
     assert {name: passed.get(name) for name in ("ARCH", "SITE")} == {name: arguments.get(name) for name in ("ARCH", "SITE")}
     assert set(passed) <= set(build_arguments((REPO / "containers" / definition).read_text()))
+
+
+def rendered_help(argv: list) -> str:
+    """gpu.def's %help as `apptainer build` fills it in with the build arguments of argv (Apptainer's
+    rule: a --build-arg over the %arguments default; deffile.render)."""
+    return sections(render((REPO / "containers" / "gpu.def").read_text(), build_args(argv)))["help"]
+
+
+@pytest.mark.parametrize("target, runtime, variable, flag, srun, site", [
+    # LUMI runs SingularityCE's singularity, part of the OS, and has no apptainer
+    # (https://docs.lumi-supercomputer.eu/software/containers/singularity/); SingularityCE reads
+    # SINGULARITY_BIND (its user guide, "Bind Paths and Mounts"); its GCDs need --rocm; Slingshot's
+    # steps need --network=disable_rdzv_get (HPE shs-ccl-docs; containers/sites/lumi.json).
+    ("build-lumi", "singularity", "SINGULARITY_BIND", "--rocm", "srun --network=disable_rdzv_get", "lumi"),
+    ("build-olivia", "apptainer", "APPTAINER_BIND", "--nv", "srun --network=disable_rdzv_get", "olivia"),
+    ("build-x86", "apptainer", "APPTAINER_BIND", "--nv", "srun", "NAME"),
+])
+def test_each_images_help_is_its_sites(target, runtime, variable, flag, srun, site, tmp_path):
+    fake, log = fake_apptainer(tmp_path)
+    result = make(target, tmp_path, f"{fake}:/usr/bin:/bin", f"OLIVIA_BASE_SIF={tmp_path}/absent.sif",
+                  f"LUMI_BASE_SIF={tmp_path}/absent.sif")
+    assert result.returncode == 0, result.stderr
+    text = rendered_help(log.read_text().splitlines())
+    assert f'python3 -m ddp_launch.binds --site {site})"' in text and f"export {variable}=" in text, text
+    assert f"{srun} {runtime} run {flag} train.sif --nodes 2" in text, text
+    commands = [line.split()[0] for line in text.splitlines() if line.startswith("    ")]  # dedented: the examples
+    assert set(commands) == {"export", "srun", runtime}, text  # no other runtime's command, anywhere
+    other = {"apptainer": "singularity", "singularity": "apptainer"}[runtime]
+    assert other not in text and other.upper() + "_BIND" not in text, text
+    assert "{{" not in text
+
+
+def test_a_site_profile_that_cannot_be_read_stops_the_build_before_apptainer_runs(tmp_path):
+    fake, log = fake_apptainer(tmp_path)
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / "lumi.json").write_text("{")
+    result = subprocess.run(["make", "--no-print-directory", "-C", str(REPO), "build-lumi", f"SIF_DIR={tmp_path}",
+                             "BUILD_MIN_FREE_GB=0", f"LUMI_BASE_SIF={tmp_path}/absent.sif"],
+                            env={"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "DDP_SITES_DIR": str(sites)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and not log.exists()
+    assert "containers/image_help.py lumi printed nothing" in result.stderr, result.stderr
 
 
 # `apptainer sif list` as Apptainer 1.4 prints it (the real one is read in tests/e2e/test_make_build.py).
@@ -228,11 +271,12 @@ def test_a_build_arg_changes_only_its_argument_default(monkeypatch, name, value,
     assert changed == [line]
 
 
-def test_every_definition_argument_but_bootstrap_is_a_docker_arg_with_its_default(dockerfile):
+def test_every_definition_argument_but_bootstrap_and_the_helps_is_a_docker_arg_with_its_default(dockerfile):
     # Docker scopes an ARG before FROM to the FROM line; the stage declares it again to use it.
     stage = dockerfile.split("\nFROM ", 1)[1].splitlines()
     declared = dict(line[len("ARG "):].partition("=")[::2] for line in stage if line.startswith("ARG "))
-    defaults = build_arguments((REPO / "containers" / "gpu.def").read_text())
+    defaults = {name: value for name, value in build_arguments((REPO / "containers" / "gpu.def").read_text()).items()
+                if not name.startswith("HELP_")}  # %help's alone: a Dockerfile has no help
     assert set(declared) == set(defaults) - {"BOOTSTRAP"}
     assert {k: v.strip('"') for k, v in declared.items() if k != "BASE_IMAGE"} == \
         {k: v for k, v in defaults.items() if k not in ("BOOTSTRAP", "BASE_IMAGE")}

@@ -192,6 +192,21 @@ def test_a_silent_node_whose_own_launcher_reported_a_crash_is_up_and_not_exclude
     assert [e.node for e in q.read_record(str(run_dir))] == ["node3"]
 
 
+def test_a_silent_node_whose_slurmd_answered_after_the_step_is_up_and_not_excluded(tmp_path, capsys):
+    # ddp.sh asks each node the roll call names for a step of `true` (ddp::slurmd_answers): one whose
+    # launcher was killed (the OOM killer, its workers dying with it) answers; a lost one does not.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    report = _roll_call_json(tmp_path, ["node2", "node3"])
+    assert q.main(["lost", report]) == 0
+    assert capsys.readouterr().out.split() == ["node2", "node3"]
+    assert q.main(["add", "--by", "roll-call", "--job", "9", "--up", "node2", str(run_dir), report]) == EXIT_BAD_NODE
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("node2 is up: its slurmd answered after the step failed (its ranks were killed, or stopped, "
+                      "on a live node): a crash, not a lost node")
+    assert [e.node for e in q.read_record(str(run_dir))] == ["node3"]
+
+
 def test_a_roll_call_report_that_is_not_one_names_nothing(tmp_path):
     (tmp_path / "roll-call.json").write_text("{not json")
     assert q.collect("roll-call", q.read_reports([str(tmp_path / "roll-call.json"), str(tmp_path / "absent.json")]), "7", 0) == []

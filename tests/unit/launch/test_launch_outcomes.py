@@ -4,6 +4,7 @@ die with a SIGKILLed launcher, and a node whose head never comes up gives up in 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -276,3 +277,76 @@ def test_a_full_disk_under_the_workers_output_is_one_line_and_exit_2_from_every_
     errors = [line for line in lines(done.stderr) if "error" in line]
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
     assert errors[0].startswith("ddp-train: error: cannot write the output log /dev/full (ENOSPC: "), errors
+
+
+# A usage error on the head node, as the other nodes see it. The head's launcher stops before its
+# rendezvous store exists (here: its --nodes disagrees with SLURM, a LaunchError only it makes), or
+# its rank 0 stops on a usage error once the workers run and the store goes with its agent. Without a
+# word from the head, the other node waited for the store until srun's --wait killed it (137), or
+# said "rendezvous store ... failed ... raise --rdzv-timeout". The head leaves its line in the run dir
+# (ddp_contract.launcher_reports); the other node names it and ends with its code.
+
+def two_node_run_dir(tmp_path: Path) -> tuple[Path, dict, dict]:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    head, port = routable_local_ipv4(), closed_port()
+    envs = [{**slurm_step(tmp_path, node), "DDP_RUN_DIR": str(run_dir), "DDP_NODE_NAME": f"node{node + 1}"}
+            for node in (0, 1)]
+    common = ["--cpu-workers", "1", "--rdzv-host", head, "--rdzv-port", str(port)]
+    return run_dir, envs, {"common": common, "head": head, "port": port}
+
+
+def test_the_other_node_names_a_usage_error_the_head_stopped_on_before_its_rendezvous(tmp_path):
+    run_dir, (head_env, other_env), given = two_node_run_dir(tmp_path)
+    (tmp_path / "never.py").write_text(NEVER)
+    head = subprocess.run([sys.executable, "-m", "ddp_launch", *given["common"], "--nodes", "3", "--script",
+                           "never.py"], env=head_env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert head.returncode == 2, head.stderr
+    said = lines(head.stderr)[-1]
+    assert said.startswith("ddp-launch: error: ") and "3" in said, head.stderr
+    assert json.loads((run_dir / "launcher-crash-node1.json").read_text())["line"] == said
+
+    started = time.monotonic()
+    other = subprocess.run([sys.executable, "-m", "ddp_launch", *given["common"], "--rdzv-timeout", "900",
+                            "--script", "never.py"], env=other_env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=600)
+    # At once (the peer watch polls each second; the import of torch takes the rest: 57 s once, on 2
+    # cores beside the e2e clusters), not after its store's timeout (half of 900 s) or srun's --wait.
+    assert time.monotonic() - started < 300
+    assert other.returncode == 2, other.stderr
+    assert lines(other.stderr)[-1] == f"ddp-launch: error: node1's ddp-launch stopped first (exit 2): {said}; " \
+                                      "this node stops too", other.stderr
+    assert "raise --rdzv-timeout" not in other.stderr
+
+
+USAGE_AFTER_INIT = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    if os.environ["RANK"] == "0":
+        time.sleep(1)
+        print("workload: error: --run-dir runs/x is in use by job 7: pick another", file=sys.stderr)
+        sys.exit(2)
+    dist.barrier()
+    """)
+
+
+def test_the_other_node_names_the_heads_rank_0_usage_error_when_the_store_goes_with_it(tmp_path):
+    run_dir, (head_env, other_env), given = two_node_run_dir(tmp_path)
+    (tmp_path / "usage.py").write_text(USAGE_AFTER_INIT)
+    argv = [sys.executable, "-m", "ddp_launch", *given["common"], "--rdzv-timeout", "120", "--script", "usage.py"]
+    head = subprocess.Popen([*argv[:3], "--log-dir", str(tmp_path / "logs"), *argv[3:]], env=head_env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        other = subprocess.run(argv, env=other_env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        _, head_err = head.communicate(timeout=120)
+    finally:
+        head.kill()
+    assert head.returncode == 2, head_err
+    line = "workload: error: --run-dir runs/x is in use by job 7: pick another"
+    assert json.loads((run_dir / "launcher-crash-node1.json").read_text())["line"] == line
+    assert other.returncode == 2, other.stderr
+    assert f"ddp-launch: error: node1's ddp-launch stopped first (exit 2): {line}; the rendezvous at " \
+           f"{given['head']}:{given['port']} ended with it" in other.stderr, other.stderr
+    assert "raise --rdzv-timeout" not in other.stderr

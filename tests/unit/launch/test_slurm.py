@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import shlex
+from pathlib import Path
+
 import pytest
 
 from ddp_launch.accelerators import load_accelerator
@@ -262,6 +266,30 @@ def test_raven_task_execs_the_trainer_with_env_init_variables():
         "MASTER_ADDR": "10.20.0.123", "MASTER_PORT": str(rendezvous_port(5550017, 0))}
     assert env["OMP_NUM_THREADS"] == "18"  # SLURM_CPUS_PER_TASK
     assert plan.nodes == 2
+
+
+# The job scripts that run one task per GPU (ddp::run_job task): no torchrun there.
+TASK_SCRIPTS = sorted(path.name for path in (Path(__file__).resolve().parents[3] / "slurm").glob("*.sh")
+                      if re.search(r"^ddp::run_job task\b", path.read_text(), re.M))
+
+
+@pytest.mark.parametrize("script", TASK_SCRIPTS)
+def test_the_launcher_flags_a_task_per_gpu_script_suggests_are_ones_its_mode_uses(script):
+    text = (Path(__file__).resolve().parents[3] / "slurm" / script).read_text()
+    suggested = re.findall(r'DDP_LAUNCH_ARGS="([^"]+)"', text)
+    assert suggested, f"{script} suggests no DDP_LAUNCH_ARGS"
+    plain = plan_for(raven(5))
+    for words in suggested:
+        plan = plan_for(raven(5), *shlex.split(words))
+        assert plan.mode == "slurm-task"
+        assert not [note for note in plan.notes if "ignored" in note], (words, plan.notes)
+        assert plan.changes != plain.changes, f"{words} changes nothing in slurm-task mode"
+
+
+def test_max_restarts_in_task_mode_says_what_happens_instead():
+    notes = plan_for(raven(5), "--max-restarts", "2").notes
+    assert ("--max-restarts is ignored in slurm-task mode (no torchrun restarts the tasks): a crash ends the step, "
+            "and a new run on the same --run-dir resumes from its checkpoint") in notes
 
 
 def test_auto_detects_slurm_task_for_several_tasks_per_node():

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
 
+from stand_ins import nccl_ras as ras_stand_in
+
 from ddp_contract import heartbeat as hb
-from ddp_launch.watchdog import Beat, Watchdog, culprits, where_stopped
+from ddp_launch.watchdog import RAS_BUDGET_S, Beat, Watchdog, culprits, ras_budget_s, where_stopped
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -84,31 +87,92 @@ WORKER = textwrap.dedent("""\
     """)
 
 
-def test_a_stopped_worker_is_named_with_its_step_and_place_its_stacks_land_in_the_run_dir_and_it_is_killed(
-        tmp_path):
+def hang(tmp_path, env: dict, ras_job=None) -> tuple[list[str], Path, int]:
+    """A real worker stopped in its compute and the watchdog that finds it, with NCCL's RAS answered by
+    the stand-in for ras_job (a function of the worker's pid), or by nothing. (lines said, run dir,
+    the worker's end)."""
     beats_dir, run_dir = tmp_path / "hb", tmp_path / "run"
     beats_dir.mkdir()
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'entrypoints'}{os.pathsep}{REPO / 'src'}"}
-    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(beats_dir), str(run_dir)], env=env,
+    child_env = {**os.environ, "PYTHONPATH": f"{REPO / 'entrypoints'}{os.pathsep}{REPO / 'src'}"}
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(beats_dir), str(run_dir)], env=child_env,
                               stdout=subprocess.PIPE, text=True)
+    server = None
     try:
         assert worker.stdout.readline().strip() == "ready"
+        if ras_job is not None:
+            server = ras_stand_in.serve(ras_job(worker.pid))
+            env = {**env, "NCCL_RAS_ADDR": f"127.0.0.1:{server.server_address[1]}"}
         os.kill(worker.pid, signal.SIGSTOP)
         said: list[str] = []
-        dog = Watchdog(str(beats_dir), said.append)
+        dog = Watchdog(str(beats_dir), said.append, env)
         deadline = time.monotonic() + 20
         while not said and time.monotonic() < deadline:  # stall_after_s: half of 2.0 s
             dog.check()
             time.sleep(0.2)
-        assert len(said) == 1, said
-        assert said[0].startswith("ddp-launch: error: rank 3 on ")
-        assert "stopped advancing at step 41 (gradient all-reduce" in said[0]
-        assert "stopped by a signal (T)" in said[0]
-        assert "in stuck_in_compute" in said[0]  # time.sleep is C: the innermost Python frame is ours
-        assert "most recent call first" in (run_dir / "forensics" / "stacks-rank3.txt").read_text()
-        assert worker.wait(timeout=10) == -signal.SIGKILL
+        return said, run_dir, worker.wait(timeout=10)
     finally:
         worker.kill()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
+def test_a_stopped_worker_is_named_with_its_step_and_place_its_stacks_land_in_the_run_dir_and_it_is_killed(
+        tmp_path):
+    port = closed_port()
+    said, run_dir, end = hang(tmp_path, {"NCCL_RAS_ADDR": f"127.0.0.1:{port}"})
+    assert len(said) == 2, said
+    assert said[0].startswith("ddp-launch: error: rank 3 on ")
+    assert "stopped advancing at step 41 (gradient all-reduce" in said[0]
+    assert "stopped by a signal (T)" in said[0]
+    assert "in stuck_in_compute" in said[0]  # time.sleep is C: the innermost Python frame is ours
+    assert "most recent call first" in (run_dir / "forensics" / "stacks-rank3.txt").read_text()
+    # No NCCL here (nothing on its RAS port): one line, and the culprit's end is not held up.
+    assert said[1] == (f"ddp-launch: NCCL RAS: nothing listens on 127.0.0.1:{port} (NCCL older than 2.24, "
+                       "NCCL_RAS_ENABLE=0, another NCCL_RAS_ADDR, or no NCCL in these workers): no verdict from NCCL")
+    assert end == -signal.SIGKILL
+
+
+def ras_job(version: str, rank_3_answers: bool):
+    """NCCL's view of the hung worker's job: ranks 0-2 elsewhere, rank 3 the stopped worker on this host,
+    missing from RAS's gathering (a stopped process's RAS thread is stopped too), or present with every
+    count equal (NVIDIA/nccl#1730)."""
+    def described(pid: int) -> dict:
+        ranks = [{"rank": r, "host": "10.9.0.1", "pid": 9000 + r, "counts": {"AllReduce": 57}} for r in range(3)]
+        me = {"rank": 3, "host": "127.0.0.1", "pid": pid, "gpu": 1, "counts": {"AllReduce": 57}}
+        return {"nccl_version": version, "communicators": [{
+            "hash": "0x1f", "size": 4, "ranks": ranks + ([me] if rank_3_answers else []),
+            "missing": [] if rank_3_answers else [me]}]}
+    return described
+
+
+def test_the_hang_report_carries_the_verdict_of_nccls_ras_and_its_report(tmp_path):
+    said, run_dir, end = hang(tmp_path, {}, ras_job("2.29.2", rank_3_answers=False))
+    assert said[0].startswith("ddp-launch: error: rank 3 on "), said
+    saved = run_dir / "forensics" / f"nccl-ras-{socket.gethostname()}.json"
+    assert said[1].startswith("ddp-launch: NCCL RAS (NCCL 2.29.2, 1 communicator(s)): rank(s) 3 missing (process "), said
+    assert said[1].endswith(f"; its report: {saved}"), said
+    assert '"missing_ranks_count": 1' in saved.read_text()
+    assert end == -signal.SIGKILL
+
+
+def test_a_ras_that_says_ok_during_the_hang_is_reported_and_the_culprit_still_ends(tmp_path):
+    said, _, end = hang(tmp_path, {}, ras_job("2.29.2", rank_3_answers=True))
+    assert said[0].startswith("ddp-launch: error: rank 3 on ") and "NVIDIA/nccl#1730" in said[1], said
+    assert end == -signal.SIGKILL
+
+
+def test_ras_gets_at_most_half_of_what_the_collective_timeout_leaves():
+    # stall_after_s 12: half of a 24 s timeout gone, 12 s left, 6 for RAS.
+    assert ras_budget_s([Beat(0, 1, "n", hb.STEP, 1, 0, 9, 12.0, "S", "/r", 0)]) == 6.0
+    assert ras_budget_s([Beat(0, 1, "n", hb.STEP, 1, 0, 9, 300.0, "S", "/r", 0)]) == RAS_BUDGET_S
+    assert ras_budget_s([Beat(0, 1, "n", hb.STEP, 1, 0, 9, 0.5, "S", "/r", 0)]) == 1.0
 
 
 def test_a_record_from_an_earlier_worker_with_the_same_rank_is_not_read_as_this_one(tmp_path):

@@ -149,3 +149,49 @@ def test_ranks_are_named_as_slurm_names_their_node():
 def test_ranks_are_named_as_the_launcher_names_their_node_first():
     # ddp-launch exports DDP_NODE_NAME from the scheduler's variables (a pod's name, SLURMD_NODENAME).
     assert peers.node_name({"DDP_NODE_NAME": "ddp-train-worker-0", "SLURMD_NODENAME": "node7"}) == "ddp-train-worker-0"
+
+
+# A node whose launcher stopped the step with its own line (ddp_contract.launcher_reports: its rank 0's
+# usage error): its silence, and its store's, are that error, not a lost node.
+
+USAGE = "ddp-train: error: --run-dir runs/x is in use by job 7 on node1: pick another --run-dir"
+
+
+def test_a_head_whose_launcher_stopped_on_a_usage_error_is_named_with_its_line_not_as_lost(tmp_path):
+    from ddp_contract import launcher_reports
+
+    class Gone:  # the head's agent exited: its store with it
+        def set_timeout(self, _):
+            raise RuntimeError("Connection refused")
+
+    launcher_reports.write(str(tmp_path), "node1", 2, USAGE, now=time.time())
+    lost = roll_call(HOSTS, 2, RuntimeError("Connection closed by peer"), "/r/checkpoint.pt", "node1", store=Gone(),
+                     wait_s=0.2, run_dir=str(tmp_path), env={})
+    assert str(lost).startswith(f"node1's ddp-launch stopped first (exit 2): {USAGE}; this rank's collective "
+                                "failed with it (Connection closed by peer)"), str(lost)
+    assert lost.prints and lost.report is None  # no roll-call.json: nothing for the quarantine
+
+
+def test_a_silent_node_whose_launcher_stopped_on_its_own_error_makes_no_lost_node_report(tmp_path):
+    from ddp_contract import launcher_reports
+
+    store = _store()
+    store.set("ddp-train/roll-call/3", "1")  # node2 answers; node1's ranks stopped with their launcher
+    launcher_reports.write(str(tmp_path), "node1", 2, USAGE, now=time.time())
+    lost = roll_call(HOSTS, 2, RuntimeError("Connection closed by peer"), "/r/checkpoint.pt", "node1", store=store,
+                     wait_s=0.2, run_dir=str(tmp_path), env={})
+    assert str(lost).startswith(f"node1's ddp-launch stopped first (exit 2): {USAGE}")
+    assert lost.report is None
+
+
+def test_a_report_from_an_earlier_step_is_not_taken_for_this_ones(tmp_path):
+    from ddp_contract import launcher_reports
+
+    class Gone:
+        def set_timeout(self, _):
+            raise RuntimeError("Connection refused")
+
+    launcher_reports.write(str(tmp_path), "node1", 2, USAGE, now=time.time() - 3600)
+    lost = roll_call(HOSTS, 2, RuntimeError("timed out"), "/r/checkpoint.pt", "node1", store=Gone(), wait_s=0.2,
+                     run_dir=str(tmp_path), env={"DDP_RENDEZVOUS_STARTED_AT": str(time.time() - 5)})
+    assert str(lost).startswith("lost contact with the head node node1")
