@@ -34,7 +34,11 @@ WORKLOAD = textwrap.dedent(
     if mode == "killed" and rank == "0":
         os.kill(os.getpid(), signal.SIGKILL)
     def stop(signum, frame):
-        open(os.path.join(out, f"signal-{rank}"), "w").write(str(signum))
+        # Written whole, then named: the test reads the file as soon as it exists.
+        path = os.path.join(out, f"signal-{rank}")
+        with open(path + ".tmp", "w") as f:
+            f.write(str(signum))
+        os.replace(path + ".tmp", path)
         sys.exit(75)
     signal.signal(signal.SIGTERM, stop)
     open(os.path.join(out, f"ready-{rank}"), "w").close()
