@@ -27,6 +27,7 @@
 # Submit from the repository root, with your project: sbatch --account=project_NNNNNNNNN
 #   slurm/lumi-multinode.sh [trainer flags...], e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win);
 # ddp-launch flags go in DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
+# Your own script in place of the trainer: sbatch ... slurm/lumi-multinode.sh --script PATH [its arguments] (docs/own-script.md).
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
 source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 
@@ -37,7 +38,7 @@ ddp::default DDP_CONTAINER_RUNTIME singularity
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/lumi-multinode-%j"
 # 32 images per GCD on 2 nodes, as per GPU in the Raven scripts.
-ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 512 --base-lr 0.01"
+ddp::trainer_defaults "--epochs 50 --batch-size 512 --base-lr 0.01"
 
 # Each task on the cores nearest its GCD. A LUMI-G node's 64-core CPU has 8 CCDs of 8 cores, the
 # first core of each reserved, so 7 per GCD; GCD i's nearest CCD is not CCD i (rocm-smi
