@@ -222,7 +222,7 @@ def watch(model: Any) -> Any:
     leave it out where your model has its own hook. Returns the model."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    def counted(state: Any, bucket: Any) -> Any:
+    def counted(state, bucket):  # unannotated: DDP checks a hook's annotations (GradBucket, Future)
         if _taking.forensics is not None:
             _taking.forensics.heartbeat.bucket()
         return allreduce_hook(state, bucket)
@@ -242,7 +242,7 @@ def after_failure(error: BaseException) -> Optional[bool]:
     env = os.environ
     where = run_dir(env)
     verdict = roll_call.roll_call(_taking.hosts, _rank(env), error, "in {}".format(where or "the run dir"),
-                                  env.get("MASTER_ADDR", "?"))
+                                  env.get("MASTER_ADDR", "?"), wait_s=roll_call.ROLL_CALL_S)
     if verdict is None:
         return None
     if verdict.prints:
