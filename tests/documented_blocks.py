@@ -176,3 +176,12 @@ def own_script_apptainer_block() -> Block:
     """The own-script quick start that runs the image by hand with `apptainer run`."""
     (block,) = [block for block in own_script_blocks(OWN_SCRIPT_BY_HAND) if block.first_line.startswith("apptainer ")]
     return block
+
+
+def own_script_job_script(twin_name: str) -> str:
+    """The job script of twin_name's cluster that the own-script quick start submits (slurm/<cluster>-*.sh)."""
+    (block,) = own_script_blocks(OWN_SCRIPT_SLURM)
+    found = [line.script for line in sbatch_lines(block) if Path(line.script).name.startswith(f"{twin_name}-")]
+    if len(found) != 1:
+        raise ValueError(f"{block}: {len(found)} sbatch lines submit a job script of {twin_name}'s, not one")
+    return found[0]

@@ -2,8 +2,10 @@
 image's Python, so that packages installed there are seen without building the image again.
 
 Made in the image, on a file system the job sees (its path bound in, as the job scripts bind DDP_VENV):
-    apptainer exec train.sif python3 -m venv --system-site-packages /shared/me/venv
+    apptainer exec train.sif python3 -m venv --system-site-packages --without-pip /shared/me/venv
     apptainer exec train.sif /shared/me/venv/bin/python -m pip install PACKAGE
+(--without-pip: the image's own pip installs into the venv, as `python -m pip` in a venv does; images whose
+Python lacks ensurepip, Debian's and Ubuntu's without python3-venv, cannot make one with pip.)
 --system-site-packages keeps the image's packages (torch, NCCL's bindings, this launcher) visible under the
 venv's own (https://docs.python.org/3/library/venv.html: "give the virtual environment access to the system
 site-packages dir"); a venv's interpreter is its bin/python, which finds pyvenv.cfg beside it at start
@@ -21,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from ddp_launch.errors import LaunchError
 
 VENV_VAR = "DDP_VENV"
-MAKE_IT = "apptainer exec IMAGE python3 -m venv --system-site-packages {}"
+MAKE_IT = "apptainer exec IMAGE python3 -m venv --system-site-packages --without-pip {}"
 
 
 def interpreter(env: Mapping[str, str], prefix: str = sys.prefix) -> str | None:

@@ -308,7 +308,7 @@ ddp::workload_dirs() {
         fi
     fi
     if [ -n "${DDP_VENV:-}" ]; then
-        [ -d "${DDP_VENV}" ] || ddp::err "DDP_VENV=${DDP_VENV} is not a directory: make the venv in the image first (apptainer exec IMAGE python3 -m venv --system-site-packages ${DDP_VENV}; docs/own-script.md), or unset DDP_VENV"
+        [ -d "${DDP_VENV}" ] || ddp::err "DDP_VENV=${DDP_VENV} is not a directory: make the venv in the image first (apptainer exec IMAGE python3 -m venv --system-site-packages --without-pip ${DDP_VENV}; docs/own-script.md), or unset DDP_VENV"
         ddp::absolute_dir_setting DDP_VENV
     fi
 }

@@ -186,7 +186,7 @@ my run.yaml
     : > "${CALLS}"
     DDP_VENV="${BATS_TEST_TMPDIR}/no-venv" run bash "${REPO}/slurm/olivia-multinode.sh" --script "${TRAIN_PY}"
     assert_failure 2
-    assert_output "ddp: error: DDP_VENV=${BATS_TEST_TMPDIR}/no-venv is not a directory: make the venv in the image first (apptainer exec IMAGE python3 -m venv --system-site-packages ${BATS_TEST_TMPDIR}/no-venv; docs/own-script.md), or unset DDP_VENV"
+    assert_output "ddp: error: DDP_VENV=${BATS_TEST_TMPDIR}/no-venv is not a directory: make the venv in the image first (apptainer exec IMAGE python3 -m venv --system-site-packages --without-pip ${BATS_TEST_TMPDIR}/no-venv; docs/own-script.md), or unset DDP_VENV"
     run grep -c '^srun' "${CALLS}"
     assert_output "0"
 }

@@ -680,16 +680,28 @@ class TwinJob:
         return Path(self.env["DDP_RUN_DIR"])
 
 
-def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) -> dict:
+def submit_twin_job_now(twin_cluster: Cluster, job: TwinJob) -> str:
+    """job submitted as it is (only --output is given: the scripts write theirs into the checkout), with the
+    short-training flags after the built-in trainer's arguments; a script of the user's (--script, --module)
+    gets exactly its own. Its job id; its output is output_of(job, id)."""
+    own = job.args[:1] in (("--script",), ("--module",))
+    return twin_cluster.sbatch([f"--output={job.run_dir.parent}/%j.out", *job.sbatch_extra, job.script, *job.args,
+                                *(() if own else TWIN_TRAIN_ARGS)], env=job.env)
+
+
+def output_of(job: TwinJob, job_id: str) -> Path:
+    return job.run_dir.parent / f"{job_id}.out"
+
+
+def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600, submitted: dict | None = None) -> dict:
     """Each TwinJob of jobs submitted at once, as it is, with the twin's facts answering its #SBATCH
-    lines (only --output is given: the scripts write theirs into the checkout), then waited for:
-    SLURM runs side by side those the nodes hold. {key: Job}."""
+    lines, then waited for: SLURM runs side by side those the nodes hold. {key: Job}. submitted: {key: job
+    id} of jobs of `jobs` the caller submitted already (submit_twin_job_now), to be waited for with them."""
     started = time.monotonic()
-    submitted = {}
+    submitted = dict(submitted or {})
     for key, job in jobs.items():
-        out = job.run_dir.parent
-        submitted[key] = twin_cluster.sbatch([f"--output={out}/%j.out", *job.sbatch_extra, job.script, *job.args,
-                                              *TWIN_TRAIN_ARGS], env=job.env)
+        if key not in submitted:
+            submitted[key] = submit_twin_job_now(twin_cluster, job)
     ended = {}
     for key, job_id in submitted.items():
         ended[key] = twin_cluster.wait(job_id, timeout=max(1.0, timeout - (time.monotonic() - started)))
@@ -706,6 +718,13 @@ def twin_script_job(twin: twins.Twin, script: str, env: dict) -> TwinJob:
     if line is None or line.script != script:
         return TwinJob(script, env)
     return TwinJob(script, {**env, **line.env}, line.options, line.args)
+
+
+def own_script_job(twin: twins.Twin, env: dict, run_dir: Path) -> TwinJob:
+    """The README's own-script quick start for twin's cluster: its sbatch line word for word, with its run
+    dir (documented_blocks.own_script_sbatch), run from the checkout as the job scripts require."""
+    line = documented_blocks.own_script_sbatch(documented_blocks.own_script_job_script(twin.name))
+    return TwinJob(line.script, {**env, "DDP_RUN_DIR": str(run_dir), **line.env}, line.options, line.args)
 
 
 def quick_start_job(twin: twins.Twin, env: dict) -> TwinJob:

@@ -10,12 +10,15 @@ submitted by the README's Olivia quick start's sbatch line word for word, serves
 """
 from __future__ import annotations
 
+import json
 import re
+import threading
+import time
 
 import pytest
 import twins
-from conftest import (container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records, run_twin_scripts,
-                      submit_twin_job, twin_job_env, user_dir)
+from conftest import (container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records, output_of,
+                      own_script_job, run_twin_scripts, submit_twin_job, submit_twin_job_now, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -30,14 +33,44 @@ ONE_NODE_SCRIPTS = ("slurm/olivia-1gpu.sh", "slurm/olivia-1node-4gpu.sh")
 SHARED_NODE_CASE = "other-job-gpu-sick"
 
 
+# The batch shell's line once the preflight has run: its USR2 trap is in place from before the preflight, and
+# the training step has not started (the fabric gate runs between the two).
+PREFLIGHT_DONE = "ddp: preflight step: "
+OWN = "own script"
+
+
+def stop_at_the_time_limit(twin, output, job_id: str, timeout: float = 600) -> None:
+    """What SLURM does 120 s before the job's time limit (`--signal=B:USR2@120`): USR2 to the batch shell
+    alone, by hand `scancel --batch --signal=USR2` (scancel(1)). Sent once the preflight has run, so that
+    the stop is waiting when the script's first step asks (its steps take milliseconds: one sent mid-run
+    could come after its last)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if output.exists() and PREFLIGHT_DONE in output.read_text(errors="replace"):
+            twin.run(["scancel", "--batch", "--signal=USR2", job_id], timeout=30)
+            return
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def olivia_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Olivia script submitted at once, as on Olivia: multinode (2 nodes of 4 GPUs, 72 cores and
-    440G a task) takes two of the three nodes, the one-node scripts the third in turn. {script: Job}."""
+    440G a task) takes two of the three nodes, the one-node scripts the third in turn; and the README's
+    own-script quick start for Olivia (examples/argparse_torchrun.py in olivia-1gpu.sh), stopped at its
+    time limit and requeued. {script (or OWN): (Job, run dir, output)}."""
+    own_run = user_dir(tmp_path_factory.mktemp("own-script")) / "run"
+    own = own_script_job(TWIN, twin_job_env(TWIN, images.x86, cifar_data, own_run), own_run)
+    own_id = submit_twin_job_now(twin, own)
+    stopper = threading.Thread(target=stop_at_the_time_limit, args=(twin, output_of(own, own_id), own_id),
+                               daemon=True)
+    stopper.start()
     shared = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi"),
                                  {node: SHARED_NODE_CASE for node in ("nid001000", "nid001001", "nid001002")})
-    return run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
+    jobs = run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
                             tmp_path_factory, extra_env={"slurm/olivia-1gpu.sh": shared})
+    stopper.join(timeout=600)
+    ended = twin.wait(own_id, timeout=600)
+    return {**jobs, OWN: (ended, own_run, ended.output())}
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +240,25 @@ def test_olivia_twin_nodes_carry_olivias_names_nic_partition_and_gpus(twin):
                                    "/opt/cray/libfabric/2.3.1/lib64/libfabric.so.1", "/usr/lib64/libcxi.so.1"]
     nodes = twin.run(["sinfo", "-h", "-N", "-o", "%N %P %G %c %m"], timeout=30).stdout.split("\n")
     assert "nid001000 accel gpu:gh200:4 288 460800" in nodes
+
+
+def test_olivia_own_script_stops_at_its_time_limit_checkpoints_is_requeued_and_resumes_at_the_right_step(olivia_jobs):
+    """The README's own-script line for Olivia, word for word: examples/argparse_torchrun.py, strict argparse
+    and torchrun's ranks, taking part in the contract (ddp_contract.workload). USR2 at the time limit reaches
+    it through DDP_STOP_REQUEST; every rank agrees on the stop, rank 0 writes the checkpoint, the script exits
+    75, the job script requeues the job, and the requeued run resumes at the step after the stop."""
+    job, run_dir, output = olivia_jobs[OWN]
+    assert job.state == "COMPLETED", output
+    assert job.fields.get("Restarts") == "1", job.fields
+    marks = ["(restart 0)", "ddp: SIGUSR2 reached the batch script: asked the training step to checkpoint and stop",
+             "stop requested (SIGUSR2) at step 0: checkpoint", "requeuing job", "(restart 1)",
+             "resumed at step 1 from", "done: 200 steps"]
+    places = [output.find(mark) for mark in marks]
+    assert -1 not in places and places == sorted(places), list(zip(marks, places))
+    assert "world size 2, backend gloo, steps 0-199" in output and "world size 2, backend gloo, steps 1-199" in output
+    assert not (run_dir / ".ddp-stop-request").exists()
+    # Before each run, the preflight checked the script in the node's container and the fabric gate ran.
+    assert output.count("preflight: ddp-launch doctor passed on every node") == 2, output
+    assert len(re.findall(r"fabric gate: PASS in", output)) == 2, output
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["workload"]["args"] == ["--steps", "200"]  # no trainer flags, no --data-dir or --run-dir

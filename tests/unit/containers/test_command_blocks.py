@@ -108,7 +108,7 @@ HOW = {
                   "--steps 40"): RunElsewhere(
         "tests/e2e/test_own_script.py::test_the_readme_runs_ones_own_script_in_apptainer_by_hand_as_written",
         _own_script_apptainer_blocks),
-    ("docs/own-script.md", 'apptainer exec train-x86_64.sif python3 -m venv --system-site-packages "$HOME/venvs/ddp"'):
+    ("docs/own-script.md", 'apptainer exec train-x86_64.sif python3 -m venv --system-site-packages --without-pip "$HOME/venvs/ddp"'):
         NotHere("an x86_64 cluster's login node with Apptainer, pip's index and SLURM; "
                 "tests/e2e/test_own_script.py::test_a_venv_made_in_the_image_adds_a_package_the_workers_import runs "
                 "the same three steps in the image, with a wheel of its own in place of the index"),

@@ -105,7 +105,7 @@ def test_a_ddp_venv_that_is_none_here_or_hides_the_images_packages_is_one_line_w
     with pytest.raises(LaunchError, match=r"^DDP_VENV=/nowhere is not a virtual environment here \(no "
                                           r"/nowhere/pyvenv.cfg; a container sees only what is bound into it\): make "
                                           r"it in the image, apptainer exec IMAGE python3 -m venv "
-                                          r"--system-site-packages /nowhere"):
+                                          r"--system-site-packages --without-pip /nowhere"):
         venv.interpreter({"DDP_VENV": "/nowhere"})
     closed = make_venv(tmp_path / "closed", system_site_packages=False)
     with pytest.raises(LaunchError, match="does not see the image's packages .* include-system-site-packages = false"):
