@@ -172,6 +172,11 @@ my run.yaml
     assert_output "stop-request SIGUSR2"
     run grep '^scontrol requeue' "${CALLS}"
     assert_output "scontrol requeue 42"
+    # The script is told where to look: the variable names the file the batch shell wrote.
+    run grep '^srun-workload-env' "${CALLS}"
+    assert_output --partial " DDP_STOP_REQUEST=${DDP_RUN_DIR}/.ddp-stop-request "
+    run _workload_call
+    assert_output --regexp " --script ${TRAIN_PY} --$"
 }
 
 @test "DDP_VENV is bound into every step; one that is not a directory is one line, exit 2, before any srun" {

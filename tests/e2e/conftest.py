@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -693,15 +694,17 @@ def output_of(job: TwinJob, job_id: str) -> Path:
     return job.run_dir.parent / f"{job_id}.out"
 
 
-def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600, submitted: dict | None = None) -> dict:
-    """Each TwinJob of jobs submitted at once, as it is, with the twin's facts answering its #SBATCH
-    lines, then waited for: SLURM runs side by side those the nodes hold. {key: Job}. submitted: {key: job
-    id} of jobs of `jobs` the caller submitted already (submit_twin_job_now), to be waited for with them."""
+def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600,
+                     on_submit: Callable[[str, TwinJob, str], None] | None = None) -> dict:
+    """Each TwinJob of jobs submitted at once, in order (SLURM gives the first the first nodes), as it is,
+    with the twin's facts answering its #SBATCH lines, then waited for: SLURM runs side by side those the
+    nodes hold. {key: Job}. on_submit(key, job, job id): what the test does with a job while it runs."""
     started = time.monotonic()
-    submitted = dict(submitted or {})
+    submitted = {}
     for key, job in jobs.items():
-        if key not in submitted:
-            submitted[key] = submit_twin_job_now(twin_cluster, job)
+        submitted[key] = submit_twin_job_now(twin_cluster, job)
+        if on_submit is not None:
+            on_submit(key, job, submitted[key])
     ended = {}
     for key, job_id in submitted.items():
         ended[key] = twin_cluster.wait(job_id, timeout=max(1.0, timeout - (time.monotonic() - started)))
@@ -734,17 +737,26 @@ def quick_start_job(twin: twins.Twin, env: dict) -> TwinJob:
     return twin_script_job(twin, line.script, env)
 
 
+# The key of the README's own-script quick start among a twin's jobs (run_twin_scripts, own_script=True).
+OWN_SCRIPT = "own script"
+
+
 def run_twin_scripts(twin_cluster: Cluster, twin: twins.Twin, scripts: tuple, image: Path, data: Path,
-                     tmp_path_factory, extra_env: dict | None = None) -> dict:
+                     tmp_path_factory, extra_env: dict | None = None, own_script: bool = False,
+                     on_submit: Callable[[str, TwinJob, str], None] | None = None) -> dict:
     """Each of scripts submitted at once on twin's cluster with a run dir of its own, as its users would
     (the quick start's script with its sbatch line), and run to its end: {script: (Job, run dir, output)}.
-    extra_env: {script: what its user set besides}."""
+    extra_env: {script: what its user set besides}. own_script: the README's own-script quick start for
+    twin's cluster too, submitted after them (the scripts keep the nodes they had), under OWN_SCRIPT."""
     jobs = {}
     for script in scripts:
         run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
         env = {**twin_job_env(twin, image, data, run_dir), **(extra_env or {}).get(script, {})}
         jobs[script] = twin_script_job(twin, script, env)
-    ended = submit_twin_jobs(twin_cluster, jobs)
+    if own_script:
+        run_dir = user_dir(tmp_path_factory.mktemp("own-script")) / "run"
+        jobs[OWN_SCRIPT] = own_script_job(twin, twin_job_env(twin, image, data, run_dir), run_dir)
+    ended = submit_twin_jobs(twin_cluster, jobs, on_submit=on_submit)
     return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
 
 

@@ -17,8 +17,8 @@ import time
 
 import pytest
 import twins
-from conftest import (container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records, output_of,
-                      own_script_job, run_twin_scripts, submit_twin_job, submit_twin_job_now, twin_job_env, user_dir)
+from conftest import (OWN_SCRIPT, container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records, output_of,
+                      run_twin_scripts, submit_twin_job, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,6 @@ SHARED_NODE_CASE = "other-job-gpu-sick"
 # The batch shell's line once the preflight has run: its USR2 trap is in place from before the preflight, and
 # the training step has not started (the fabric gate runs between the two).
 PREFLIGHT_DONE = "ddp: preflight step: "
-OWN = "own script"
 
 
 def stop_at_the_time_limit(twin, output, job_id: str, timeout: float = 600) -> None:
@@ -55,22 +54,25 @@ def stop_at_the_time_limit(twin, output, job_id: str, timeout: float = 600) -> N
 @pytest.fixture(scope="module")
 def olivia_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Olivia script submitted at once, as on Olivia: multinode (2 nodes of 4 GPUs, 72 cores and
-    440G a task) takes two of the three nodes, the one-node scripts the third in turn; and the README's
-    own-script quick start for Olivia (examples/argparse_torchrun.py in olivia-1gpu.sh), stopped at its
-    time limit and requeued. {script (or OWN): (Job, run dir, output)}."""
-    own_run = user_dir(tmp_path_factory.mktemp("own-script")) / "run"
-    own = own_script_job(TWIN, twin_job_env(TWIN, images.x86, cifar_data, own_run), own_run)
-    own_id = submit_twin_job_now(twin, own)
-    stopper = threading.Thread(target=stop_at_the_time_limit, args=(twin, output_of(own, own_id), own_id),
-                               daemon=True)
-    stopper.start()
+    440G a task) takes two of the three nodes, the one-node scripts the third in turn; and after them the
+    README's own-script quick start for Olivia (examples/argparse_torchrun.py in olivia-1gpu.sh), stopped at
+    its time limit and requeued. {script (or OWN_SCRIPT): (Job, run dir, output)}."""
+    stoppers = []
+
+    def stop_the_own_script(key, job, job_id):
+        if key == OWN_SCRIPT:
+            stoppers.append(threading.Thread(target=stop_at_the_time_limit, args=(twin, output_of(job, job_id), job_id),
+                                             daemon=True))
+            stoppers[-1].start()
+
     shared = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi"),
                                  {node: SHARED_NODE_CASE for node in ("nid001000", "nid001001", "nid001002")})
     jobs = run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
-                            tmp_path_factory, extra_env={"slurm/olivia-1gpu.sh": shared})
-    stopper.join(timeout=600)
-    ended = twin.wait(own_id, timeout=600)
-    return {**jobs, OWN: (ended, own_run, ended.output())}
+                            tmp_path_factory, extra_env={"slurm/olivia-1gpu.sh": shared}, own_script=True,
+                            on_submit=stop_the_own_script)
+    for stopper in stoppers:
+        stopper.join(timeout=60)
+    return jobs
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +249,7 @@ def test_olivia_own_script_stops_at_its_time_limit_checkpoints_is_requeued_and_r
     and torchrun's ranks, taking part in the contract (ddp_contract.workload). USR2 at the time limit reaches
     it through DDP_STOP_REQUEST; every rank agrees on the stop, rank 0 writes the checkpoint, the script exits
     75, the job script requeues the job, and the requeued run resumes at the step after the stop."""
-    job, run_dir, output = olivia_jobs[OWN]
+    job, run_dir, output = olivia_jobs[OWN_SCRIPT]
     assert job.state == "COMPLETED", output
     assert job.fields.get("Restarts") == "1", job.fields
     marks = ["(restart 0)", "ddp: SIGUSR2 reached the batch script: asked the training step to checkpoint and stop",

@@ -13,8 +13,7 @@ import re
 
 import pytest
 import twins
-from conftest import (container_versions, doctor_reports, metrics_records, own_script_job, rank_logs, run_twin_scripts,
-                      submit_twin_job_now, twin_job_env, user_dir)
+from conftest import OWN_SCRIPT, container_versions, doctor_reports, metrics_records, rank_logs, run_twin_scripts
 
 pytestmark = pytest.mark.e2e
 
@@ -24,21 +23,13 @@ TWIN = twins.RAVEN
 ONE_NODE_SCRIPTS = {"slurm/raven-1gpu.sh": 1, "slurm/raven-1node-4gpu.sh": 4}
 
 
-OWN = "own script"
-
-
 @pytest.fixture(scope="module")
 def raven_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Raven script submitted at once, as on Raven (--constraint=gpu, a task per A100): the
-    task-per-GPU script takes two of the three nodes, the one-node scripts the third in turn, and the
-    README's own-script quick start for Raven (examples/env_ranks.py in raven-1node-4gpu.sh) with them."""
-    own_run = user_dir(tmp_path_factory.mktemp("own-script")) / "run"
-    own = own_script_job(TWIN, twin_job_env(TWIN, images.x86, cifar_data, own_run), own_run)
-    own_id = submit_twin_job_now(twin, own)
-    jobs = run_twin_scripts(twin, TWIN, ("slurm/raven-task-per-gpu.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
-                            tmp_path_factory)
-    ended = twin.wait(own_id, timeout=600)
-    return {**jobs, OWN: (ended, own_run, ended.output())}
+    task-per-GPU script takes two of the three nodes, the one-node scripts the third in turn, and after
+    them the README's own-script quick start for Raven (examples/env_ranks.py in raven-1node-4gpu.sh)."""
+    return run_twin_scripts(twin, TWIN, ("slurm/raven-task-per-gpu.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
+                            tmp_path_factory, own_script=True)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +93,7 @@ def test_raven_twin_nodes_carry_ib0_the_hca_the_gpu_feature_and_four_a100(twin):
 def test_raven_own_script_reading_rank_and_local_rank_runs_one_rank_per_task(twin, raven_jobs):
     """The README's own-script line for Raven, word for word: examples/env_ranks.py reads RANK, WORLD_SIZE and
     LOCAL_RANK itself, which ddp-launch sets from SLURM's task variables, one SLURM task a rank."""
-    job, run_dir, output = raven_jobs[OWN]
+    job, run_dir, output = raven_jobs[OWN_SCRIPT]
     assert job.state == "COMPLETED", output
     assert "ranks [0, 1, 2, 3] of 4, local ranks [0, 1, 2, 3], 1 host(s)" in output and "done: 200 steps" in output
     (node,) = twin.job_nodes(job)
