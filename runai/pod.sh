@@ -17,7 +17,11 @@
 # DDP_RUN_DIR is required: runai/submit.sh gives each submission a run dir of its own. A pod
 # cannot tell a new submission from a restart of its own (the job name, and so the pod's
 # name, is the same), so a default would continue whatever run an earlier job left there.
-# Usage (as the pod command): pod.sh [trainer flags...]
+# The workload is read once from the arguments (python3 -m ddp_contract.workload_choice): the built-in
+# trainer's flags, or your own script or module named first, with exactly its arguments, which gets
+# DDP_RUN_DIR and DDP_DATA_DIR (where that directory exists) as variables and needs no CIFAR-100
+# (docs/own-script.md). The script must be where the pods see it: the image, or a claim they mount.
+# Usage (as the pod command): pod.sh [trainer flags...] | pod.sh --script PATH [its arguments...]
 set -euo pipefail
 
 pod::log() {
@@ -72,13 +76,34 @@ main() {
         "rendezvous ${MASTER_ADDR:-?}:${MASTER_PORT:-?}"
     pod::make_run_dir "${run_dir}"
     pod::check_shm
+    local -a choice=()
+    mapfile -t -d '' choice < <(python3 -m ddp_contract.workload_choice --check-file pod 0 "$@")
+    [ "${#choice[@]}" -ge 4 ] && [ -z "${choice[-1]}" ] || exit 2  # python3 said why on stderr
+    unset 'choice[-1]'
+    local -r kind="${choice[0]}" target="${choice[1]}"
+    local -a args=("${choice[@]:3}")
+    if [ "${kind}" != builtin ]; then
+        # A workload of the user's: its arguments exactly, the dirs as variables, no CIFAR-100 to stage.
+        local -a data=()
+        if [ -d "${data_dir}" ]; then
+            export DDP_DATA_DIR="${data_dir}"
+            data=(--data-dir "${data_dir}")
+        else
+            unset DDP_DATA_DIR
+        fi
+        export DDP_RUN_DIR="${run_dir}"
+        pod::log "workload: --${kind} ${target}, with ${#args[@]} argument(s) of its own"
+        exec ddp-launch preflight --site "${site}" "${data[@]}" --run-dir "${run_dir}" \
+            -- --mode kubeflow --site "${site}" --log-dir "${run_dir}/logs" "--${kind}" "${target}" \
+            -- "${args[@]}"
+    fi
     # The trainer's own list of files decides (ddp_contract.DATASET_FILES, on the image's PYTHONPATH).
     local missing
     missing="$(python3 -m ddp_contract dataset "${data_dir}")" \
         || pod::err "${missing:-the dataset check failed (see above)}: stage it on the claim once, from a pod that mounts it: python3 -m ddp_contract download ${data_dir} (or ddp-train --download --data-dir ${data_dir}; RunAI: runai submit ... --command -- python3 -m ddp_contract download ${data_dir}), or set DDP_DATA_DIR to where it is"
     exec ddp-launch preflight --site "${site}" --data-dir "${data_dir}" --run-dir "${run_dir}" \
         -- --mode kubeflow --site "${site}" --log-dir "${run_dir}/logs" \
-        -- --data-dir "${data_dir}" --run-dir "${run_dir}" "$@"
+        -- --data-dir "${data_dir}" --run-dir "${run_dir}" "${args[@]}"
 }
 
 main "$@"

@@ -5,6 +5,8 @@
 # RCP documents for runai 2.18.94), or v2, `runai training pytorch submit NAME` (RunAI 2.18 or
 # newer, and NVIDIA Run:ai's self-hosted v3); RUNAI_CLI=v1 or v2 says which instead.
 # Usage: runai/submit.sh [trainer flags...]     e.g. RUNAI_WORKERS=3 runai/submit.sh --epochs 50
+#        runai/submit.sh --script PATH [its arguments...]   your own script, at its path in the pods: on a
+#        claim they mount (RUNAI_RUN_DIR's, RUNAI_DATA_DIR's) or in the image (docs/own-script.md)
 # Each submission is a workload of its own, named RUNAI_JOB_NAME-<UTC time>-<4 random characters>
 # (a Kubernetes name, unique until the workload is deleted); a new run is named as its workload.
 # Settings (environment): RUNAI_JOB_NAME (the names' prefix, default ddp-train), RUNAI_IMAGE,
@@ -105,6 +107,29 @@ runai_submit::split_words() {
     mapfile -t -d '' into < <(PYTHONPATH="${entrypoints}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_contract.shell_words runai/submit.sh "${name}" "${!name}")
     [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit 2  # python3 said why on stderr
     unset 'into[-1]'
+}
+
+# The workload the pods run, read as pod.sh reads it (python3 -m ddp_contract.workload_choice, from this
+# checkout): sets WORKLOAD_KIND (builtin, script or module) and WORKLOAD_TARGET. A script's path is the
+# pods', not this machine's: it is not looked for here, but one that no mount point holds is named.
+#   runai_submit::workload DATA_DIR RUN_DIR ARGS...
+runai_submit::workload() {
+    local -r data_dir="$1" run_dir="$2"
+    shift 2
+    WORKLOAD_KIND=builtin WORKLOAD_TARGET=""
+    case "${1:-}" in --script | --script=* | --module | --module=*) ;; *) return 0 ;; esac
+    local -r entrypoints="$(CDPATH="" cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../entrypoints" && pwd)"
+    local -a choice=()
+    mapfile -t -d '' choice < <(PYTHONPATH="${entrypoints}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_contract.workload_choice runai/submit.sh 0 "$@")
+    [ "${#choice[@]}" -ge 4 ] && [ -z "${choice[-1]}" ] || exit 2  # python3 said why on stderr
+    WORKLOAD_KIND="${choice[0]}" WORKLOAD_TARGET="${choice[1]}"
+    [ "${WORKLOAD_KIND}" = script ] || return 0
+    [[ "${WORKLOAD_TARGET}" = /* ]] || runai_submit::err "--script ${WORKLOAD_TARGET} must be the script's absolute path in the pods: on a claim they mount (e.g. ${run_dir}/code/train.py) or in the image"
+    case "${WORKLOAD_TARGET}" in
+        "${data_dir}"/* | "${run_dir}"/*) ;;
+        *) printf 'runai/submit.sh: note: --script %s is under neither mount point (%s, %s): the pods see it only if the image holds it\n' \
+            "${WORKLOAD_TARGET}" "${data_dir}" "${run_dir}" >&2 ;;
+    esac
 }
 
 main() {
@@ -224,10 +249,16 @@ main() {
         logs=(runai training pytorch logs "${name}" --follow)
     fi
     # The trainer's --resume: with it, a run dir without a checkpoint (a mistyped name) is an error
-    # in one line rather than a new run (src/ddp_train/checkpoint.py).
+    # in one line rather than a new run (src/ddp_train/checkpoint.py). A script of the user's gets exactly
+    # its arguments, and is told by DDP_RESUME=1 instead (ddp_contract.workload.resuming()).
     local -a resume=()
+    runai_submit::workload "${data_dir}" "${run_dir}" "$@"
     if [ -n "${RUNAI_RESUME:-}" ]; then
-        resume=(--resume)
+        if [ "${WORKLOAD_KIND}" = builtin ]; then
+            resume=(--resume)
+        else
+            args+=(-e DDP_RESUME=1)
+        fi
         printf 'runai/submit.sh: continuing run %s in %s, as workload %s\n' "${run}" "${run_path}" "${name}" >&2
     else
         printf 'runai/submit.sh: a new run, %s, in %s (RUNAI_RESUME=%s continues it)\n' "${run}" "${run_path}" "${run}" >&2

@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from ddp_contract import heartbeat as hb
+from ddp_contract import provenance
 
 from ddp_train import distributed, metrics, recovery
 from ddp_train.fast import cudagraph_report, speed
@@ -34,7 +35,7 @@ from ddp_train.recipe.learner import Learner, accumulate_gradients, build_learne
 from ddp_train.precision import agree_cpu_bf16, read_cpu_bf16
 from ddp_train.resolve import Decisions, resolve
 from ddp_train.progress import ProgressBar
-from ddp_train.safety import heartbeat, peers, provenance, rundir, steptime
+from ddp_train.safety import heartbeat, peers, rundir, steptime
 from ddp_train.safety.signals import StopFlag, StopVote
 
 

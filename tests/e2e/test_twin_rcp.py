@@ -445,3 +445,45 @@ def test_a_late_pod_of_an_elastic_job_joins_the_training_without_a_gate(twin, po
     runs_of = [r for r in records_of(metrics) if r["type"] == "run"]
     assert [(r["nodes"], r["world_size"]) for r in runs_of][:1] == [(1, 1)] and (2, 2) in [
         (r["nodes"], r["world_size"]) for r in runs_of], runs_of
+
+
+# -- one's own script on the claim (README.md, "Your own training script": On RunAI and Kubeflow) -----------
+
+OWN_SCRIPT = "/mnt/runs/code/env_ranks.py"
+
+
+@pytest.fixture(scope="module")
+def own_script_pods(twin, runai_image, cifar_data, tmp_path_factory):
+    """Two pods of a runai/submit.sh submission of examples/env_ranks.py, copied onto the run claim as a
+    user puts it there, run to their end: (argv, outputs, run dir)."""
+    from e2e_image import charliecloud_copy
+    work = tmp_path_factory.mktemp("rcp-own-script")
+    submitted = submitted_runai_argv(work, "--script", OWN_SCRIPT, "--steps", "40")
+    argv = pod_argv(dockerfile_entrypoint(), submitted)
+    root = charliecloud_copy(work / "runai.image", runai_image)
+    for mount_point in ("mnt/data", "mnt/runs"):
+        (root / mount_point).mkdir(parents=True, exist_ok=True)
+    runs = work / "runs"
+    (runs / "code").mkdir(parents=True)
+    (runs / "code" / "env_ranks.py").write_text((REPO / "examples" / "env_ranks.py").read_text())
+    run_dir = pod_env_settings(submitted)["DDP_RUN_DIR"]
+    workload = submitted[submitted.index("--name") + 1]
+    named = {"RUNAI_JOB_NAME": workload}
+    outputs = run_pods(twin, root, argv, cifar_data, runs, run_dir, changes=(named, named))
+    return argv, outputs, runs / run_dir[len("/mnt/runs/"):]
+
+
+def test_runai_pods_run_ones_own_script_from_the_claim_after_their_checks(own_script_pods):
+    argv, outputs, run_dir = own_script_pods
+    assert argv == ["/opt/ddp/runai/pod.sh", "--script", OWN_SCRIPT, "--steps", "40"]
+    master = outputs[0]
+    assert "ranks [0, 1] of 2, local ranks [0, 0], 2 host(s)" in master and "done: 40 steps" in master, master
+    for text in outputs:
+        assert f"pod: workload: --script {OWN_SCRIPT}, with 2 argument(s) of its own" in text, text
+        assert "preflight: ddp-launch doctor passed in every pod (2)" in text and \
+            "preflight: the fabric gate passed" in text, text
+    reports = run_dir / "preflight" / job_id(run_dir.name).replace("/", "_")
+    for report in sorted(reports.glob("doctor-*.json")):
+        checks = {check["name"]: check for check in json.loads(report.read_text())["checks"]}
+        assert checks["workload"]["status"] == "OK" and checks["dataset"]["status"] == "SKIP", report
+    assert json.loads((run_dir / "manifest.json").read_text())["workload"]["script"] == OWN_SCRIPT

@@ -1,4 +1,4 @@
-"""kubectl: `create -f FILE` of a PyTorchJob and `logs -f -l SELECTOR` of its pods, nothing else.
+"""kubectl: `create -f FILE` (or `-f -`, stdin) of a PyTorchJob and `logs -f -l SELECTOR` of its pods, nothing else.
 
 create reads the manifest as kubectl does (YAML, aliases included), refuses what the API server and
 the training operator's webhook refuse (pytorchjob.py), keeps the job's name in
@@ -26,10 +26,13 @@ STATE = Path(os.environ["KUBECTL_STAND_IN_STATE"])
 def create(args: list) -> None:
     if len(args) != 2 or args[0] not in ("-f", "--filename"):
         refuse(f"kubectl stand-in: only `kubectl create -f FILE` is known, not `kubectl create {' '.join(args)}`")
+    # `-f -` reads the manifest from stdin (kubectl create --help: "Create a pod based on the JSON passed
+    # into stdin: cat pod.json | kubectl create -f -").
     path = Path(args[1])
-    if not path.is_file():
+    if args[1] != "-" and not path.is_file():
         refuse(f'error: the path "{path}" does not exist')
-    documents = [document for document in yaml.safe_load_all(path.read_text()) if document is not None]
+    text = sys.stdin.read() if args[1] == "-" else path.read_text()
+    documents = [document for document in yaml.safe_load_all(text) if document is not None]
     for manifest in documents:
         name = job_name(manifest)
         found = problems(manifest, name)

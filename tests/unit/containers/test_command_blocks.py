@@ -64,6 +64,10 @@ def _runai_readme_blocks() -> list:
     return [runai_block()]
 
 
+def _own_script_apptainer_blocks() -> list:
+    return [documented_blocks.own_script_apptainer_block().text]
+
+
 def _site_doctor_blocks() -> list:
     from test_documented_commands import site_doctor_commands
     return [block for _, block, _ in site_doctor_commands() if block]
@@ -91,6 +95,23 @@ HOW = {
     ("README.md", ".venv/bin/ddp-launch --dry-run --mode local --cpu-workers 2 -- --epochs 3"): Run(
         CHECKOUT, expect=("mode: local", "--nproc-per-node=2", "-m ddp_train --epochs 3")),
     ("README.md", "sbatch slurm/olivia-multinode.sh --epochs 5 --batch-size 1024"): Run(LOGIN_NODE),
+    ("README.md", "sbatch --account=nn1234k slurm/olivia-1gpu.sh --script examples/argparse_torchrun.py --steps 200"):
+        Run(LOGIN_NODE),
+    ("README.md", "export RUNAI_DATA_PVC=runai-<project>-<user>-scratch RUNAI_RUN_PVC=runai-<project>-<user>-scratch"):
+        Run(LOGIN_NODE, expect=("runai/submit.sh: a new run, ddp-train-",), fill=RUNAI_PLACEHOLDERS),
+    ("README.md", "sed 's|args: \\[\"--epochs\", \"50\"\\]|args: [\"--script\", \"/mnt/runs/code/env_ranks.py\", "
+                  "\"--steps\", \"200\"]|' kubeflow/pytorchjob.yaml | kubectl create -f -"):
+        Run(LOGIN_NODE, expect=("pytorchjob.kubeflow.org/ddp-train-",)),
+    ("README.md", ".venv/bin/ddp-launch --mode local --cpu-workers 2 --script examples/argparse_torchrun.py -- --steps 40"):
+        Run(FRESH_MACHINE, expect=("world size 2, backend gloo, steps 0-39", "done: 40 steps")),
+    ("README.md", "apptainer run train-cpu.sif --mode local --cpu-workers 2 --script examples/argparse_torchrun.py -- "
+                  "--steps 40"): RunElsewhere(
+        "tests/e2e/test_own_script.py::test_the_readme_runs_ones_own_script_in_apptainer_by_hand_as_written",
+        _own_script_apptainer_blocks),
+    ("docs/own-script.md", 'apptainer exec train-x86_64.sif python3 -m venv --system-site-packages --without-pip "$HOME/venvs/ddp"'):
+        NotHere("an x86_64 cluster's login node with Apptainer, pip's index and SLURM; "
+                "tests/e2e/test_own_script.py::test_a_venv_made_in_the_image_adds_a_package_the_workers_import runs "
+                "the same three steps in the image, with a wheel of its own in place of the index"),
     ("README.md", "DDP_SPARE_NODES=1 sbatch --nodes=3 slurm/olivia-multinode.sh"): Run(LOGIN_NODE),
     ("README.md", "docker login ic-registry.epfl.ch"): RunElsewhere(
         "tests/unit/containers/test_runai_readme.py::test_the_block_runs_as_written_and_resumes_the_run_it_submitted",
@@ -172,14 +193,17 @@ def test_every_fence_says_whether_it_is_a_command():
 
 def stand_in_commands(text: str) -> list:
     """The commands of a block that reach a recording stand-in, in order (their first word after any
-    VAR=value words)."""
+    VAR=value words; each command of a pipeline, `a | b`)."""
     commands = []
     for line in text.splitlines():
         words = shlex.split(line, comments=True)
-        while words and "=" in words[0] and not words[0].startswith("-"):
-            words = words[1:]
-        if words and words[0] in RECORDING_STAND_INS:
-            commands.append(words[0])
+        while words:
+            cut = words.index("|") if "|" in words else len(words)
+            command, words = words[:cut], words[cut + 1:]
+            while command and "=" in command[0] and not command[0].startswith("-"):
+                command = command[1:]
+            if command and command[0] in RECORDING_STAND_INS:
+                commands.append(command[0])
     return commands
 
 
@@ -268,6 +292,7 @@ def test_a_stand_in_refuses_what_its_tool_would(tmp_path):
     wrong = ["sbatch --acount=nn1234k slurm/olivia-multinode.sh", "sbatch slurm/olivia-multinode.bash",
              "DDP_SPARE_NODE=1 sbatch --nodes=3 slurm/olivia-multinode.sh",
              "sbatch slurm/olivia-multinode.sh --epoch 5", "DDP_LAUNCH_ARGS='--max-restart 2' sbatch slurm/raven-1gpu.sh",
+             "sbatch slurm/olivia-1gpu.sh --script examples/no_such_script.py",
              "make build-raven", "module avail", "kubectl apply -f kubeflow/pytorchjob.yaml",
              "kubectl logs -f -l training.kubeflow.org/job-name=ddp-train-x"]
     for number, line in enumerate(wrong):
