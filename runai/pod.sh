@@ -47,7 +47,8 @@ pod::check_shm() {
 
 # The run dir on the claim, written by this pod's user: the image's unless the submission names
 # one (a pod's securityContext runAsUser; RunAI's --run-as-uid/--run-as-gid, which RCP's csub.py
-# passes). A claim's directory made by the user's own uid with mode 0755 refuses every other.
+# passes and runai/submit.sh takes from RUNAI_RUN_AS). A claim's directory made by the user's own
+# uid with mode 0755 refuses every other.
 pod::make_run_dir() {
     local -r run_dir="$1"
     local why
@@ -58,7 +59,7 @@ pod::make_run_dir() {
     done
     local owner
     owner="$(stat -c 'uid %u gid %g, mode %a' -- "${existing}" 2>/dev/null)" || owner="owner unknown"
-    pod::err "cannot write the run dir ${run_dir} (${why:-not writable}) as uid $(id -u) gid $(id -g): ${existing} is ${owner}; submit the pods as its owner (runai submit ... --run-as-uid UID --run-as-gid GID, as RCP's csub.py does) or make ${existing} writable for uid $(id -u)"
+    pod::err "cannot write the run dir ${run_dir} (${why:-not writable}) as uid $(id -u) gid $(id -g): ${existing} is ${owner}; submit the pods as its owner (RUNAI_RUN_AS=UID:GID runai/submit.sh, on RCP your ids from id on haas001.rcp.epfl.ch; a pod spec of your own: securityContext runAsUser and runAsGroup) or make ${existing} writable for uid $(id -u)"
 }
 
 main() {
@@ -74,8 +75,10 @@ main() {
     pod::check_shm
     # The trainer's own list of files decides (ddp_contract.DATASET_FILES, on the image's PYTHONPATH).
     local missing
+    # The staging command: runai/submit.sh's, whose one pod runs the download below with the claim at
+    # the same mount point and as the same user as these pods.
     missing="$(python3 -m ddp_contract dataset "${data_dir}")" \
-        || pod::err "${missing:-the dataset check failed (see above)}: stage it on the claim once, from a pod that mounts it: python3 -m ddp_contract download ${data_dir} (or ddp-train --download --data-dir ${data_dir}; RunAI: runai submit ... --command -- python3 -m ddp_contract download ${data_dir}), or set DDP_DATA_DIR to where it is"
+        || pod::err "${missing:-the dataset check failed (see above)}: stage it on the claim once, where you submit from, with the same RUNAI_* settings: runai/submit.sh --download (one pod runs python3 -m ddp_contract download ${data_dir}); a job of your own: that command in a pod of this image that mounts the claim; or set DDP_DATA_DIR to where it is"
     exec ddp-launch preflight --site "${site}" --data-dir "${data_dir}" --run-dir "${run_dir}" \
         -- --mode kubeflow --site "${site}" --log-dir "${run_dir}/logs" \
         -- --data-dir "${data_dir}" --run-dir "${run_dir}" "$@"

@@ -70,7 +70,7 @@ def _site_doctor_blocks() -> list:
 
 
 # The RCP quick start's placeholders, as test_runai_readme fills the RunAI block's.
-RUNAI_PLACEHOLDERS = {"<project>": "mlo", "<user>": "alice", "<tag>": "v1"}
+RUNAI_PLACEHOLDERS = {"<project>": "mlo", "<user>": "alice", "<tag>": "v1", "<uid>": "224954", "<gid>": "83070"}
 SITE_DOCTOR = RunElsewhere("tests/unit/containers/test_documented_commands.py::"
                            "test_a_documented_doctor_command_for_a_site_runs_as_written_with_its_binds",
                            _site_doctor_blocks)
@@ -82,7 +82,8 @@ HOW = {
     ("README.md", "make data"): Run(LOGIN_NODE),
     ("README.md", "make build-x86"): Run(LOGIN_NODE),
     ("README.md", "export RUNAI_IMAGE=ic-registry.epfl.ch/<project>/ddp-train:<tag>"): Run(
-        LOGIN_NODE, expect=("runai/submit.sh: a new run, ddp-train-",), fill=RUNAI_PLACEHOLDERS),
+        LOGIN_NODE, expect=("runai/submit.sh: staging CIFAR-100 into /mloscratch/homes/alice/data",
+                            "runai/submit.sh: a new run, ddp-train-"), fill=RUNAI_PLACEHOLDERS),
     ("README.md", "kubectl create -f kubeflow/pytorchjob.yaml"): Run(
         LOGIN_NODE, expect=("kubectl stand-in: logs of ddp-train-",),
         fill={"<job>": '"$(head -n 1 "${KUBECTL_STAND_IN_STATE}/jobs")"'}),
