@@ -17,6 +17,9 @@
 # DDP_RUN_DIR is required: runai/submit.sh gives each submission a run dir of its own. A pod
 # cannot tell a new submission from a restart of its own (the job name, and so the pod's
 # name, is the same), so a default would continue whatever run an earlier job left there.
+#   DDP_RESUME=RUN      continue the run RUN instead, beside DDP_RUN_DIR (its parent is the runs
+#                       directory), with the trainer's --resume: how a Kubeflow job goes on with the
+#                       run of a job that is gone (kubeflow/*.yaml name each job's run after the job)
 # Usage (as the pod command): pod.sh [trainer flags...]
 set -euo pipefail
 
@@ -64,10 +67,20 @@ pod::make_run_dir() {
 
 main() {
     local -r data_dir="${DDP_DATA_DIR:-/mnt/data}"
-    local -r run_dir="${DDP_RUN_DIR:-}"
+    local run_dir="${DDP_RUN_DIR:-}"
     local -r site="${DDP_SITE:-rcp}"
     if [ -z "${run_dir}" ]; then
         pod::err "DDP_RUN_DIR is unset: submit with runai/submit.sh (a run dir per submission), or set it in the pod spec to a new directory per run (an earlier run's to continue it)"
+    fi
+    # A run of an earlier job, continued: the trainer's --resume makes a mistyped name an error in
+    # one line (no checkpoint there), not a new run.
+    local -a resume=()
+    if [ -n "${DDP_RESUME:-}" ]; then
+        [[ "${DDP_RESUME}" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] \
+            || pod::err "DDP_RESUME=${DDP_RESUME} is not a run's name: give the name of the job that started the run (its directory under $(dirname -- "${run_dir}"))"
+        run_dir="$(dirname -- "${run_dir}")/${DDP_RESUME}"
+        resume=(--resume)
+        pod::log "continuing run ${DDP_RESUME} in ${run_dir} (DDP_RESUME)"
     fi
     pod::log "pod ${HOSTNAME:-?}: rank ${RANK:-?} of ${PET_NNODES:-?} pods, ${RUNAI_NUM_OF_GPUS:-?} GPUs each," \
         "rendezvous ${MASTER_ADDR:-?}:${MASTER_PORT:-?}"
@@ -81,7 +94,7 @@ main() {
         || pod::err "${missing:-the dataset check failed (see above)}: stage it on the claim once, where you submit from, with the same RUNAI_* settings: runai/submit.sh --download (one pod runs python3 -m ddp_contract download ${data_dir}); a job of your own: that command in a pod of this image that mounts the claim; or set DDP_DATA_DIR to where it is"
     exec ddp-launch preflight --site "${site}" --data-dir "${data_dir}" --run-dir "${run_dir}" \
         -- --mode kubeflow --site "${site}" --log-dir "${run_dir}/logs" \
-        -- --data-dir "${data_dir}" --run-dir "${run_dir}" "$@"
+        -- --data-dir "${data_dir}" --run-dir "${run_dir}" "${resume[@]}" "$@"
 }
 
 main "$@"

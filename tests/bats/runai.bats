@@ -427,6 +427,28 @@ EOF
     [ -d "${BATS_TEST_TMPDIR}/run/logs" ]
 }
 
+# A Kubeflow job trains in a run dir named as the job (kubeflow/*.yaml: DDP_RUN_DIR=/mnt/runs/$(JOB_NAME));
+# a new job, after the one that started a run is gone, continues it with DDP_RESUME=<that job's name>.
+@test "pod: DDP_RESUME continues an earlier job's run beside DDP_RUN_DIR, with the trainer's --resume" {
+    _stage_data
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/runs/ddp-train-x7k2q" \
+        DDP_RESUME=ddp-train-b4t9z run bash "${REPO}/runai/pod.sh" --epochs 80
+
+    assert_success
+    assert_output --partial "pod: continuing run ddp-train-b4t9z in ${BATS_TEST_TMPDIR}/runs/ddp-train-b4t9z (DDP_RESUME)"
+    run grep '^ddp-launch' "${CALLS}"
+    assert_output "ddp-launch preflight --site rcp --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/runs/ddp-train-b4t9z -- --mode kubeflow --site rcp --log-dir ${BATS_TEST_TMPDIR}/runs/ddp-train-b4t9z/logs -- --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/runs/ddp-train-b4t9z --resume --epochs 80"
+    [ ! -e "${BATS_TEST_TMPDIR}/runs/ddp-train-x7k2q" ]
+
+    : > "${CALLS}"
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/runs/ddp-train-x7k2q" \
+        DDP_RESUME=../etc run bash "${REPO}/runai/pod.sh"
+    assert_failure 2
+    assert_output "pod: error: DDP_RESUME=../etc is not a run's name: give the name of the job that started the run (its directory under ${BATS_TEST_TMPDIR}/runs)"
+    run grep -c '^ddp-launch' "${CALLS}"
+    assert_output "0"
+}
+
 @test "pod: a run dir the pod's user cannot write is one line with the fix, exit 2, before ddp-launch" {
     _stage_data
     touch "${BATS_TEST_TMPDIR}/claim"  # not a directory: mkdir fails as it does on a claim of another uid
