@@ -22,22 +22,9 @@ RUNAI_STAND_IN = REPO / "tests" / "bats" / "stubs" / "runai"
 PLACEHOLDERS = {"<project>": "mlo", "<user>": "alice", "<tag>": "v1", "<uid>": "224954", "<gid>": "83070"}
 POD_SCRIPT = REPO / "runai" / "pod.sh"
 
-# docker(1) for the block: `login HOST`, `build --platform linux/amd64 -f FILE -t TAG .` with FILE
-# relative to the working directory, `push TAG` of a TAG built before. Anything else fails.
-DOCKER_STAND_IN = r"""#!/usr/bin/env bash
-set -euo pipefail
-printf '%s\n' "docker $*" >> "${DOCKER_CALLS}"
-case "$*" in
-    "login ic-registry.epfl.ch") exit 0 ;;
-    "build --platform linux/amd64 -f "*" -t "*" .")
-        [ "$#" -eq 8 ] && [ -f "$5" ] || { echo "docker stand-in: no Dockerfile $5" >&2; exit 1; }
-        printf '%s\n' "$7" >> "${DOCKER_CALLS}.built" ;;
-    "push "*)
-        [ "$#" -eq 2 ] && grep -qxF -- "$2" "${DOCKER_CALLS}.built" 2>/dev/null \
-            || { echo "docker stand-in: $2 was not built" >&2; exit 1; } ;;
-    *) echo "docker stand-in: unknown arguments $*" >&2; exit 1 ;;
-esac
-"""
+# docker(1) for the block (tests/stand_ins/docker.sh): `login HOST`, `build --platform linux/amd64 -f FILE
+# -t TAG .`, `push TAG` of a TAG built before; anything else fails.
+DOCKER_STAND_IN = REPO / "tests" / "stand_ins" / "docker.sh"
 
 
 def runai_block() -> str:
@@ -91,8 +78,7 @@ def test_the_block_runs_as_written_and_resumes_the_run_it_submitted(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "runai").symlink_to(RUNAI_STAND_IN)
-    (bin_dir / "docker").write_text(DOCKER_STAND_IN)
-    (bin_dir / "docker").chmod(0o755)
+    (bin_dir / "docker").symlink_to(DOCKER_STAND_IN)
     state = tmp_path / "runai-state"
     script = runai_block()
     for placeholder, value in PLACEHOLDERS.items():
