@@ -247,8 +247,9 @@ def block_pod_env(twin_cluster, root: Path, rank: int, submitted: Submitted, wor
     """A pod of one of the block's workloads: what RunAI sets, the submission's -e settings, and the
     user's (RunAI's --run-as-uid gives no home: HOME is the image's default)."""
     settings = submitted.settings(workload)
-    return {**pod_env(twin_cluster, root, rank, settings["DDP_RUN_DIR"], workload), **settings,
-            "USER": "alice", "HOME": "/tmp"}
+    env = {k: v for k, v in pod_env(twin_cluster, root, rank, settings.get("DDP_RUN_DIR", ""), workload).items()
+           if not k.startswith("DDP_")}  # only what the submission set
+    return {**env, **settings, "USER": "alice", "HOME": "/tmp"}
 
 
 @pytest.fixture(scope="module")
