@@ -369,6 +369,21 @@ ddp::require_free_run_dir() {
     [ "${status}" -eq 0 ] || exit "${status}"
 }
 
+# A run dir whose checkpoint cannot be resumed with the trainer flags (another --width-scale, a shorter
+# --epochs: ddp_contract.same_run, the trainer's own rule) stops here in one line, exit 2, before any
+# step; the trainer would say the same after the preflight, the gate and the rendezvous. A requeue
+# has the same flags and passes.
+#   ddp::require_resumable RUN_DIR TRAIN_ARGS...
+ddp::require_resumable() {
+    local -r run_dir="$1"
+    shift
+    local -r ways_out="another DDP_RUN_DIR, or --no-resume (which keeps this run, moved aside into {run_dir}/checkpoint-<UTC time>/)"
+    local status=0
+    ddp::on_host ddp_contract resume-check "${run_dir}" --tag "${DDP_LOG_TAG:-ddp}" --ways-out "${ways_out}" \
+        -- "${DDP_TRAIN_WORDS[@]}" "$@" || status=$?
+    [ "${status}" -eq 0 ] || exit "${status}"
+}
+
 ddp::print_job() {
     ddp::log "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NUM_NODES:-1} node(s): ${SLURM_JOB_NODELIST:-$(hostname -s)}" \
         "(restart ${SLURM_RESTART_COUNT:-0})"
@@ -1030,6 +1045,7 @@ ddp::run_job() {
         ddp::require_data "${DDP_DATA_DIR}"
     fi
     ddp::require_free_run_dir "${DDP_RUN_DIR}"
+    ddp::require_resumable "${DDP_RUN_DIR}" "${@:2}"
     mkdir -p "${DDP_RUN_DIR}"
     # What every workload is told (ddp_contract.workload): the stop request's file, and whether this run
     # continues an earlier one of its run dir (a requeue; a spare's replacement sets it too).
