@@ -17,7 +17,14 @@
 # DDP_RUN_DIR is required: runai/submit.sh gives each submission a run dir of its own. A pod
 # cannot tell a new submission from a restart of its own (the job name, and so the pod's
 # name, is the same), so a default would continue whatever run an earlier job left there.
-# Usage (as the pod command): pod.sh [trainer flags...]
+# The workload is read once from the arguments (python3 -m ddp_contract.workload_choice): the built-in
+# trainer's flags, or your own script or module named first, with exactly its arguments, which gets
+# DDP_RUN_DIR and DDP_DATA_DIR (where that directory exists) as variables and needs no CIFAR-100
+# (docs/own-script.md). The script must be where the pods see it: the image, or a claim they mount.
+#   DDP_RESUME_RUN=RUN   continue the run RUN instead, beside DDP_RUN_DIR (its parent is the runs
+#                       directory), with the trainer's --resume: how a Kubeflow job goes on with the
+#                       run of a job that is gone (kubeflow/*.yaml name each job's run after the job)
+# Usage (as the pod command): pod.sh [trainer flags...] | pod.sh --script PATH [its arguments...]
 set -euo pipefail
 
 pod::log() {
@@ -47,7 +54,8 @@ pod::check_shm() {
 
 # The run dir on the claim, written by this pod's user: the image's unless the submission names
 # one (a pod's securityContext runAsUser; RunAI's --run-as-uid/--run-as-gid, which RCP's csub.py
-# passes). A claim's directory made by the user's own uid with mode 0755 refuses every other.
+# passes and runai/submit.sh takes from RUNAI_RUN_AS). A claim's directory made by the user's own
+# uid with mode 0755 refuses every other.
 pod::make_run_dir() {
     local -r run_dir="$1"
     local why
@@ -58,27 +66,62 @@ pod::make_run_dir() {
     done
     local owner
     owner="$(stat -c 'uid %u gid %g, mode %a' -- "${existing}" 2>/dev/null)" || owner="owner unknown"
-    pod::err "cannot write the run dir ${run_dir} (${why:-not writable}) as uid $(id -u) gid $(id -g): ${existing} is ${owner}; submit the pods as its owner (runai submit ... --run-as-uid UID --run-as-gid GID, as RCP's csub.py does) or make ${existing} writable for uid $(id -u)"
+    pod::err "cannot write the run dir ${run_dir} (${why:-not writable}) as uid $(id -u) gid $(id -g): ${existing} is ${owner}; submit the pods as its owner (RUNAI_RUN_AS=UID:GID runai/submit.sh, on RCP your ids from id on haas001.rcp.epfl.ch; a pod spec of your own: securityContext runAsUser and runAsGroup) or make ${existing} writable for uid $(id -u)"
 }
 
 main() {
     local -r data_dir="${DDP_DATA_DIR:-/mnt/data}"
-    local -r run_dir="${DDP_RUN_DIR:-}"
+    local run_dir="${DDP_RUN_DIR:-}"
     local -r site="${DDP_SITE:-rcp}"
     if [ -z "${run_dir}" ]; then
         pod::err "DDP_RUN_DIR is unset: submit with runai/submit.sh (a run dir per submission), or set it in the pod spec to a new directory per run (an earlier run's to continue it)"
+    fi
+    # A run of an earlier job, continued: the trainer's --resume makes a mistyped name an error in
+    # one line (no checkpoint there), not a new run. A workload of the user's gets the run dir and
+    # DDP_RESUME=1, and is not given --resume.
+    local -a resume=()
+    if [ -n "${DDP_RESUME_RUN:-}" ]; then
+        [[ "${DDP_RESUME_RUN}" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] \
+            || pod::err "DDP_RESUME_RUN=${DDP_RESUME_RUN} is not a run's name: give the name of the job that started the run (its directory under $(dirname -- "${run_dir}"))"
+        run_dir="$(dirname -- "${run_dir}")/${DDP_RESUME_RUN}"
+        resume=(--resume)
+        export DDP_RESUME=1  # what a workload of the user's reads (ddp_contract.workload.resuming)
+        pod::log "continuing run ${DDP_RESUME_RUN} in ${run_dir} (DDP_RESUME_RUN)"
     fi
     pod::log "pod ${HOSTNAME:-?}: rank ${RANK:-?} of ${PET_NNODES:-?} pods, ${RUNAI_NUM_OF_GPUS:-?} GPUs each," \
         "rendezvous ${MASTER_ADDR:-?}:${MASTER_PORT:-?}"
     pod::make_run_dir "${run_dir}"
     pod::check_shm
+    local -a choice=()
+    mapfile -t -d '' choice < <(python3 -m ddp_contract.workload_choice --check-file pod 0 "$@")
+    [ "${#choice[@]}" -ge 4 ] && [ -z "${choice[-1]}" ] || exit 2  # python3 said why on stderr
+    unset 'choice[-1]'
+    local -r kind="${choice[0]}" target="${choice[1]}"
+    local -a args=("${choice[@]:3}")
+    if [ "${kind}" != builtin ]; then
+        # A workload of the user's: its arguments exactly, the dirs as variables, no CIFAR-100 to stage.
+        local -a data=()
+        if [ -d "${data_dir}" ]; then
+            export DDP_DATA_DIR="${data_dir}"
+            data=(--data-dir "${data_dir}")
+        else
+            unset DDP_DATA_DIR
+        fi
+        export DDP_RUN_DIR="${run_dir}"
+        pod::log "workload: --${kind} ${target}, with ${#args[@]} argument(s) of its own"
+        exec ddp-launch preflight --site "${site}" "${data[@]}" --run-dir "${run_dir}" \
+            -- --mode kubeflow --site "${site}" --log-dir "${run_dir}/logs" "--${kind}" "${target}" \
+            -- "${args[@]}"
+    fi
     # The trainer's own list of files decides (ddp_contract.DATASET_FILES, on the image's PYTHONPATH).
     local missing
+    # The staging command: runai/submit.sh's, whose one pod runs the download below with the claim at
+    # the same mount point and as the same user as these pods.
     missing="$(python3 -m ddp_contract dataset "${data_dir}")" \
-        || pod::err "${missing:-the dataset check failed (see above)}: stage it on the claim once, from a pod that mounts it: python3 -m ddp_contract download ${data_dir} (or ddp-train --download --data-dir ${data_dir}; RunAI: runai submit ... --command -- python3 -m ddp_contract download ${data_dir}), or set DDP_DATA_DIR to where it is"
+        || pod::err "${missing:-the dataset check failed (see above)}: stage it on the claim once, where you submit from, with the same RUNAI_* settings: runai/submit.sh --download (one pod runs python3 -m ddp_contract download ${data_dir}); a job of your own: that command in a pod of this image that mounts the claim; or set DDP_DATA_DIR to where it is"
     exec ddp-launch preflight --site "${site}" --data-dir "${data_dir}" --run-dir "${run_dir}" \
         -- --mode kubeflow --site "${site}" --log-dir "${run_dir}/logs" \
-        -- --data-dir "${data_dir}" --run-dir "${run_dir}" "$@"
+        -- --data-dir "${data_dir}" --run-dir "${run_dir}" "${resume[@]}" "${args[@]}"
 }
 
 main "$@"

@@ -5,6 +5,10 @@
 # RCP documents for runai 2.18.94), or v2, `runai training pytorch submit NAME` (RunAI 2.18 or
 # newer, and NVIDIA Run:ai's self-hosted v3); RUNAI_CLI=v1 or v2 says which instead.
 # Usage: runai/submit.sh [trainer flags...]     e.g. RUNAI_WORKERS=3 runai/submit.sh --epochs 50
+#        runai/submit.sh --script PATH [its arguments...]   your own script, at its path in the pods: on a
+#        claim they mount (RUNAI_RUN_DIR's, RUNAI_DATA_DIR's) or in the image (docs/own-script.md)
+#        runai/submit.sh --download            CIFAR-100 onto the data claim, once: one pod, no GPU,
+#                                              `python3 -m ddp_contract download` into the data dir
 # Each submission is a workload of its own, named RUNAI_JOB_NAME-<UTC time>-<4 random characters>
 # (a Kubernetes name, unique until the workload is deleted); a new run is named as its workload.
 # Settings (environment): RUNAI_JOB_NAME (the names' prefix, default ddp-train), RUNAI_IMAGE,
@@ -18,11 +22,13 @@
 # the claim the data and the runs are, relative to its root: homes/<user>/data on a shared
 # claim such as RCP's /mloscratch; default its root), RUNAI_RESUME (the name of an earlier
 # run to continue, in a new workload; default a new run, named as its workload, in the runs
-# directory), RUNAI_EXTRA_ARGS (more runai flags, words with the shell's quoting:
+# directory), RUNAI_RUN_PVC_MOUNT (where this machine mounts RUNAI_RUN_PVC, if it does: RCP's
+# haas001.rcp.epfl.ch has the scratch claim at /mnt/mlo/scratch; a resume is then checked here, before
+# any pod starts), RUNAI_EXTRA_ARGS (more runai flags, words with the shell's quoting:
 # RUNAI_EXTRA_ARGS="-e 'NOTE=two words'"; python3 splits them),
 # RUNAI_LARGE_SHM (1, the default: a large /dev/shm; 0: Kubernetes' 64 MiB default),
-# RUNAI_RUN_AS (UID:GID the pods run as; default your own, `id -u`:`id -g`, as RCP's recipe runs
-# them as the user; `image` keeps the image's user).
+# RUNAI_RUN_AS (required: UID:GID the pods run as, your uid and gid on the cluster, as RCP's recipe
+# runs them; `image` keeps the image's user).
 set -euo pipefail
 
 runai_submit::err() {
@@ -91,6 +97,13 @@ runai_submit::subdir() {
     printf '%s\n' "${value}"
 }
 
+# python3 -m MODULE ARGS... with this checkout's entrypoints/ first on its path (standard library
+# only, Python 3.6 or newer: entrypoints/host-modules.txt).
+runai_submit::contract() {
+    local -r entrypoints="$(CDPATH="" cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../entrypoints" && pwd)"
+    PYTHONPATH="${entrypoints}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m "$@"
+}
+
 # A setting's words by the shell's quoting rules, with no expansion: the rule the SLURM job
 # scripts split DDP_TRAIN_ARGS with (entrypoints/ddp_contract/shell_words.py, from this checkout).
 # The words come back NUL-terminated, then one empty word that says the split succeeded.
@@ -101,10 +114,79 @@ runai_submit::split_words() {
     into=()
     [ -n "${!name:-}" ] || return 0
     command -v python3 >/dev/null || runai_submit::err "python3 not found: it splits ${name} into words; install it or leave ${name} unset"
-    local -r entrypoints="$(CDPATH="" cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../entrypoints" && pwd)"
-    mapfile -t -d '' into < <(PYTHONPATH="${entrypoints}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_contract.shell_words runai/submit.sh "${name}" "${!name}")
+    mapfile -t -d '' into < <(runai_submit::contract ddp_contract.shell_words runai/submit.sh "${name}" "${!name}")
     [ "${#into[@]}" -gt 0 ] && [ -z "${into[-1]}" ] || exit 2  # python3 said why on stderr
     unset 'into[-1]'
+}
+
+# The workload the pods run, read as pod.sh reads it (python3 -m ddp_contract.workload_choice, from this
+# checkout): sets WORKLOAD_KIND (builtin, script or module) and WORKLOAD_TARGET. A script's path is the
+# pods', not this machine's: it is not looked for here, but one that no mount point holds is named.
+#   runai_submit::workload DATA_DIR RUN_DIR ARGS...
+runai_submit::workload() {
+    local -r data_dir="$1" run_dir="$2"
+    shift 2
+    WORKLOAD_KIND=builtin WORKLOAD_TARGET=""
+    case "${1:-}" in --script | --script=* | --module | --module=*) ;; *) return 0 ;; esac
+    local -r entrypoints="$(CDPATH="" cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../entrypoints" && pwd)"
+    local -a choice=()
+    mapfile -t -d '' choice < <(PYTHONPATH="${entrypoints}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m ddp_contract.workload_choice runai/submit.sh 0 "$@")
+    [ "${#choice[@]}" -ge 4 ] && [ -z "${choice[-1]}" ] || exit 2  # python3 said why on stderr
+    WORKLOAD_KIND="${choice[0]}" WORKLOAD_TARGET="${choice[1]}"
+    [ "${WORKLOAD_KIND}" = script ] || return 0
+    [[ "${WORKLOAD_TARGET}" = /* ]] || runai_submit::err "--script ${WORKLOAD_TARGET} must be the script's absolute path in the pods: on a claim they mount (e.g. ${run_dir}/code/train.py) or in the image"
+    case "${WORKLOAD_TARGET}" in
+        "${data_dir}"/* | "${run_dir}"/*) ;;
+        *) printf 'runai/submit.sh: note: --script %s is under neither mount point (%s, %s): the pods see it only if the image holds it\n' \
+            "${WORKLOAD_TARGET}" "${data_dir}" "${run_dir}" >&2 ;;
+    esac
+}
+
+# A resume, checked on this machine before any pod starts, where the runs claim is mounted here
+# (RUNAI_RUN_PVC_MOUNT): the run's directory and its checkpoint must be there, and its checkpoint
+# must take the trainer flags (a longer --epochs, never a shorter one; the flags that make the run
+# unchanged: ddp_contract.same_run, the trainer's own rule, from checkpoint.json beside the
+# checkpoint). From a machine without the claim (a laptop) nothing on it can be read: the trainer
+# says the same in the pods, after the image pull and the rendezvous.
+#   runai_submit::check_resume RUN LOCAL_RUN_DIR TRAINER_FLAGS...
+runai_submit::check_resume() {
+    local -r run="$1" here="$2"
+    shift 2
+    [ -d "${here}" ] || runai_submit::err "RUNAI_RESUME=${run}: there is no run ${here} (RUNAI_RUN_PVC as this machine mounts it, RUNAI_RUN_PVC_MOUNT=${RUNAI_RUN_PVC_MOUNT}): give the name the submit of that run printed, or check RUNAI_RUN_SUBDIR"
+    [ -f "${here}/checkpoint.pt" ] || runai_submit::err "RUNAI_RESUME=${run}: ${here} holds no checkpoint.pt (the run stopped before its first): submit it as a new run, without RUNAI_RESUME"
+    command -v python3 >/dev/null || runai_submit::err "python3 not found: it checks the run's checkpoint (RUNAI_RUN_PVC_MOUNT=${RUNAI_RUN_PVC_MOUNT}); install it or leave RUNAI_RUN_PVC_MOUNT unset"
+    runai_submit::contract ddp_contract resume-check "${here}" --tag runai/submit.sh \
+        --ways-out "or a new run (RUNAI_RESUME unset)" -- "$@" || exit 2  # it said why in one line
+}
+
+# CIFAR-100 onto the data claim, once: one pod of the image, no GPU, as the user (RUNAI_RUN_AS: the
+# claim's homes/<user>/ are the user's), that fetches it into the data dir as `make data` does on a
+# SLURM login node (python3 -m ddp_contract download: checked against the published MD5, moved
+# into place whole). A standard training workload, the one-pod kind: v1 `runai submit --name NAME`
+# (csub.py's form without --workers), v2 `runai training submit NAME` (run-ai/docs
+# docs/Researcher/cli-reference/new-cli/runai_training_submit.md: -i, -c/--command, --existing-pvc,
+# --run-as-uid, --run-as-gid, -e). RCP's pods reach the internet; where they do not, -e
+# DDP_CIFAR_URL=... and DDP_CIFAR_MD5=... in RUNAI_EXTRA_ARGS name a mirror.
+#   runai_submit::stage CLI NAME DATA_PATH RUN_AS SHARED_ARRAY EXTRA_ARRAY
+runai_submit::stage() {
+    local -r cli="$1" name="$2" data_path="$3" run_as="$4"
+    local -n shared_flags="$5" extra_flags="$6"
+    local -a flags=("${shared_flags[@]}" --existing-pvc "claimname=${RUNAI_DATA_PVC},path=${RUNAI_DATA_DIR:-/mnt/data}")
+    if [ "${run_as}" != image ]; then
+        flags+=(--run-as-uid "${run_as%%:*}" --run-as-gid "${run_as#*:}")
+    fi
+    local -a args logs
+    if [ "${cli}" = v1 ]; then
+        args=(submit --name "${name}" "${flags[@]}")
+        logs=(runai logs "${name}" --follow)
+    else
+        args=(training submit "${name}" "${flags[@]}")
+        logs=(runai training logs "${name}" --follow)
+    fi
+    printf 'runai/submit.sh: staging CIFAR-100 into %s (claim %s) in one pod, workload %s; submit the training once it has ended\n' \
+        "${data_path}" "${RUNAI_DATA_PVC}" "${name}" >&2
+    printf 'runai/submit.sh: follow it with: %s\n' "${logs[*]}" >&2
+    exec runai "${args[@]}" "${extra_flags[@]}" -- python3 -m ddp_contract download "${data_path}"
 }
 
 main() {
@@ -151,14 +233,27 @@ main() {
     local -r data_path="${data_dir}${data_subdir:+/${data_subdir}}"
     local -r run_path="${run_dir}${run_subdir:+/${run_subdir}}/${run}"
     # The pods' user. RCP's csub.py always passes --run-as-uid and --run-as-gid, the user's LDAP
-    # ids (epfml/getting-started, csub.py: LDAP_UID, LDAP_GID), with the scratch claim: its
-    # homes/<user>/ are the user's, and a pod running as the image's user may not write there.
-    # On a host with those ids (RCP's haas001.rcp.epfl.ch) `id` gives them; elsewhere (a laptop)
-    # RUNAI_RUN_AS names them.
-    local run_as="${RUNAI_RUN_AS:-}"
-    [ -n "${run_as}" ] || run_as="$(id -u):$(id -g)"
+    # ids, which it takes from its configuration, never from the submitting machine
+    # (epfml/getting-started, csub.py: LDAP_UID, LDAP_GID from .env; its README, "Find your LDAP
+    # UID": `id` on haas001.rcp.epfl.ch). The scratch claim's homes/<user>/ are the user's, and a pod
+    # running as another uid (a laptop's 501:20, root's 0:0, the image's user) may not write there.
+    # This machine's ids are no guide to the cluster's, so RUNAI_RUN_AS has no default.
+    local -r run_as="${RUNAI_RUN_AS:-}"
+    [ -n "${run_as}" ] || runai_submit::err "RUNAI_RUN_AS is unset: set it to your uid and gid on the cluster, RUNAI_RUN_AS=UID:GID (on RCP: ssh <user>@haas001.rcp.epfl.ch id prints them, the uid= and gid= numbers; RCP's csub.py takes the same two as LDAP_UID and LDAP_GID), or RUNAI_RUN_AS=image for the image's own user"
     [[ "${run_as}" =~ ^[0-9]+:[0-9]+$ || "${run_as}" = image ]] \
         || runai_submit::err "RUNAI_RUN_AS=${run_as} is neither UID:GID nor image: give the numeric user and group the pods run as (on RCP your LDAP ids, from id on haas001.rcp.epfl.ch), or image to keep the image's user"
+    # `--download` alone stages the data instead of training (the trainer's own flag: fetch CIFAR-100
+    # into the data dir and exit).
+    local download=0
+    if [[ " $* " = *" --download "* ]]; then
+        [ "$#" -eq 1 ] || runai_submit::err "--download stages CIFAR-100 on the data claim and takes no other trainer flags: run runai/submit.sh --download alone, then submit the training"
+        [ -z "${RUNAI_RESUME:-}" ] || runai_submit::err "--download stages the data and continues no run: leave RUNAI_RESUME unset for it"
+        download=1
+    fi
+    if [ -n "${RUNAI_RESUME:-}" ] && [ -n "${RUNAI_RUN_PVC_MOUNT:-}" ]; then
+        [[ "${RUNAI_RUN_PVC_MOUNT}" = /* ]] || runai_submit::err "RUNAI_RUN_PVC_MOUNT=${RUNAI_RUN_PVC_MOUNT} must be an absolute path: where this machine mounts ${RUNAI_RUN_PVC} (on RCP's haas001.rcp.epfl.ch, /mnt/mlo/scratch)"
+        runai_submit::check_resume "${run}" "${RUNAI_RUN_PVC_MOUNT%/}${run_subdir:+/${run_subdir}}/${run}" "$@"
+    fi
     local -a extra=()
     runai_submit::split_words extra RUNAI_EXTRA_ARGS
     case "${RUNAI_CLI:-}" in
@@ -181,6 +276,9 @@ main() {
     # entry point with the command supplied after '--'"; v2: "-c, --command  If true, override the
     # image's entrypoint with the command supplied after '--'"; Kubernetes' command/args).
     local -a shared=(-i "${image}" --command)
+    if [ "${download}" = 1 ]; then
+        runai_submit::stage "${cli}" "${name}" "${data_path}" "${run_as}" shared extra
+    fi
     # Kubernetes gives a pod a 64 MiB /dev/shm; NCCL's shared-memory transport between the
     # GPUs of one pod needs far more and fails with "unhandled system error" (NCCL
     # troubleshooting, "Docker/shared memory"). --large-shm mounts a memory-backed /dev/shm
@@ -224,10 +322,16 @@ main() {
         logs=(runai training pytorch logs "${name}" --follow)
     fi
     # The trainer's --resume: with it, a run dir without a checkpoint (a mistyped name) is an error
-    # in one line rather than a new run (src/ddp_train/checkpoint.py).
+    # in one line rather than a new run (src/ddp_train/checkpoint.py). A script of the user's gets exactly
+    # its arguments, and is told by DDP_RESUME=1 instead (ddp_contract.workload.resuming()).
     local -a resume=()
+    runai_submit::workload "${data_dir}" "${run_dir}" "$@"
     if [ -n "${RUNAI_RESUME:-}" ]; then
-        resume=(--resume)
+        if [ "${WORKLOAD_KIND}" = builtin ]; then
+            resume=(--resume)
+        else
+            args+=(-e DDP_RESUME=1)
+        fi
         printf 'runai/submit.sh: continuing run %s in %s, as workload %s\n' "${run}" "${run_path}" "${name}" >&2
     else
         printf 'runai/submit.sh: a new run, %s, in %s (RUNAI_RESUME=%s continues it)\n' "${run}" "${run_path}" "${run}" >&2

@@ -18,6 +18,7 @@
 # Submit from the repository root: sbatch [--nodes=N] slurm/ethernet-nccl.sh [trainer flags...]
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
+# Your own script in place of the trainer: sbatch ... slurm/ethernet-nccl.sh --script PATH [its arguments] (docs/own-script.md).
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
 source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 
@@ -26,7 +27,7 @@ ddp::default DDP_SITE generic
 ddp::default DDP_TRAIN_NODES 6  # as #SBATCH --nodes; spares (DDP_SPARE_NODES) come on top
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/ethernet-nccl-%j"
-ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 384 --base-lr 0.01"
+ddp::trainer_defaults "--epochs 50 --batch-size 384 --base-lr 0.01"
 ddp::default NCCL_IB_DISABLE 1
 
 ddp::run_job node "$@"

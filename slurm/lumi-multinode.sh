@@ -29,6 +29,7 @@
 # ddp-launch flags go in DDP_LAUNCH_ARGS, e.g. DDP_LAUNCH_ARGS="--nccl-debug INFO" (RCCL's INFO lines in
 # each rank's log); with no torchrun here, --max-restarts does nothing: a crash ends the job, and a new
 # one on the same DDP_RUN_DIR resumes from its checkpoint. Every DDP_* setting: slurm/lib/ddp.sh.
+# Your own script in place of the trainer: sbatch ... slurm/lumi-multinode.sh --script PATH [its arguments] (docs/own-script.md).
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
 source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 
@@ -39,7 +40,7 @@ ddp::default DDP_CONTAINER_RUNTIME singularity
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/lumi-multinode-%j"
 # 32 images per GCD on 2 nodes, as per GPU in the Raven scripts.
-ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 512 --base-lr 0.01"
+ddp::trainer_defaults "--epochs 50 --batch-size 512 --base-lr 0.01"
 
 # Each task on the cores nearest its GCD. A LUMI-G node's 64-core CPU has 8 CCDs of 8 cores, the
 # first core of each reserved, so 7 per GCD; GCD i's nearest CCD is not CCD i (rocm-smi

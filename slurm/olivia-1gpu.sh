@@ -22,6 +22,7 @@
 # e.g. --epochs 5 (they follow DDP_TRAIN_ARGS and win); ddp-launch flags go in
 # DDP_LAUNCH_ARGS="--max-restarts 2"; every DDP_* setting: slurm/lib/ddp.sh.
 # Set the account above (or sbatch --account=nnXXXXk).
+# Your own script in place of the trainer: sbatch ... slurm/olivia-1gpu.sh --script PATH [its arguments] (docs/own-script.md).
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
 source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 
@@ -30,6 +31,6 @@ ddp::default DDP_SITE olivia
 ddp::default DDP_TRAIN_NODES 1  # as #SBATCH --nodes; spares (DDP_SPARE_NODES) come on top
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/olivia-1gpu-%j"
-ddp::default DDP_TRAIN_ARGS "--recipe improved --epochs 100 --batch-size 256 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
+ddp::trainer_defaults "--recipe improved --epochs 100 --batch-size 256 --base-lr 0.01 --target-accuracy 0.95 --patience 2"
 
 ddp::run_job node "$@"

@@ -24,6 +24,7 @@
 # DDP_LAUNCH_ARGS="--nccl-debug INFO" (NCCL's INFO lines in each rank's log); with no torchrun here,
 # --max-restarts does nothing: a crash ends the job, and a new one on the same DDP_RUN_DIR resumes
 # from its checkpoint. Every DDP_* setting: slurm/lib/ddp.sh.
+# Your own script in place of the trainer: sbatch ... slurm/raven-1node-4gpu.sh --script PATH [its arguments] (docs/own-script.md).
 # shellcheck source-path=SCRIPTDIR source=lib/ddp.sh
 source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh" || { echo "error: submit from this project's checkout or set DDP_REPO" >&2; exit 2; }
 
@@ -33,6 +34,6 @@ ddp::default DDP_SITE raven
 ddp::default DDP_TRAIN_NODES 1  # as #SBATCH --nodes; spares (DDP_SPARE_NODES) come on top
 ddp::default DDP_DATA_DIR "${DDP_REPO}/data"
 ddp::default DDP_RUN_DIR "${DDP_REPO}/runs/raven-1node-%j"
-ddp::default DDP_TRAIN_ARGS "--epochs 50 --batch-size 128 --base-lr 0.01"
+ddp::trainer_defaults "--epochs 50 --batch-size 128 --base-lr 0.01"
 
 ddp::run_job task "$@"

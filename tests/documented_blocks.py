@@ -149,3 +149,39 @@ def twin_quick_start(twin_name: str) -> SbatchLine | None:
     """The sbatch line of the quick start whose cluster twin_name is the twin of, or None."""
     clusters = [cluster for cluster, twin in QUICK_START_TWINS.items() if twin == twin_name]
     return quick_start_sbatch(clusters[0]) if clusters else None
+
+
+# The README's "Your own training script" quick starts: a block per scheduler, each under a heading of its
+# own; the SLURM block has one sbatch line per cluster, which that cluster's twin submits word for word.
+OWN_SCRIPT = "Your own training script"
+OWN_SCRIPT_SLURM = "On a SLURM cluster"
+OWN_SCRIPT_BY_HAND = "On one machine, and in Apptainer by hand"
+
+
+def own_script_blocks(section: str) -> list[Block]:
+    """The blocks under `section` of the README's own-script quick starts, in order."""
+    return [block for block in blocks(README) if block.headings[1:3] == (OWN_SCRIPT, section)]
+
+
+def own_script_sbatch(script: str) -> SbatchLine:
+    """The own-script quick start's sbatch line that submits the job script `script`."""
+    (block,) = own_script_blocks(OWN_SCRIPT_SLURM)
+    found = [line for line in sbatch_lines(block) if line.script == script]
+    if len(found) != 1:
+        raise ValueError(f"{block}: {len(found)} sbatch lines submit {script}, not one")
+    return found[0]
+
+
+def own_script_apptainer_block() -> Block:
+    """The own-script quick start that runs the image by hand with `apptainer run`."""
+    (block,) = [block for block in own_script_blocks(OWN_SCRIPT_BY_HAND) if block.first_line.startswith("apptainer ")]
+    return block
+
+
+def own_script_job_script(twin_name: str) -> str:
+    """The job script of twin_name's cluster that the own-script quick start submits (slurm/<cluster>-*.sh)."""
+    (block,) = own_script_blocks(OWN_SCRIPT_SLURM)
+    found = [line.script for line in sbatch_lines(block) if Path(line.script).name.startswith(f"{twin_name}-")]
+    if len(found) != 1:
+        raise ValueError(f"{block}: {len(found)} sbatch lines submit a job script of {twin_name}'s, not one")
+    return found[0]

@@ -6,10 +6,13 @@ three are named again at the end (a CI log's tail must name them), then the time
 the last line is the verdict.
 
 Wall time alone does not compare across machines: the suite is bound by CPU, and machines of one kind
-differ by 1.5x in it. So each phase also says the CPU-seconds the machine spent (every process,
-SLURM's daemons and the jobs they start included: /proc/stat, proc(5)), and the whole run is also
+differ by 1.5x in it. So each phase also says the CPU-seconds the machine spent (/proc/stat, proc(5):
+every process, another user's too) and those this run's own processes spent, SLURM's daemons and the
+jobs they start included (a cgroup of the run's own, tools/cpu_usage.py), and the whole run is also
 counted in units of one `import torch` on this machine, measured at the start: a run's figure in
-those units is about the same on a slow machine and a fast one (docs/testing.md, the budget).
+those units is about the same on a slow machine and a fast one (docs/testing.md, the budget). The
+last lines before the verdict name each pytest suite's heaviest tests and shared fixtures in CPU-seconds
+(tests/cpu_accounting.py), so that a new test's cost is seen where the run's is.
 """
 
 from __future__ import annotations
@@ -25,17 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import cpu_usage  # tools/cpu_usage.py, beside this file
+
 # `make test` writes this first (the suite-clock target), before its venv, lint and images: the cold
 # run's start, in the format clock_line() writes.
 CLOCK_FILE = Path(".suite-clock")  # in the checkout, where make runs
+TOP_COSTS = 12  # the heaviest tests and shared fixtures of each pytest suite named at the end
 
 
 @dataclass(frozen=True)
 class Reading:
-    """When, and how much CPU the machine and this process's waited-for children had spent."""
+    """When, and how much CPU the machine and this run's own processes had spent."""
     wall_s: float
     machine_cpu_s: float
-    children_cpu_s: float
+    own_cpu_s: float
 
 
 def machine_cpu_s(stat_text: str, ticks_per_s: int) -> float:
@@ -49,10 +55,15 @@ def machine_cpu_s(stat_text: str, ticks_per_s: int) -> float:
     return (user + nice + system + irq + softirq + steal) / ticks_per_s
 
 
-def read_clock() -> Reading:
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return Reading(time.time(), machine_cpu_s(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK")),
-                   children.ru_utime + children.ru_stime)
+def read_clock(own=None) -> Reading:
+    """Now: the machine's CPU time, and own's reading (a tools/cpu_usage.py meter; by default this
+    process's waited-for children)."""
+    if own is None:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        own_s = children.ru_utime + children.ru_stime
+    else:
+        own_s = own.read()
+    return Reading(time.time(), machine_cpu_s(Path("/proc/stat").read_text(), os.sysconf("SC_CLK_TCK")), own_s)
 
 
 def clock_line(reading: Reading) -> str:
@@ -86,25 +97,27 @@ class Phase:
     name: str
     wall_s: float
     machine_cpu_s: float
-    own_cpu_s: float       # this run's waited-for processes only (not SLURM's daemons and jobs)
+    own_cpu_s: float       # this run's processes (with SLURM's jobs where a cgroup counts them)
 
     @staticmethod
     def between(name: str, start: Reading, end: Reading) -> "Phase":
         return Phase(name, end.wall_s - start.wall_s, end.machine_cpu_s - start.machine_cpu_s,
-                     end.children_cpu_s - start.children_cpu_s)
+                     end.own_cpu_s - start.own_cpu_s)
 
 
 def phase_line(phase: Phase, import_s: float) -> str:
-    return (f"time: {phase.name}: {phase.wall_s / 60:.1f} min, {phase.machine_cpu_s:,.0f} CPU-s "
-            f"({phase.machine_cpu_s / import_s:,.0f} torch imports; its own processes {phase.own_cpu_s:,.0f} CPU-s)")
+    return (f"time: {phase.name}: {phase.wall_s / 60:.1f} min, its processes {phase.own_cpu_s:,.0f} CPU-s "
+            f"= {phase.own_cpu_s / import_s:,.0f} torch imports (the machine's {phase.machine_cpu_s:,.0f} CPU-s)")
 
 
-def summary_lines(phases: Sequence[Phase], import_s: float, whole: Optional[Phase]) -> list[str]:
+def summary_lines(phases: Sequence[Phase], import_s: float, whole: Optional[Phase], own_source: str = "") -> list[str]:
     lines = [f"time: one `import torch` here: {import_s:.2f} CPU-s (the unit of the budget, docs/testing.md)"]
+    if own_source:
+        lines.append(f"time: a phase's processes counted by {own_source}; the machine's: /proc/stat, every user's")
     lines += [phase_line(phase, import_s) for phase in phases]
     if whole is not None:
         lines.append(f"time: make test, from its start (venv, lint, images included): {whole.wall_s / 60:.1f} min, "
-                     f"{whole.machine_cpu_s:,.0f} CPU-s = {whole.machine_cpu_s / import_s:,.0f} torch imports")
+                     f"the machine's {whole.machine_cpu_s:,.0f} CPU-s = {whole.machine_cpu_s / import_s:,.0f} torch imports")
     return lines
 
 
@@ -139,24 +152,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         CLOCK_FILE.write_text(clock_line(read_clock()))
         return 0
     python = sys.executable
+    own = cpu_usage.meter("make-test")
     import_s = torch_import_cpu_s(python)
+    # The pytest suites' own summaries say their CPU-seconds in these units too (tests/cpu_accounting.py).
+    os.environ["DDP_TORCH_IMPORT_CPU_S"] = f"{import_s:.3f}"
 
     with tempfile.TemporaryDirectory(prefix="make-test-") as tmp:
         logs = Path(tmp)
-        started = read_clock()
+        started = read_clock(own)
         with open(logs / "bats", "w", encoding="utf-8") as bats_out:
             bats = subprocess.Popen(["bats", "--recursive", "tests/bats"], stdout=bats_out, stderr=subprocess.STDOUT)
-            unit = run_teed([python, "-m", "pytest", "-q", "-n", "2", "--durations=10", "tests/unit"], logs / "unit")
+            unit = run_teed([python, "-m", "pytest", "-q", "-n", "2", "--durations=10", "--cpu-top=0",
+                             f"--cpu-report={logs / 'unit.json'}", "tests/unit"], logs / "unit")
             bats_code = bats.wait()
         print("--- tests/bats, run beside tests/unit ---")
         print((logs / "bats").read_text(encoding="utf-8"), end="", flush=True)
-        unit_done = read_clock()
+        unit_done = read_clock(own)
 
         workers = ["-n", str(args.e2e_workers), "--dist", "loadscope"] if args.e2e_workers > 1 else []
-        e2e = run_teed([python, "-m", "pytest", *workers, "-v", "--durations=0", "--durations-min=20", "tests/e2e"],
-                       logs / "e2e")
-        e2e_done = read_clock()
+        e2e = run_teed([python, "-m", "pytest", *workers, "-v", "--durations=0", "--durations-min=20", "--cpu-top=0",
+                        f"--cpu-report={logs / 'e2e.json'}", "tests/e2e"], logs / "e2e")
+        e2e_done = read_clock(own)
+        own.close()
         texts = {name: (logs / name).read_text(encoding="utf-8") for name in ("unit", "bats", "e2e")}
+        ledgers = [cpu_usage.read_ledger(logs / f"{name}.json") for name in ("unit", "e2e")]
 
     print("--- what failed (the whole reports are above) ---")
     for line in failures(texts["unit"], texts["bats"], texts["e2e"]):
@@ -164,11 +183,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name in ("unit", "e2e"):
         tail = texts[name].splitlines()[-1:] or [f"(tests/{name} printed nothing)"]
         print(tail[0])
+    for ledger in ledgers:
+        for line in cpu_usage.ledger_lines(ledger, TOP_COSTS, import_s) if ledger else []:
+            print(line)
     begun = parse_clock_line(CLOCK_FILE.read_text()) if CLOCK_FILE.exists() else None
     whole = Phase.between("make test", begun, e2e_done) if begun else None
     phases = [Phase.between("tests/unit with tests/bats beside it", started, unit_done),
               Phase.between("tests/e2e", unit_done, e2e_done)]
-    for line in summary_lines(phases, import_s, whole):
+    for line in summary_lines(phases, import_s, whole, own.source):
         print(line)
     print(f"make test: tests/unit {verdict(unit)}, tests/bats {verdict(bats_code)}, tests/e2e {verdict(e2e)}",
           flush=True)

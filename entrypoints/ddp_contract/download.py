@@ -120,10 +120,17 @@ def download(data_dir: str, url: str = ARCHIVE_URL, archive_md5: str = ARCHIVE_M
     return target
 
 
+# A mirror of the archive, for machines without the internet (a site's own copy, a pod network that
+# reaches only the cluster): the URL and, for another archive than the published one, its MD5.
+MIRROR_URL_VAR, MIRROR_MD5_VAR = "DDP_CIFAR_URL", "DDP_CIFAR_MD5"
+
+
 def main(args: list) -> int:
-    """download DATA_DIR [--url URL] [--md5 MD5]; 0 when the dataset is in place, 1 when not."""
+    """download DATA_DIR [--url URL] [--md5 MD5]; 0 when the dataset is in place, 1 when not.
+    --url and --md5 default to $DDP_CIFAR_URL and $DDP_CIFAR_MD5, else the published archive's."""
     usage = "usage: python3 -m ddp_contract download DATA_DIR [--url URL] [--md5 MD5]"
-    options = {"--url": ARCHIVE_URL, "--md5": ARCHIVE_MD5}
+    options = {"--url": os.environ.get(MIRROR_URL_VAR) or ARCHIVE_URL,
+               "--md5": os.environ.get(MIRROR_MD5_VAR) or ARCHIVE_MD5}
     positional = []  # type: list
     rest = list(args)
     while rest:

@@ -12,6 +12,9 @@ import os
 import struct
 
 HEARTBEAT_DIR_VAR = "DDP_HEARTBEAT_DIR"
+# Where the Flight Recorder dumps: torch 2.14 reads TORCH_FR_DUMP_TEMP_FILE, then the older NCCL name (with a
+# deprecation warning); a rank's dump is the prefix followed by its rank.
+FR_DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 RECORD_SIZE = 64
 MAGIC = b"DDPH"
 # magic, phase, dump requests (agent), dumps done (worker), pad | pid, step, buckets, time

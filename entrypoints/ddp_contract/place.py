@@ -35,3 +35,8 @@ TRAIN_IN_A_POD = "to train, submit with --command -- {} and your trainer flags (
 # Kubernetes, "Define a Command and Arguments for a Container").
 WORDS_TO_THE_ENTRYPOINT = ("in a pod ddp-launch is the image's ENTRYPOINT, and RunAI hands it the words after its "
                            "`--` unless --command is given: " + TRAIN_IN_A_POD)
+
+# Where a user's own script must be for the pods to run it.
+SCRIPT_IN_A_POD = ("the pods see only their image and the volumes they mount: put the script on a claim they mount "
+                   "(the run or data claim of runai/submit.sh, a volume of the Kubeflow manifest) or in the image, "
+                   "and give its path in the pod")

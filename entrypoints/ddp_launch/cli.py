@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ddp_contract import ENV_SOURCES_VAR
-from ddp_launch import planner
+from ddp_launch import planner, venv
 from ddp_launch.forensics import env_sources
 from ddp_launch.errors import LaunchError, run_main
 from ddp_launch.fabric.defaults import read_fabric_data
@@ -25,6 +25,9 @@ EXIT_CANNOT_EXEC = 127
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    code = run_main(lambda words: venv.run_in_venv(words, os.environ), argv)  # DDP_VENV: exec'd, or on here
+    if code:
+        return code
     if argv and argv[0] in SUBCOMMANDS:
         return run_main(_subcommand(argv[0]), argv[1:])
     return run_main(launch, argv)

@@ -127,6 +127,7 @@ class NodeFacts:
     routes: tuple[Route, ...] = ()              # /proc/net/route
     existing_dirs: frozenset[str] = field(default_factory=frozenset)  # of the directories asked about
     existing_files: frozenset[str] = field(default_factory=frozenset)  # of the files asked about (the --script)
+    readable_files: frozenset[str] = field(default_factory=frozenset)  # of those, the ones this user may read
     cwd: str = "/"                              # os.getcwd(): where a relative --script is looked for
     head: Resolved | None = None                # the rendezvous host's lookup, when one was asked
     peer: Resolved | None = None                # another node's, when the head's name is loopback here
@@ -411,6 +412,7 @@ def probe(root: str = "/", directories: Iterable[str] = (), head: Head | None = 
         routes=parse_routes(read_text(root, "/proc/net/route") or ""),
         existing_dirs=frozenset(d for d in directories if os.path.isdir(under(root, d))),
         existing_files=frozenset(f for f in files if os.path.isfile(f)),
+        readable_files=frozenset(f for f in files if os.path.isfile(f) and os.access(f, os.R_OK)),
         cwd=os.getcwd(),
         head=looked_up,
         peer=look_up_peer(looked_up, peer, resolve),

@@ -25,6 +25,16 @@ class Workload:
     script: str | None = None
     args: tuple[str, ...] = ()
 
+    @property
+    def is_ours(self) -> bool:
+        """The built-in trainer or one of its modules (the fabric gate): code that reads this project's
+        variables (DDP_TASK_DEVICE, the heartbeat) itself. Anything else is the user's workload."""
+        return self.script is None and (self.module == DEFAULT_MODULE or str(self.module).startswith(DEFAULT_MODULE + "."))
+
+    def describe(self) -> str:
+        """How --help and the messages name it: `--script train.py`, `--module pkg.train`."""
+        return f"--script {self.script}" if self.script is not None else f"--module {self.module}"
+
     def _wrapped(self) -> tuple[str, ...]:
         """ddp_launch.worker's arguments: the python command line's own (-m MOD | SCRIPT) ARGS."""
         if self.script is not None:

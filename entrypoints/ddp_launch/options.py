@@ -55,7 +55,10 @@ precedence: command line > DDP_LAUNCH_* environment > scheduler environment > de
 
 """ + help_text() + """
 
-everything after -- goes to the workload unchanged (default workload: python -m ddp_train)
+everything after -- goes to the workload unchanged (default workload: python -m ddp_train);
+your own script or module with --script PATH or --module MOD: its arguments are exactly those
+after --, and it gets DDP_RUN_DIR, DDP_DATA_DIR and ranks that agree in torch's and SLURM's
+variables (docs/own-script.md in the repository)
 """
 
 

@@ -10,10 +10,12 @@ names a scheduler: each module answers for itself what to probe and how to launc
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from ddp_contract.place import SCRIPT_IN_A_POD, in_a_pod
 from ddp_launch import facts as node, gpus
 from ddp_launch.errors import LaunchError
 from ddp_launch.fabric import FabricRequest, directories_to_probe, plan_fabric
@@ -77,13 +79,39 @@ def probe(questions: ProbeQuestions, root: str = "/") -> NodeFacts:
                       node.interface_ipv4 if root == "/" else None, sys.path)
 
 
+# Apptainer and SingularityCE set these inside every container they run (Apptainer user guide,
+# "Environment and Metadata": APPTAINER_CONTAINER, the image's path; SINGULARITY_CONTAINER likewise).
+CONTAINER_VARIABLES = ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER")
+
+
+def script_refusal(script: str, facts: NodeFacts, env: Mapping[str, str]) -> str:
+    """Why the --script cannot run here, with the fix for where this runs: a container that does not see
+    the file is missing a bind (Apptainer binds $HOME, the working directory, /tmp and /var/tmp by default,
+    and what APPTAINER_BIND or --bind names: Apptainer user guide, "Bind Paths and Mounts"); a pod sees the
+    image and its volumes."""
+    if script in facts.existing_files:
+        return (f"--script {script!r} is not readable by uid {os.getuid()}: make it readable to the user the job "
+                f"runs as (chmod a+r)")
+    full = os.path.normpath(os.path.join(facts.cwd, script))
+    container = next((env[name] for name in CONTAINER_VARIABLES if env.get(name)), None)
+    if in_a_pod(env):
+        fix = SCRIPT_IN_A_POD
+    elif container is not None:
+        runtime = "SINGULARITY" if "SINGULARITY_CONTAINER" in env and "APPTAINER_CONTAINER" not in env else "APPTAINER"
+        fix = (f"the container ({container}) does not see it: if it is on the host, bind the directory that holds "
+               f"it ({runtime}_BIND={os.path.dirname(full)}, which the job scripts pass on; Apptainer binds only "
+               f"$HOME, the working directory, /tmp, /var/tmp and the binds named)")
+    else:
+        fix = "give the path of your Python file"
+    return f"--script {script!r} is not a file here ({full}; relative paths are taken from {facts.cwd}): {fix}"
+
+
 def plan(launch: Launch, facts: NodeFacts) -> LaunchPlan:
     """The whole launch, fabric included, from the launch as read and the node's facts (pure)."""
     options, env = launch.options, launch.env
     script = options.workload.script
-    if script is not None and script not in facts.existing_files:
-        raise LaunchError(f"--script {script!r} is not a file: give the path of a Python file "
-                          f"(relative paths are taken from {facts.cwd})")
+    if script is not None and script not in facts.readable_files:
+        raise LaunchError(script_refusal(script, facts, env))
     planned = launch.scheduler.plan(launch.job, options, env, facts)
     identity = launch.scheduler.identity(launch.job, facts)
     planned = replace(planned, changes=planned.changes + identity_env(identity, env))

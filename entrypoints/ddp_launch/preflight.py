@@ -1,6 +1,6 @@
 """`ddp-launch preflight`: in a RunAI/Kubeflow pod, the checks a SLURM job runs before it trains, then the training.
 
-    ddp-launch preflight [--site S] --data-dir D --run-dir R -- LAUNCH FLAGS -- TRAINER FLAGS
+    ddp-launch preflight [--site S] [--data-dir D] --run-dir R -- LAUNCH FLAGS -- WORKLOAD ARGUMENTS
 
 runai/pod.sh runs it in every pod. It does what slurm/lib/ddp.sh does around its training step,
 with the same verdicts, from the same code, and then execs `ddp-launch LAUNCH FLAGS -- TRAINER FLAGS`:
@@ -12,6 +12,9 @@ with the same verdicts, from the same code, and then execs `ddp-launch LAUNCH FL
    setup's (one line, exit 2); a pod that fails alone is named;
 3. the fabric gate (python -m ddp_train.gate) through ddp-launch across the pods, like the training
    (DDP_FABRIC_GATE=0 skips it): a pod it names is named the same way.
+The launch flags name the workload (--script PATH, --module MOD; the built-in trainer where neither is
+given): the doctor checks what it needs (the script visible in the pod, or CIFAR-100 for the trainer), and
+the gate runs our own module whatever it is.
 What a named pod and the others do: a pod cannot requeue itself without its node, as a SLURM job
 does (its scheduler placed it; only the cluster's admins can cordon the node). So every pod stops
 with 76 (ddp_contract.EXIT_BAD_NODE), not only the named one: the others would wait in the
@@ -50,6 +53,7 @@ from ddp_launch.errors import LaunchError
 from ddp_launch.fabric.defaults import read_fabric_data
 from ddp_launch.flags import FlagParser
 from ddp_launch.torchrun_command import TORCHRUN_JOIN_TIMEOUT_S
+from ddp_launch.launch_options import Workload
 from ddp_launch.options import read_options, split_workload
 from ddp_launch.plan import LaunchPlan
 
@@ -83,7 +87,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]):
     parser = FlagParser(prog="ddp-launch preflight", subcommand="preflight", description=__doc__.splitlines()[0],
                         hint="give the launch's flags after --")
     parser.add_argument("--site", default=env.get("DDP_LAUNCH_SITE"), help="site profile (default: $DDP_LAUNCH_SITE)")
-    parser.add_argument("--data-dir", required=True, help="where CIFAR-100 is, for doctor")
+    parser.add_argument("--data-dir", help="where CIFAR-100 is (the built-in trainer's), for doctor")
     parser.add_argument("--run-dir", required=True, help="the run dir on the shared claim: reports, gate.json")
     return parser.parse_args(own), tuple(launch)
 
@@ -270,12 +274,13 @@ class PodLaunch:
     """The training's launch as this pod reads it: its flags and the trainer's, its plan, the job and the pod."""
 
     flags: tuple[str, ...]          # ddp-launch's flags for the training
-    trainer: tuple[str, ...]        # the trainer's
+    trainer: tuple[str, ...]        # the workload's arguments
     plan: LaunchPlan | None         # None: the launcher refuses (doctor says why in its "launch plan" check)
     plan_problem: str
     join_timeout_s: float           # how long the pods wait for each other, as the rendezvous would
     job: str                        # the job's identity (DDP_JOB_ID), "" where nothing names it
     pod: str                        # this pod's name
+    workload: Workload = Workload()  # what the training runs: the built-in trainer, a script, a module
 
     @property
     def pods(self) -> int:
@@ -302,16 +307,23 @@ def read_launch(launch_words: Sequence[str], env: Mapping[str, str],
     return PodLaunch(tuple(flags), trainer, plan, plan_problem,
                      float(options.rdzv_timeout.value) if options.rdzv_timeout else TORCHRUN_JOIN_TIMEOUT_S,
                      env.get(JOB_ID_VAR) or identity.job_id or "",
-                     identity.node_name or socket.gethostname().split(".")[0])
+                     identity.node_name or socket.gethostname().split(".")[0], options.workload)
 
 
-def doctor_everywhere(pod: PodLaunch, run_dir: str, data_dir: str, site: str | None, children: Children) -> Verdict:
+def doctor_argv(pod: PodLaunch, data_dir: str | None, site: str | None) -> list[str]:
+    """The doctor's command: the site, the data dir where there is one, and the workload it checks."""
+    workload = () if pod.workload.is_ours else tuple(pod.workload.describe().split(" ", 1))
+    return [sys.executable, "-m", "ddp_launch", "doctor", "--json", *(("--data-dir", data_dir) if data_dir else ()),
+            *(("--site", site) if site else ()), *workload]
+
+
+def doctor_everywhere(pod: PodLaunch, run_dir: str, data_dir: str | None, site: str | None,
+                      children: Children) -> Verdict:
     """doctor here, its report beside the other pods' on the claim, and the verdict from all of them."""
     directory = Path(run_dir) / "preflight" / file_key(pod.job or pod.pod)
     report = directory / f"{DOCTOR_PREFIX}{file_key(pod.pod)}.json"
     report.unlink(missing_ok=True)
-    done = children.run([sys.executable, "-m", "ddp_launch", "doctor", "--json", "--data-dir", data_dir,
-                         *(("--site", site) if site else ())], stdout=subprocess.PIPE, text=True)
+    done = children.run(doctor_argv(pod, data_dir, site), stdout=subprocess.PIPE, text=True)
     write_atomically(report, done.stdout)
     if pod.pods > 1:
         since = fresh_since(report.stat().st_mtime, pod.join_timeout_s)
@@ -331,7 +343,7 @@ def gate_across_pods(pod: PodLaunch, run_dir: str, site: str | None, children: C
     # Every pod removes an earlier run's before it joins the gate's rendezvous, so before rank 0 writes it.
     gate_json.unlink(missing_ok=True)
     argv = gate_launch_argv(pod.flags, run_dir, gate_port(pod.plan.rendezvous.port), site,
-                            trainer_backend(pod.trainer))
+                            trainer_backend(pod.trainer) if pod.workload.is_ours else "auto")
     code = children.run([sys.executable, "-m", "ddp_launch", *argv]).returncode
     try:
         report = json.loads(gate_json.read_text())

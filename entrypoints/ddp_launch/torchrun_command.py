@@ -102,9 +102,16 @@ def log_line_prefix(node: str | None) -> str:
     return f"{node}:rank${{rank}}: " if node else "rank${rank}: "
 
 
+# What tells torchrun not to share its rendezvous store with the workers (torch's dynamic_rendezvous,
+# use_agent_store): rank 0 then hosts a store of its own at MASTER_ADDR:MASTER_PORT, as env:// does without
+# torchrun (torch.distributed.init_process_group, "env://": rank 0 starts the TCPStore server).
+SEPARATE_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
 def torchrun_env(env: Mapping[str, str], restarts: int, log_dir: str | None,
-                 node: str | None = None) -> tuple[EnvChange, ...]:
-    """The variables torchrun needs for --log-dir and --max-restarts to work as the plan says."""
+                 node: str | None = None, workload: Workload | None = None) -> tuple[EnvChange, ...]:
+    """The variables torchrun needs for --log-dir and --max-restarts to work as the plan says, and a user's
+    workload for its own MASTER_ADDR/MASTER_PORT."""
     changes = []
     if log_dir and LOG_PREFIX_VAR not in env:
         # The variable, not torchrun's --log-line-prefix-template flag: the flag is new
@@ -112,14 +119,24 @@ def torchrun_env(env: Mapping[str, str], restarts: int, log_dir: str | None,
         # since 2.2.
         changes.append(EnvChange(LOG_PREFIX_VAR, log_line_prefix(node),
                                  "--log-dir: each console line names its node and global rank"))
-    if restarts > 0 and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in env:
+    if SEPARATE_STORE_VAR in env:
+        return tuple(changes)
+    if restarts > 0:
         # torchrun shares its rendezvous store with the workers by default, and
         # the keys of a failed round stay in it: restarted workers read their
         # dead peers' gloo/NCCL addresses and fail to connect (pytorch#135712,
         # #167288). A store per round, hosted by rank 0, makes restarts work.
-        changes.append(EnvChange("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1",
+        changes.append(EnvChange(SEPARATE_STORE_VAR, "1",
                                  f"--max-restarts {restarts}: a fresh store per restart round "
                                  f"(pytorch#135712)"))
+    elif workload is not None and not workload.is_ours:
+        # A shared store tells the workers TORCHELASTIC_USE_AGENT_STORE=True, and env:// then makes every rank
+        # a client of a store at MASTER_ADDR:MASTER_PORT (torch.distributed.rendezvous, _create_c10d_store):
+        # a script that sets its own MASTER_PORT, as scripts written for srun do, would wait for a store that
+        # nobody hosts. With a store of rank 0's own, its values work as they do under srun.
+        changes.append(EnvChange(SEPARATE_STORE_VAR, "1",
+                                 f"{workload.describe()}: rank 0 hosts the store at MASTER_ADDR:MASTER_PORT, "
+                                 f"as env:// does without torchrun, so a script's own MASTER_PORT works"))
     return tuple(changes)
 
 

@@ -1,7 +1,16 @@
 """`python -m ddp_launch.worker (-m MODULE | SCRIPT) [ARGS]`: a workload that dies with its launcher.
 
-Every worker starts through this: it asks Linux for SIGTERM when its parent dies,
-then runs the workload exactly as `python -m MODULE ARGS` / `python SCRIPT ARGS`.
+Every worker starts through this: it asks Linux for SIGTERM when its parent dies, sets SLURM's task
+variables to agree with the worker's own ranks (worker_env.py), then runs the workload exactly as
+`python -m MODULE ARGS` / `python SCRIPT ARGS`, in this process.
+
+A user's workload (not our trainer nor its gate, which do this themselves) gets here what needs none of its
+code: the Flight Recorder's dump pointed into its run dir (NCCL dumps it there on a collective timeout),
+every thread's Python stack in its log when it dies of a fatal signal (faulthandler: the abort of NCCL's
+watchdog, a segfault), a check of a MASTER_ADDR it sets itself, the run's manifest written by rank 0
+(ddp_contract.provenance: the script and its digest, the image, the variables and who set them, the
+libraries it mapped), and, where it called ddp_contract.workload.progress(), the roll call that names a lost
+node when a collective fails (docs/own-script.md).
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import sys
 import time
 
 from ddp_contract import EXIT_USAGE
+from ddp_launch import worker_env
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # SIGTERM, not SIGKILL: the trainer writes a checkpoint and exits 75 on it.
@@ -21,6 +31,9 @@ DEATH_SIGNAL = signal.SIGTERM
 # once the death signal is armed (see parent_already_gone).
 PARENT_PID_VARIABLE = "DDP_LAUNCH_AGENT_PID"
 EXIT_ORPHAN = 1
+EXIT_CRASH = 1
+# The module of ours: the built-in trainer and its own modules (the fabric gate) read our variables themselves.
+OUR_PACKAGE = "ddp_train"
 # Rank 0 alone prints a usage error, but torchrun TERMs every other worker as
 # soon as one fails: a silent rank that exits 2 first kills rank 0 before it has
 # said why. So the others wait this long before they exit 2; once rank 0 has
@@ -96,6 +109,11 @@ def run_workload(argv: list[str]) -> int:
     return 0
 
 
+def is_ours(argv: list[str]) -> bool:
+    """The workload is our trainer or one of its modules (python -m ddp_train[.gate])."""
+    return argv[:1] == ["-m"] and len(argv) > 1 and (argv[1] == OUR_PACKAGE or argv[1].startswith(OUR_PACKAGE + "."))
+
+
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     expected = os.environ.pop(PARENT_PID_VARIABLE, None)  # not passed on to the workload
@@ -103,13 +121,135 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddp-launch: error: the launcher (pid {expected}) exited before this worker started: "
               f"not running the workload", file=sys.stderr)
         return EXIT_ORPHAN
+    argv = list(sys.argv[1:] if argv is None else argv)
+    changes, problem = worker_env.scheduler_variables_for_worker(os.environ)
+    problem = problem or worker_env.disagreement(os.environ)
+    if problem:
+        _say(problem)
+        _let_rank_0_speak(EXIT_USAGE)
+        return EXIT_USAGE
+    os.environ.update(changes)
+    users = None
+    if not is_ours(argv):
+        users = UsersWorkload.prepare(argv, os.environ)
+        if users.problem:
+            _say(users.problem)
+            _let_rank_0_speak(EXIT_USAGE)
+            return EXIT_USAGE
     try:
-        code = run_workload(sys.argv[1:] if argv is None else argv)
+        code = run_workload(argv)
     except SystemExit as stop:
         _let_rank_0_speak(stop.code)
         raise
+    except Exception as error:
+        printed = users.after_failure(error) if users is not None else None
+        if printed is None:
+            raise
+        if not printed and int(os.environ.get("WORLD_SIZE") or "1") > 1:
+            time.sleep(USAGE_GRACE_S)  # the rank that names the lost node must not be cut short
+        return EXIT_CRASH
+    finally:
+        if users is not None:
+            users.finish()
     _let_rank_0_speak(code)
     return code
+
+
+class UsersWorkload:
+    """What a user's workload gets from the worker that runs it, before it starts and when it ends."""
+
+    def __init__(self, argv: list[str], env: dict, run_dir: str | None, rank: int):
+        self.argv, self.env, self.run_dir, self.rank = argv, env, run_dir, rank
+        self.launcher_set: dict[str, str] = {}
+        self.lock = None
+        self.problem: str | None = None     # why the workload must not start (its run dir is another job's)
+
+    @classmethod
+    def prepare(cls, argv: list[str], env) -> "UsersWorkload":
+        import faulthandler
+
+        from ddp_contract.heartbeat import FR_DUMP_VARS, flight_recorder_prefix
+        run_dir = env.get("DDP_RUN_DIR") or None
+        users = cls(argv, env, run_dir, _rank(env))
+        if run_dir and not any(env.get(name) for name in FR_DUMP_VARS):
+            # torch reads it when the process group starts (the Flight Recorder tutorial,
+            # https://docs.pytorch.org/tutorials/prototype/flight_recorder_tutorial.html): before the workload.
+            env[FR_DUMP_VARS[0]] = flight_recorder_prefix(run_dir)
+            users.launcher_set[FR_DUMP_VARS[0]] = ("launcher: the Flight Recorder dumps into <run-dir>/forensics "
+                                                   "(NCCL's watchdog writes it on a collective timeout)")
+        faulthandler.enable(all_threads=True)  # stderr: the worker's log
+        worker_env.guard_master_addr(env, _say, EXIT_USAGE)
+        users.take_run_dir()
+        if users.problem is None:
+            users.write_manifest()
+        return users
+
+    def take_run_dir(self) -> None:
+        """One job per run dir, as for the trainer: rank 0 holds <run-dir>/.ddp-run.lock while the workload
+        runs (ddp_contract.rundir_lock), so a second job given it stops in one line (the job scripts and the
+        pods' preflight read the lock before they start anything)."""
+        if self.rank != 0 or not self.run_dir or not os.path.isdir(self.run_dir):
+            return
+        from ddp_contract import rundir_lock
+        try:
+            self.lock = rundir_lock.RunDirLock.taken(self.run_dir, self.env)
+        except rundir_lock.LockHeld as held:
+            self.problem = str(held)
+        except OSError as error:
+            print(f"ddp-launch: warning: cannot take the run dir's lock in {self.run_dir} "
+                  f"({error.strerror or error}): another job could use it too", file=sys.stderr)
+
+    def workload(self) -> dict:
+        from ddp_contract.provenance import file_digest
+        if self.argv[:1] == ["-m"]:
+            return {"module": self.argv[1], "args": self.argv[2:]}
+        script = os.path.abspath(self.argv[0]) if self.argv else ""
+        return {"script": script, "sha256": file_digest(script), "args": self.argv[1:]}
+
+    def write_manifest(self) -> None:
+        """Rank 0's manifest in the run dir, at the start and again at the end (with the libraries the
+        workload loaded); a run dir it cannot write costs the manifest, never the run."""
+        if self.rank != 0 or not self.run_dir or not self.argv:
+            return
+        from ddp_contract import provenance
+        torch = sys.modules.get("torch")
+        try:
+            version = str(torch.__version__) if torch is not None else None
+            if version is None:
+                from importlib.metadata import PackageNotFoundError, version as installed
+                try:
+                    version = installed("torch")
+                except PackageNotFoundError:
+                    pass
+            env = dict(self.env)
+            manifest = provenance.workload_manifest(self.workload(), env, provenance.this_process(), version)
+            for name, who in self.launcher_set.items():
+                if name in manifest["environment"]:
+                    manifest["environment"][name]["set_by"] = who
+            provenance.write(self.run_dir, manifest)
+        except OSError as error:
+            print(f"ddp-launch: warning: cannot write the run's manifest in {self.run_dir} "
+                  f"({error.strerror or error})", file=sys.stderr)
+
+    def after_failure(self, error: BaseException) -> bool | None:
+        """The roll call of ddp_contract.workload, where the workload took part (imported it)."""
+        contract = sys.modules.get("ddp_contract.workload")
+        return contract.after_failure(error) if contract is not None else None
+
+    def finish(self) -> None:
+        contract = sys.modules.get("ddp_contract.workload")
+        if contract is not None:
+            contract.finish()
+        self.write_manifest()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _rank(env) -> int:
+    try:
+        return int(env.get("RANK") or "0")
+    except ValueError:
+        return 0
 
 
 def _let_rank_0_speak(code: object) -> None:

@@ -5,23 +5,31 @@
 # A job script's header is one line that sources this file from the checkout:
 #   source "${DDP_REPO:-${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}}/slurm/lib/ddp.sh"
 # (sbatch runs a spooled copy of the script, so the checkout is found from the submit
-# directory, or DDP_REPO). Its arguments are TRAINER flags, passed as "$@":
+# directory, or DDP_REPO). Its arguments are the WORKLOAD's, passed as "$@": the built-in trainer's flags,
 #   sbatch slurm/olivia-multinode.sh --epochs 5 --batch-size 1024
+# or, named first, your own script (or module) and exactly its arguments (docs/own-script.md):
+#   sbatch slurm/olivia-multinode.sh --script train.py --lr 0.1
 # ddp-launch flags go in DDP_LAUNCH_ARGS:
 #   DDP_LAUNCH_ARGS="--max-restarts 2" sbatch slurm/olivia-multinode.sh
+# The workload is read once (python3 -m ddp_contract.workload_choice), and every step knows it: the preflight
+# checks what it needs, the fabric gate runs our own module whatever it is, the training step runs it.
 #
 # Settings (environment or sbatch --export win over each script's defaults):
 #   DDP_REPO        the checkout holding this file (set from where it was sourced)
 #   DDP_IMAGE       the SIF to run              DDP_SITE      site profile (binds, fabric)
-#   DDP_DATA_DIR    holds cifar-100-python/     DDP_RUN_DIR   metrics, checkpoint, logs
+#   DDP_DATA_DIR    holds cifar-100-python/ (your script's data: any directory, bound in where it exists)
+#   DDP_RUN_DIR     metrics, checkpoint, logs; a script of yours gets both as variables, not flags
 #                   (both made absolute; ',' and ':' are refused: APPTAINER_BIND cannot carry them;
 #                   DDP_RUN_DIR may name the job as sbatch --output does: %j, %A, %a, %%; a job
 #                   array's tasks need %a or %j there, one run dir per task: runs/sweep-%A_%a)
 #   DDP_CONTAINER_RUNTIME apptainer (default) or singularity (SingularityCE, LUMI's): the command
 #                   the steps run, and the variable the binds go in (APPTAINER_BIND, SINGULARITY_BIND)
 #   DDP_APPTAINER_MODULE  module that provides that command, loaded when it is not on PATH
-#   DDP_TRAIN_ARGS  trainer flags before the job script's arguments (which win)
-#   DDP_LAUNCH_ARGS ddp-launch flags
+#   DDP_TRAIN_ARGS  the workload's arguments before the job script's (which win); unset, the built-in trainer
+#                   gets the script's own defaults (ddp::trainer_defaults), your script none; set empty: none
+#   DDP_LAUNCH_ARGS ddp-launch flags (a --script or --module there names the workload as well)
+#   DDP_VENV        a virtual environment made in the image (--system-site-packages) whose packages the
+#                   workload sees: bound in, and ddp-launch runs in its Python (docs/own-script.md)
 #                   (both are words with the shell's quoting: DDP_TRAIN_ARGS='--compile-cache-dir "/scratch/my cache"')
 #   DDP_CPU_WORKERS ddp-launch --cpu-workers (CPU workers per node; unset: one per GPU)
 #   DDP_GPU         1 runs apptainer with the site's GPU flag (default: --nv, --rocm for an
@@ -76,6 +84,16 @@ ddp::default() {
     local -r name="$1" value="$2"
     export "${name}=${!name:-${value}}"
 }
+
+# The built-in trainer's flags for this job script, used where DDP_TRAIN_ARGS is unset (an empty
+# DDP_TRAIN_ARGS means no flags) and only when the workload is the built-in trainer: a script of the user's
+# gets exactly the user's arguments.
+#   ddp::trainer_defaults "FLAGS"
+ddp::trainer_defaults() {
+    DDP_TRAINER_DEFAULT_ARGS="$1"
+}
+# shellcheck disable=SC2034 # read by name: ddp::split_words in ddp::workload_words
+DDP_TRAINER_DEFAULT_ARGS=""
 
 # The checkout is where this file was sourced from: the job script found it there.
 DDP_REPO="$(CDPATH="" cd -- "$(dirname -- "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -251,6 +269,57 @@ ddp::require_image() {
     ddp::err "image ${image} not found: build it in the checkout (make build-olivia, build-lumi, build-x86 or build-cpu, whichever fits the site; containers/README.md) or set DDP_IMAGE"
 }
 
+# The job's workload, read once from its arguments and DDP_LAUNCH_ARGS's words (ddp_contract.workload_choice):
+# DDP_WORKLOAD (builtin, script or module), DDP_WORKLOAD_FLAGS (ddp-launch's --script PATH or --module MOD, none
+# for the built-in trainer), DDP_WORKLOAD_ARGS (its own arguments); DDP_LAUNCH_WORDS keeps ddp-launch's other
+# flags, which the fabric gate's step shares. A script's path is made absolute here, from the directory the job
+# was submitted from (srun's and the container's working directory too), and must be a readable file.
+#   ddp::read_workload ARGS...
+ddp::read_workload() {
+    local -a out=()
+    mapfile -t -d '' out < <(ddp::on_host ddp_contract.workload_choice --check-file "${DDP_LOG_TAG:-ddp}" \
+        "${#DDP_LAUNCH_WORDS[@]}" "${DDP_LAUNCH_WORDS[@]}" "$@")
+    [ "${#out[@]}" -ge 4 ] && [ -z "${out[-1]}" ] || exit "${DDP_EXIT_USAGE}"  # python3 said why on stderr
+    unset 'out[-1]'
+    DDP_WORKLOAD="${out[0]}"
+    local -r count="${out[2]}"
+    DDP_LAUNCH_WORDS=("${out[@]:3:count}")
+    DDP_WORKLOAD_ARGS=("${out[@]:3+count}")
+    DDP_WORKLOAD_FLAGS=()
+    if [ "${DDP_WORKLOAD}" != builtin ]; then
+        DDP_WORKLOAD_FLAGS=("--${DDP_WORKLOAD}" "${out[1]}")
+    fi
+}
+
+# The workload's arguments before the job's: DDP_TRAIN_ARGS's words where it is set (empty: none), else the
+# job script's defaults for the built-in trainer, and none for a workload of the user's.
+ddp::workload_words() {
+    if [ -n "${DDP_TRAIN_ARGS+set}" ]; then
+        ddp::split_words DDP_TRAIN_WORDS DDP_TRAIN_ARGS
+    elif [ "${DDP_WORKLOAD}" = builtin ]; then
+        ddp::split_words DDP_TRAIN_WORDS DDP_TRAINER_DEFAULT_ARGS
+    else
+        DDP_TRAIN_WORDS=()
+    fi
+}
+
+# A user's workload: DDP_DATA_DIR is its data where that directory exists (bound in, exported), else the job
+# has none to give it. DDP_VENV, where set, must be a directory (ddp-launch checks it is a venv, in the image).
+ddp::workload_dirs() {
+    if [ "${DDP_WORKLOAD}" != builtin ]; then
+        if [ -n "${DDP_DATA_DIR:-}" ] && [ -d "${DDP_DATA_DIR}" ]; then
+            ddp::absolute_dir_setting DDP_DATA_DIR
+        else
+            [ -z "${DDP_DATA_DIR:-}" ] || ddp::log "DDP_DATA_DIR=${DDP_DATA_DIR} does not exist: the workload gets no DDP_DATA_DIR"
+            unset DDP_DATA_DIR
+        fi
+    fi
+    if [ -n "${DDP_VENV:-}" ]; then
+        [ -d "${DDP_VENV}" ] || ddp::err "DDP_VENV=${DDP_VENV} is not a directory: make the venv in the image first (apptainer exec IMAGE python3 -m venv --system-site-packages --without-pip ${DDP_VENV}; docs/own-script.md), or unset DDP_VENV"
+        ddp::absolute_dir_setting DDP_VENV
+    fi
+}
+
 # Compute nodes are often offline: the data must be staged before the job starts.
 # The trainer's own list of files decides (ddp_contract.DATASET_FILES).
 ddp::require_data() {
@@ -264,6 +333,9 @@ ddp::require_data() {
 # `apptainer run` and its options, shared by every step.
 DDP_LAUNCH_WORDS=()
 DDP_TRAIN_WORDS=()
+DDP_WORKLOAD=builtin   # ddp::read_workload: builtin, script or module
+DDP_WORKLOAD_FLAGS=()  # ddp-launch's words that name it (none for the built-in trainer)
+DDP_WORKLOAD_ARGS=()   # its own arguments, after DDP_TRAIN_ARGS's words
 DDP_APPTAINER_ARGS=(run)
 DDP_SITE_SRUN_ARGS=()  # the site profile's srun options (ddp::site_srun_args)
 DDP_SITE_NETWORK=""    # the value of their --network, if any
@@ -297,10 +369,28 @@ ddp::require_free_run_dir() {
     [ "${status}" -eq 0 ] || exit "${status}"
 }
 
+# A run dir whose checkpoint cannot be resumed with the trainer flags (another --width-scale, a shorter
+# --epochs: ddp_contract.same_run, the trainer's own rule) stops here in one line, exit 2, before any
+# step; the trainer would say the same after the preflight, the gate and the rendezvous. A requeue
+# has the same flags and passes.
+#   ddp::require_resumable RUN_DIR TRAIN_ARGS...
+ddp::require_resumable() {
+    local -r run_dir="$1"
+    shift
+    local -r ways_out="another DDP_RUN_DIR, or --no-resume (which keeps this run, moved aside into {run_dir}/checkpoint-<UTC time>/)"
+    local status=0
+    ddp::on_host ddp_contract resume-check "${run_dir}" --tag "${DDP_LOG_TAG:-ddp}" --ways-out "${ways_out}" \
+        -- "${DDP_TRAIN_WORDS[@]}" "$@" || status=$?
+    [ "${status}" -eq 0 ] || exit "${status}"
+}
+
 ddp::print_job() {
     ddp::log "job ${SLURM_JOB_ID:-?} on ${SLURM_JOB_NUM_NODES:-1} node(s): ${SLURM_JOB_NODELIST:-$(hostname -s)}" \
         "(restart ${SLURM_RESTART_COUNT:-0})"
-    ddp::log "image ${DDP_IMAGE}, site ${DDP_SITE}, data ${DDP_DATA_DIR}, run ${DDP_RUN_DIR}"
+    ddp::log "image ${DDP_IMAGE}, site ${DDP_SITE}, data ${DDP_DATA_DIR:-none}, run ${DDP_RUN_DIR}"
+    if [ "${DDP_WORKLOAD}" != builtin ]; then
+        ddp::log "workload: ${DDP_WORKLOAD_FLAGS[*]}, with ${#DDP_TRAIN_WORDS[@]} + ${#DDP_WORKLOAD_ARGS[@]} argument(s) of its own (DDP_TRAIN_ARGS, the job's)${DDP_VENV:+, in DDP_VENV=${DDP_VENV}}"
+    fi
 }
 
 # Step ids across requeues. A requeued job keeps its id and numbers its steps from 0 again
@@ -498,11 +588,14 @@ ddp::preflight() {
     local -r started="${SECONDS}"
     # --ntasks as well: a step inherits the job's task count (SLURM_NTASKS), which would
     # override --ntasks-per-node and run two doctors into one node's file.
+    # The workload's, for its checks: a script the containers cannot see fails here, on every node, in one line.
+    local -a workload=("${DDP_WORKLOAD_FLAGS[@]}")
+    [ -z "${DDP_DATA_DIR:-}" ] || workload+=(--data-dir "${DDP_DATA_DIR}")
     ddp::take_step_id
     srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 \
         --kill-on-bad-exit=0 --output="${dir}/doctor-%N.json" --error="${dir}/doctor-%N.err" \
         "${DDP_RUNTIME}" "${DDP_APPTAINER_ARGS[@]}" "${DDP_IMAGE}" \
-        doctor --json --site "${DDP_SITE}" --data-dir "${DDP_DATA_DIR}" || true
+        doctor --json --site "${DDP_SITE}" "${workload[@]}" || true
     ddp::log "preflight step: $((SECONDS - started)) s"
     local status=0 said
     said="$(ddp::on_host ddp_contract.quarantine add --by doctor --job "${SLURM_JOB_ID:-local}" \
@@ -519,19 +612,21 @@ ddp::preflight() {
 }
 
 # The fabric gate (python -m ddp_train.gate, src/ddp_train/gate/run.py) through ddp-launch, like the
-# training: same ranks, backend and environment. A node it names goes into the quarantine record.
-#   ddp::gate MODE TRAIN_ARGS...   (the trainer's --backend, if given, is the gate's too)
+# training: same ranks, backend and environment. Our own module whatever the workload is: the training
+# step's ddp-launch flags without the workload's. A node it names goes into the quarantine record.
+#   ddp::gate MODE   (the built-in trainer's --backend, if given, is the gate's too; auto for a user's workload)
 ddp::gate() {
     local -r mode="$1"
-    shift
     local backend=auto word previous=""
-    for word in "${DDP_TRAIN_WORDS[@]}" "$@"; do
-        case "${previous}:${word}" in
-            --backend:*) backend="${word}" ;;
-            *:--backend=*) backend="${word#--backend=}" ;;
-        esac
-        previous="${word}"
-    done
+    if [ "${DDP_WORKLOAD}" = builtin ]; then
+        for word in "${DDP_TRAIN_WORDS[@]}" "${DDP_WORKLOAD_ARGS[@]}"; do
+            case "${previous}:${word}" in
+                --backend:*) backend="${word}" ;;
+                *:--backend=*) backend="${word#--backend=}" ;;
+            esac
+            previous="${word}"
+        done
+    fi
     if [ "${DDP_FABRIC_GATE:-1}" = 0 ]; then
         ddp::log "fabric gate skipped (DDP_FABRIC_GATE=0)"
         return 0
@@ -675,13 +770,18 @@ ddp::request_stop() {
     fi
 }
 
-# The training step: the image's runscript (ddp-launch), trainer flags last.
-#   ddp::train MODE TRAIN_ARGS...
+# The training step: the image's runscript (ddp-launch), the workload's arguments last. The built-in trainer
+# gets its data and run dirs as flags; a user's workload exactly its arguments, and the dirs as variables
+# (DDP_DATA_DIR, DDP_RUN_DIR, exported).
+#   ddp::train MODE
 ddp::train() {
     local -r mode="$1"
-    shift
-    ddp::launch_step "${mode}" train -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
-        "${DDP_TRAIN_WORDS[@]}" "$@"
+    if [ "${DDP_WORKLOAD}" = builtin ]; then
+        ddp::launch_step "${mode}" train -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
+            "${DDP_TRAIN_WORDS[@]}" "${DDP_WORKLOAD_ARGS[@]}"
+    else
+        ddp::launch_step "${mode}" train "${DDP_WORKLOAD_FLAGS[@]}" -- "${DDP_TRAIN_WORDS[@]}" "${DDP_WORKLOAD_ARGS[@]}"
+    fi
 }
 
 # The node of rank 0, whose log a task-mode step follows: the step's first node. A step on the whole
@@ -898,8 +998,8 @@ ddp::replace_lost_node() {
 }
 
 # The training step, and after a node lost mid-run the next one on the survivors and a spare, from
-# the last checkpoint, while spares are left; the sampler runs on the training's nodes.
-#   ddp::train_with_spares MODE TRAIN_ARGS...
+# the last checkpoint (DDP_RESUME=1 for it), while spares are left; the sampler runs on the training's nodes.
+#   ddp::train_with_spares MODE
 ddp::train_with_spares() {
     local status ended_at
     while true; do
@@ -918,26 +1018,47 @@ ddp::train_with_spares() {
         fi
         ddp::monitor_stop later
         ddp::replace_lost_node "${ended_at}" "${status}" || return "$?"
+        export DDP_RESUME=1
     done
 }
 
 # The whole job: checks, the preflight and the fabric gate, sampler, training step, sampler
 # stopped, spares in bad nodes' places (DDP_SPARE_NODES), requeue (after a stop, or without a bad
 # node) or exit.
-#   ddp::run_job MODE TRAIN_ARGS...     (MODE: node | task, see ddp::train)
+#   ddp::run_job MODE WORKLOAD_ARGS...     (MODE: node | task, see ddp::train)
 ddp::run_job() {
+    local -r mode="$1"
+    shift
     ddp::check_spares
     ddp::split_words DDP_LAUNCH_WORDS DDP_LAUNCH_ARGS
-    ddp::split_words DDP_TRAIN_WORDS DDP_TRAIN_ARGS
+    ddp::read_workload "$@"
+    ddp::workload_words
     ddp::expand_run_dir
-    ddp::absolute_dir_setting DDP_DATA_DIR
+    if [ "${DDP_WORKLOAD}" = builtin ]; then
+        ddp::absolute_dir_setting DDP_DATA_DIR
+    fi
     ddp::absolute_dir_setting DDP_RUN_DIR
+    ddp::workload_dirs
     ddp::require_runtime
     ddp::require_image "${DDP_IMAGE}"
-    ddp::require_data "${DDP_DATA_DIR}"
+    if [ "${DDP_WORKLOAD}" = builtin ]; then
+        ddp::require_data "${DDP_DATA_DIR}"
+    fi
     ddp::require_free_run_dir "${DDP_RUN_DIR}"
+    ddp::require_resumable "${DDP_RUN_DIR}" "${@:2}"
     mkdir -p "${DDP_RUN_DIR}"
-    ddp::export_binds "${DDP_SITE}" "${DDP_DATA_DIR}" "${DDP_RUN_DIR}"
+    # What every workload is told (ddp_contract.workload): the stop request's file, and whether this run
+    # continues an earlier one of its run dir (a requeue; a spare's replacement sets it too).
+    export DDP_STOP_REQUEST="${DDP_RUN_DIR}/${DDP_STOP_REQUEST_FILE}"
+    if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] 2>/dev/null; then
+        export DDP_RESUME=1
+    else
+        export DDP_RESUME=0
+    fi
+    local -a dirs=("${DDP_RUN_DIR}")
+    [ -z "${DDP_DATA_DIR:-}" ] || dirs=("${DDP_DATA_DIR}" "${dirs[@]}")
+    [ -z "${DDP_VENV:-}" ] || dirs+=("${DDP_VENV}")
+    ddp::export_binds "${DDP_SITE}" "${dirs[@]}"
     ddp::print_job
     ddp::spares_setup
     DDP_APPTAINER_ARGS=(run)
@@ -956,11 +1077,11 @@ ddp::run_job() {
     ddp::preflight || status=$?
     if ddp::place_before_training "${status}"; then status=0; else status=$?; fi
     if [ "${status}" -eq 0 ]; then
-        ddp::gate "$@" || status=$?
+        ddp::gate "${mode}" || status=$?
         if ddp::place_before_training "${status}"; then status=0; else status=$?; fi
     fi
     if [ "${status}" -eq 0 ]; then
-        ddp::train_with_spares "$@" || status=$?
+        ddp::train_with_spares "${mode}" || status=$?
     fi
     if ddp::maybe_requeue "${status}" "${DDP_RUN_DIR}"; then
         # 76 stays this run's code (sacct shows why it ended); a checkpointed stop ends well (0).

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ddp_train.safety.provenance import MANIFEST_NAME, summary_lines
+from ddp_contract.provenance import MANIFEST_NAME, summary_lines
 
 
 def _run_dir(path: Path) -> Path:

@@ -4,10 +4,17 @@ Rank 0 writes a temporary file, fsyncs it and renames it into place, so <run-dir
 is always a complete file; the one it replaces is kept as checkpoint.prev.pt. A crash mid-write
 leaves both untouched (only a stray .tmp file). Every rank takes part in a resume and a save,
 so an unusable checkpoint or a full disk stops every rank with one line from one of them.
+After each checkpoint, its summary (checkpoint.json: the flags that bind the run, where it stands)
+goes beside it, for the checks that run without torch before a job starts (ddp_contract.same_run).
+
+A resume continues the checkpoint's run: the flags that make it that run must match, and --epochs
+may grow (ddp_contract.same_run states the rule, for the learning rate and early stopping too);
+reopen() says what this start changed in the run's plan, which the run's metrics record.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -17,19 +24,21 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import torch
 
+from ddp_contract import same_run
+
 from ddp_train import write_failure
 from ddp_train.config import TrainConfig
 from ddp_train.distributed import DistEnv, agree_or_raise, all_gather_objects
 from ddp_train.errors import TrainError
+from ddp_train.recipe.evaluate import target_reached
 
 if TYPE_CHECKING:
     from ddp_train.recipe.learner import Learner
 
 CHECKPOINT_NAME = "checkpoint.pt"
 PREVIOUS_NAME = "checkpoint.prev.pt"
+SUMMARY_NAME = same_run.SUMMARY_NAME
 REQUIRED_KEYS = ("model", "optimizer", "scaler", "progress", "rng", "config")
-# A checkpoint resumes only the run that wrote it: these flags change what "the same run" is.
-SAME_RUN_FLAGS = ("width_scale", "batch_size", "epochs", "seed", "recipe")
 
 
 @dataclass
@@ -84,6 +93,24 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_json_atomic(document: Mapping[str, Any], path: Path) -> None:
+    """A small JSON file written as save_atomic writes a checkpoint: whole, or not at all."""
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        os.chmod(tmp, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def save_atomic(state: dict[str, Any], path: Path) -> None:
@@ -155,14 +182,39 @@ def wants_resume(requested: Optional[bool], checkpoint_exists: bool) -> bool:
 
 
 def mismatch(saved_config: Mapping[str, Any], config: TrainConfig, path: Path) -> Optional[str]:
-    """Why the checkpoint at `path` belongs to another run (its first differing flag), or None."""
-    for key in SAME_RUN_FLAGS:
-        if saved_config.get(key) != getattr(config, key):
-            return (f"{path} was written with --{key.replace('_', '-')} {saved_config.get(key)}, "
-                    f"this run has {getattr(config, key)}: use the same value, another --run-dir, "
-                    f"or --no-resume (which keeps this run, moved aside into "
-                    f"{path.parent}/checkpoint-<UTC time>/)")
-    return None
+    """Why the checkpoint at `path` cannot be resumed with this config (a flag that binds the run
+    differs, or --epochs is shorter), or None (ddp_contract.same_run's rule)."""
+    return same_run.refusal(saved_config, config.to_dict(), str(path),
+                            f"another --run-dir, or --no-resume (which keeps this run, moved aside into "
+                            f"{path.parent}/checkpoint-<UTC time>/)")
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """What a resume changed in its checkpoint's plan: a longer --epochs, an early stop lifted by this
+    start's --target-accuracy or --patience (ddp_contract.same_run's rules)."""
+    epochs_from: int
+    epochs_to: int
+    at_epoch: int  # epochs completed when this start resumed
+    at_step: int  # steps done inside the next epoch
+    early_stop_lifted: bool
+
+
+def reopen(progress: Progress, saved_epochs: int, config: TrainConfig) -> Optional[PlanChange]:
+    """The checkpoint's progress under this start's flags (in place), and what changed in its plan.
+
+    A run that ended at its last epoch trains on when --epochs is now larger. A run that stopped early
+    trains on only where the last epochs' accuracies no longer reach this start's --target-accuracy
+    over --patience epochs; otherwise it stays ended, whatever --epochs says."""
+    lifted = (progress.early_stopped and progress.epoch < config.epochs
+              and not target_reached(progress.accuracies, config.target_accuracy, config.patience))
+    if lifted:
+        progress.early_stopped = False
+    if progress.finished and not progress.early_stopped and progress.epoch < config.epochs:
+        progress.finished = False
+    if progress.finished or (config.epochs == saved_epochs and not lifted):
+        return None  # nothing trains: the plan is the checkpoint's
+    return PlanChange(saved_epochs, config.epochs, progress.epoch, progress.step, lifted)
 
 
 def rng_for_rank(saved: Sequence[Any], rank: int, world_size: int) -> Optional[Any]:
@@ -187,6 +239,7 @@ class Checkpointer:
     def __init__(self, config: TrainConfig, learner: Learner, dist_env: DistEnv, device: torch.device):
         self.path = checkpoint_path(config.run_dir)
         self.config, self.learner, self.dist_env, self.device = config, learner, dist_env, device
+        self.plan_change: Optional[PlanChange] = None  # what resume() changed in the run's plan
 
     def resume(self) -> Optional[Progress]:
         """The saved progress, with the learner's state and this rank's RNG restored;
@@ -215,6 +268,7 @@ class Checkpointer:
             rng = rng_for_rank(saved["rng"], self.dist_env.rank, self.dist_env.world_size)
             if rng is not None:
                 set_rng_state(rng, self.device)
+            self.plan_change = reopen(progress, int(saved["config"]["epochs"]), self.config)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:  # edited or foreign state
             detail = (str(exc).strip().splitlines() or [""])[0][:120]
             raise TrainError(f"checkpoint {self.path} does not fit this run ({type(exc).__name__}: "
@@ -237,6 +291,10 @@ class Checkpointer:
                 "world_size": self.dist_env.world_size,
                 "torch": str(torch.__version__),
             }, self.path)
+            # After the checkpoint: a summary that lags it by one save lets a check pass that the
+            # trainer then refuses, never the other way round (ddp_contract.same_run).
+            write_json_atomic(same_run.summary(self.config.to_dict(), asdict(progress)),
+                              self.path.with_name(SUMMARY_NAME))
         except (OSError, RuntimeError) as exc:  # a full disk, a quota, EFBIG (torch's zip writer
             # raises RuntimeError over the OSError). save_atomic wrote a temporary file: whatever
             # checkpoint was there is untouched.

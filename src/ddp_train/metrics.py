@@ -1,7 +1,9 @@
 """<run-dir>/metrics.jsonl: one JSON object per line, appended by rank 0 and flushed each time.
 
-Record types: "run" at every start (metadata), "epoch" after each epoch, "stopped" when a
-signal ended the run early, "summary" at the end. Plotting and benchmark tools read it.
+Record types: "run" at every start (metadata), "extended" after it when the start resumed with a
+longer --epochs or lifted an early stop (the rules it followed, ddp_contract.same_run), "epoch" after
+each epoch, "stopped" when a signal ended the run early, "summary" at the end. Plotting and benchmark
+tools read it.
 No torch here: ddp-bench reads these files where torch is not installed.
 """
 
@@ -130,6 +132,36 @@ class EpochEnd:
         return (f"Epoch {self.epoch}/{self.epochs}: {self.seconds:.3f} s, {self.images / self.seconds:,.1f} "
                 f"images/s, train loss {self.train_loss:.4f}, val loss {self.result.loss:.4f}, "
                 f"val accuracy {self.result.accuracy:.4f}")
+
+
+@dataclass(frozen=True)
+class Extended:
+    """A resume that changed the run's plan (checkpoint.PlanChange): its "extended" record, with the rules
+    the learning rate and early stopping follow from here, and its line."""
+    epochs_from: int
+    epochs_to: int
+    at_epoch: int
+    at_step: int
+    global_step: int
+    lr_before: float  # the old plan's LR at the step reached
+    lr_after: float  # the new plan's LR there: where the run goes on from
+    early_stop_lifted: bool
+    lr_rule: str
+    early_stop_rule: str
+
+    def record(self) -> dict[str, Any]:
+        return dict(epochs_from=self.epochs_from, epochs_to=self.epochs_to, at_epoch=self.at_epoch,
+                    at_step=self.at_step, global_step=self.global_step, lr_before=self.lr_before,
+                    lr_after=self.lr_after, early_stop_lifted=self.early_stop_lifted, lr_rule=self.lr_rule,
+                    early_stop_rule=self.early_stop_rule)
+
+    def line(self) -> str:
+        plan = (f"--epochs {self.epochs_from} -> {self.epochs_to}" if self.epochs_to != self.epochs_from
+                else f"--epochs {self.epochs_to}")
+        lifted = "; the early stop is lifted (its last epochs no longer reach the target)" if self.early_stop_lifted else ""
+        return (f"Extended: {plan}, on from epoch {self.at_epoch + 1} step {self.at_step}: the LR follows the "
+                f"schedule of a {self.epochs_to}-epoch run from its step {self.global_step} "
+                f"({self.lr_before:g} under the old plan, {self.lr_after:g} now){lifted}")
 
 
 @dataclass(frozen=True)

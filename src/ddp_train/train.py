@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from ddp_contract import heartbeat as hb
+from ddp_contract import provenance, same_run
 
 from ddp_train import distributed, metrics, recovery
 from ddp_train.fast import cudagraph_report, speed
@@ -34,7 +35,7 @@ from ddp_train.recipe.learner import Learner, accumulate_gradients, build_learne
 from ddp_train.precision import agree_cpu_bf16, read_cpu_bf16
 from ddp_train.resolve import Decisions, resolve
 from ddp_train.progress import ProgressBar
-from ddp_train.safety import heartbeat, peers, provenance, rundir, steptime
+from ddp_train.safety import heartbeat, peers, rundir, steptime
 from ddp_train.safety.signals import StopFlag, StopVote
 
 
@@ -228,6 +229,25 @@ def introduce(run: Run) -> None:
         console.say(run.data.note)
     if run.resumed:
         console.say(f"Resumed from {run.checkpoints.path} at epoch {run.progress.epoch + 1}, step {run.progress.step}")
+    extended = extension(run)
+    if extended is not None:
+        run.log.write("extended", **extended.record())
+        console.say(extended.line())
+
+
+def extension(run: Run) -> Optional[metrics.Extended]:
+    """What this start changed in the checkpoint's plan, with the LR there under both plans: the learning
+    rate is a function of the step and the plan's total steps (lr_at), so the new plan's schedule
+    goes on from the step reached (ddp_contract.same_run.LR_RULE)."""
+    change = run.checkpoints.plan_change
+    if change is None:
+        return None
+    steps, config, peak = run.data.steps, run.config, run.decided.lr_peak
+    at = change.at_epoch * steps.per_epoch + change.at_step
+    return metrics.Extended(change.epochs_from, change.epochs_to, change.at_epoch, change.at_step, at,
+                            lr_at(at, steps.per_epoch * change.epochs_from, steps.warmup, peak, config.schedule),
+                            lr_at(at, steps.total, steps.warmup, peak, config.schedule),
+                            change.early_stop_lifted, same_run.LR_RULE, same_run.EARLY_STOP_RULE)
 
 
 def step_function(run: Run, slow_s: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -357,7 +377,11 @@ def leave_for_requeue(run: Run, stopped_by: str) -> int:
 def finish(run: Run, wall_s: float) -> int:
     """The last checkpoint, the summary record and lines, and every rank leaving together."""
     progress, console, device = run.progress, run.console, run.device
-    if progress.finished:
+    if progress.finished and progress.early_stopped and progress.epoch < run.config.epochs:
+        console.say(f"{run.checkpoints.path} is a run that stopped early at its target (the last "
+                    f"{run.config.patience} epochs reach --target-accuracy {run.config.target_accuracy:g}): "
+                    f"nothing left to train; a higher --target-accuracy trains on to --epochs {run.config.epochs}")
+    elif progress.finished:
         console.say(f"{run.checkpoints.path} is a finished run: nothing left to train")
     else:
         progress.finished = True

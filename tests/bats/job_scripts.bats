@@ -291,6 +291,26 @@ json.dump(data, open(path, "w"))' "${sites}/generic.json"
     assert_equal "$(ls -A "${DDP_RUN_DIR}")" ".ddp-run.lock"
 }
 
+@test "a run dir whose checkpoint the flags cannot resume stops the job in one line, exit 2, before any srun" {
+    # The checkpoint's summary, as the trainer writes it beside checkpoint.pt (ddp_contract.same_run): a
+    # run of 100 epochs at olivia-multinode.sh's own flags. A resume may train longer, never shorter.
+    mkdir -p "${DDP_RUN_DIR}"
+    printf '{"config": {"width_scale": 1.0, "batch_size": 2048, "seed": 0, "recipe": "improved", "epochs": 100}}' \
+        > "${DDP_RUN_DIR}/checkpoint.json"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh" --epochs 3
+
+    assert_failure 2
+    assert_output "ddp: error: ${DDP_RUN_DIR}/checkpoint.pt is a run of --epochs 100, this run has 3: a resume may train longer, never shorter (the steps taken were scheduled for 100 epochs); pass --epochs 100 or more, another DDP_RUN_DIR, or --no-resume (which keeps this run, moved aside into ${DDP_RUN_DIR}/checkpoint-<UTC time>/)"
+    run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh" --epochs 150
+    assert_success
+    run bash "${REPO}/slurm/olivia-multinode.sh" --epochs 3 --no-resume
+    assert_success
+}
+
 @test "a lock left by this same job (a requeue) does not stop it" {
     mkdir -p "${DDP_RUN_DIR}"
     printf '{"job": "42", "host": "othernode", "pid": %d}' "$$" > "${DDP_RUN_DIR}/.ddp-run.lock"

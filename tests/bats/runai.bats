@@ -10,8 +10,10 @@ setup() {
     _stub runai ddp-launch date id
     export RUNAI_FAKE_CLI=v1 RUNAI_FAKE_STATE="${BATS_TEST_TMPDIR}/runai"
     unset RUNAI_CLI RUNAI_JOB_NAME RUNAI_WORKERS RUNAI_GPUS RUNAI_RDMA RUNAI_POD_SCRIPT RUNAI_EXTRA_ARGS RUNAI_LARGE_SHM \
-        RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME KUBERNETES_SERVICE_HOST NOW SHM_KB
-    export RUNAI_IMAGE=registry.example/ddp-train:0.1 RUNAI_DATA_PVC=scratch RUNAI_RUN_PVC=scratch
+        RUNAI_DATA_DIR RUNAI_RUN_DIR RUNAI_DATA_SUBDIR RUNAI_RUN_SUBDIR RUNAI_RESUME RUNAI_RUN_PVC_MOUNT \
+        KUBERNETES_SERVICE_HOST NOW SHM_KB
+    # The user's ids on the cluster (RCP: `id` on haas001.rcp.epfl.ch), which the submit requires.
+    export RUNAI_IMAGE=registry.example/ddp-train:0.1 RUNAI_DATA_PVC=scratch RUNAI_RUN_PVC=scratch RUNAI_RUN_AS=224954:11259
     export PYTHONPATH="${REPO}/entrypoints"  # as the image's: pod.sh checks the data with ddp_contract
 }
 
@@ -126,10 +128,21 @@ EOF
     assert_output "runai/submit.sh: error: RUNAI_CLI=v3 is neither v1 (runai submit-dist pytorch) nor v2 (runai training pytorch submit); leave it unset to use the installed CLI's"
 }
 
-# RCP's csub.py runs every pod as the user, --run-as-uid and --run-as-gid from the user's LDAP ids
-# (epfml/getting-started, csub.py), with the scratch claim whose homes/<user>/ are the user's.
+# RCP's csub.py runs every pod as the user, --run-as-uid and --run-as-gid from the user's LDAP ids in
+# its configuration (epfml/getting-started, csub.py: LDAP_UID and LDAP_GID from .env; its README finds
+# them with `id` on haas001.rcp.epfl.ch), with the scratch claim whose homes/<user>/ are the user's. The
+# submitting machine's ids (a Mac's 501:20, root's 0:0) are no guide: the submit takes no default.
 # Both CLIs take the two flags (v2: "--run-as-uid int", "--run-as-gid int").
-@test "runai submit: the pods run as the submitting user by default, as RUNAI_RUN_AS says, or as the image's user" {
+@test "runai submit: without RUNAI_RUN_AS nothing is submitted, and the line says how to find the cluster's ids" {
+    unset RUNAI_RUN_AS
+    run bash "${REPO}/runai/submit.sh" --epochs 5
+    assert_failure 2
+    assert_output "runai/submit.sh: error: RUNAI_RUN_AS is unset: set it to your uid and gid on the cluster, RUNAI_RUN_AS=UID:GID (on RCP: ssh <user>@haas001.rcp.epfl.ch id prints them, the uid= and gid= numbers; RCP's csub.py takes the same two as LDAP_UID and LDAP_GID), or RUNAI_RUN_AS=image for the image's own user"
+    run grep -c -e '^runai ' -e '^id ' "${CALLS}"
+    assert_output 0
+}
+
+@test "runai submit: the pods run as RUNAI_RUN_AS says, or as the image's user" {
     RUNAI_RUN_AS=1000:2000 RUNAI_FAKE_CLI=v2 run bash "${REPO}/runai/submit.sh"
     assert_success
     assert_line --index 1 "runai/submit.sh: its pods run as 1000:2000 (RUNAI_RUN_AS=UID:GID changes it, RUNAI_RUN_AS=image keeps the image's user)"
@@ -323,6 +336,78 @@ EOF
     assert_output ""
 }
 
+# The staging of the data: one pod of the image, no GPU, as the user, with the data claim at its mount
+# point, running what `make data` runs on a login node. v1: `runai submit --name NAME` (csub.py's
+# one-pod form; run-ai/docs runai-submit.md), v2: `runai training submit NAME`
+# (new-cli/runai_training_submit.md); the stand-in takes only each command's documented flags.
+@test "runai submit --download: one pod stages CIFAR-100 into the data dir on the claim, as the user" {
+    RUNAI_DATA_PVC=runai-mlo-alice-scratch RUNAI_RUN_PVC=runai-mlo-alice-scratch \
+        RUNAI_DATA_DIR=/mloscratch RUNAI_RUN_DIR=/mloscratch RUNAI_DATA_SUBDIR=homes/alice/data \
+        run bash "${REPO}/runai/submit.sh" --download
+
+    assert_success
+    local -r name="$(_workload)"
+    assert_line --index 0 "runai/submit.sh: staging CIFAR-100 into /mloscratch/homes/alice/data (claim runai-mlo-alice-scratch) in one pod, workload ${name}; submit the training once it has ended"
+    assert_line --index 1 "runai/submit.sh: follow it with: runai logs ${name} --follow"
+    run _submit_calls
+    assert_output "runai submit --name ${name} -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=runai-mlo-alice-scratch,path=/mloscratch --run-as-uid 224954 --run-as-gid 11259 -- python3 -m ddp_contract download /mloscratch/homes/alice/data"
+
+    : > "${CALLS}"
+    RUNAI_FAKE_CLI=v2 RUNAI_EXTRA_ARGS="-e DDP_CIFAR_URL=file:///mirror/c.tar.gz" run bash "${REPO}/runai/submit.sh" --download
+    assert_success
+    assert_line --index 1 "runai/submit.sh: follow it with: runai training logs $(_workload) --follow"
+    run _submit_calls
+    assert_output "runai training submit $(_workload) -i registry.example/ddp-train:0.1 --command --existing-pvc claimname=scratch,path=/mnt/data --run-as-uid 224954 --run-as-gid 11259 -e DDP_CIFAR_URL=file:///mirror/c.tar.gz -- python3 -m ddp_contract download /mnt/data"
+    RUNAI_FAKE_CLI=v2 run runai training logs "$(_workload)" --follow
+    assert_success
+}
+
+@test "runai submit --download with trainer flags or a resume is one line, exit 2, nothing submitted" {
+    run bash "${REPO}/runai/submit.sh" --download --epochs 5
+    assert_failure 2
+    assert_output "runai/submit.sh: error: --download stages CIFAR-100 on the data claim and takes no other trainer flags: run runai/submit.sh --download alone, then submit the training"
+    RUNAI_RESUME=ddp-train-20260101-120000-abcd run bash "${REPO}/runai/submit.sh" --download
+    assert_failure 2
+    assert_output --partial "--download stages the data and continues no run"
+    run _submit_calls
+    assert_output ""
+}
+
+# Where the runs claim is mounted on the submitting machine (RCP's haas001: the scratch claim at
+# /mnt/mlo/scratch, epfml/getting-started docs/managing_workflows.md, "The HaaS Machine"), a resume is
+# judged there before any pod starts, by the trainer's rule (ddp_contract.same_run) from the summary the
+# trainer writes beside each checkpoint.
+@test "runai submit: a resume the run's checkpoint cannot take stops here, in one line, where the claim is mounted" {
+    local -r claim="${BATS_TEST_TMPDIR}/scratch" run=ddp-train-20260101-120000-abcd
+    mkdir -p "${claim}/homes/alice/runs/${run}"
+    export RUNAI_RUN_PVC_MOUNT="${claim}" RUNAI_RUN_SUBDIR=homes/alice/runs RUNAI_RESUME="${run}"
+    local -r here="${claim}/homes/alice/runs/${run}"
+
+    run bash "${REPO}/runai/submit.sh" --epochs 80
+    assert_failure 2
+    assert_output "runai/submit.sh: error: RUNAI_RESUME=${run}: ${here} holds no checkpoint.pt (the run stopped before its first): submit it as a new run, without RUNAI_RESUME"
+
+    : > "${here}/checkpoint.pt"
+    printf '{"config": {"width_scale": 1.0, "batch_size": 4096, "seed": 0, "recipe": "improved", "epochs": 50}}' > "${here}/checkpoint.json"
+    run bash "${REPO}/runai/submit.sh" --epochs 30
+    assert_failure 2
+    assert_output "runai/submit.sh: error: ${here}/checkpoint.pt is a run of --epochs 50, this run has 30: a resume may train longer, never shorter (the steps taken were scheduled for 50 epochs); pass --epochs 50 or more, or a new run (RUNAI_RESUME unset)"
+    run bash "${REPO}/runai/submit.sh" --epochs 80 --width-scale 0.5
+    assert_failure 2
+    assert_output --partial "was written with --width-scale 1.0, this run has 0.5: use the same value, or a new run (RUNAI_RESUME unset)"
+    RUNAI_RESUME=ddp-train-20260101-120000-zzzz run bash "${REPO}/runai/submit.sh" --epochs 80
+    assert_failure 2
+    assert_output --partial "RUNAI_RESUME=ddp-train-20260101-120000-zzzz: there is no run ${claim}/homes/alice/runs/ddp-train-20260101-120000-zzzz"
+    run _submit_calls
+    assert_output ""
+
+    # A longer --epochs is taken: the pods continue the run.
+    run bash "${REPO}/runai/submit.sh" --epochs 80
+    assert_success
+    run sed -n '/^--$/,$p' <(_runai_argv)
+    assert_output "$(printf '%s\n' -- /opt/ddp/runai/pod.sh --resume --epochs 80)"
+}
+
 @test "the pod script the submit line names is baked into the GPU image" {
     run grep -E '^    runai/pod.sh /opt/ddp/runai/pod.sh$' "${REPO}/containers/gpu.def"
     assert_success
@@ -342,6 +427,28 @@ EOF
     [ -d "${BATS_TEST_TMPDIR}/run/logs" ]
 }
 
+# A Kubeflow job trains in a run dir named as the job (kubeflow/*.yaml: DDP_RUN_DIR=/mnt/runs/$(JOB_NAME));
+# a new job, after the one that started a run is gone, continues it with DDP_RESUME_RUN=<that job's name>.
+@test "pod: DDP_RESUME_RUN continues an earlier job's run beside DDP_RUN_DIR, with the trainer's --resume" {
+    _stage_data
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/runs/ddp-train-x7k2q" \
+        DDP_RESUME_RUN=ddp-train-b4t9z run bash "${REPO}/runai/pod.sh" --epochs 80
+
+    assert_success
+    assert_output --partial "pod: continuing run ddp-train-b4t9z in ${BATS_TEST_TMPDIR}/runs/ddp-train-b4t9z (DDP_RESUME_RUN)"
+    run grep '^ddp-launch' "${CALLS}"
+    assert_output "ddp-launch preflight --site rcp --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/runs/ddp-train-b4t9z -- --mode kubeflow --site rcp --log-dir ${BATS_TEST_TMPDIR}/runs/ddp-train-b4t9z/logs -- --data-dir ${BATS_TEST_TMPDIR}/data --run-dir ${BATS_TEST_TMPDIR}/runs/ddp-train-b4t9z --resume --epochs 80"
+    [ ! -e "${BATS_TEST_TMPDIR}/runs/ddp-train-x7k2q" ]
+
+    : > "${CALLS}"
+    DDP_DATA_DIR="${BATS_TEST_TMPDIR}/data" DDP_RUN_DIR="${BATS_TEST_TMPDIR}/runs/ddp-train-x7k2q" \
+        DDP_RESUME_RUN=../etc run bash "${REPO}/runai/pod.sh"
+    assert_failure 2
+    assert_output "pod: error: DDP_RESUME_RUN=../etc is not a run's name: give the name of the job that started the run (its directory under ${BATS_TEST_TMPDIR}/runs)"
+    run grep -c '^ddp-launch' "${CALLS}"
+    assert_output "0"
+}
+
 @test "pod: a run dir the pod's user cannot write is one line with the fix, exit 2, before ddp-launch" {
     _stage_data
     touch "${BATS_TEST_TMPDIR}/claim"  # not a directory: mkdir fails as it does on a claim of another uid
@@ -352,7 +459,7 @@ EOF
     # The pod's user is what `id` says (the stub's 224954:11259); the claim's owner is what stat reads.
     local owner
     owner="$(stat -c 'uid %u gid %g' "${BATS_TEST_TMPDIR}/claim")"
-    assert_line --index 1 --regexp "^pod: error: cannot write the run dir ${BATS_TEST_TMPDIR}/claim/run \(mkdir: .*Not a directory\) as uid $(id -u) gid $(id -g): ${BATS_TEST_TMPDIR}/claim is ${owner}, mode [0-7]+; submit the pods as its owner \(runai submit ... --run-as-uid UID --run-as-gid GID, as RCP's csub.py does\) or make ${BATS_TEST_TMPDIR}/claim writable for uid $(id -u)$"
+    assert_line --index 1 --regexp "^pod: error: cannot write the run dir ${BATS_TEST_TMPDIR}/claim/run \(mkdir: .*Not a directory\) as uid $(id -u) gid $(id -g): ${BATS_TEST_TMPDIR}/claim is ${owner}, mode [0-7]+; submit the pods as its owner \(RUNAI_RUN_AS=UID:GID runai/submit.sh, on RCP your ids from id on haas001.rcp.epfl.ch; a pod spec of your own: securityContext runAsUser and runAsGroup\) or make ${BATS_TEST_TMPDIR}/claim writable for uid $(id -u)$"
     run grep -c '^ddp-launch' "${CALLS}"
     assert_output "0"
 }
@@ -375,7 +482,7 @@ EOF
 
     assert_failure 2
     # In a pod: no Makefile, no login node; what stages the data from a pod (ddp_contract.place).
-    assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the claim once, from a pod that mounts it: python3 -m ddp_contract download ${BATS_TEST_TMPDIR}/partial (or ddp-train --download --data-dir ${BATS_TEST_TMPDIR}/partial; RunAI: runai submit ... --command -- python3 -m ddp_contract download ${BATS_TEST_TMPDIR}/partial)"
+    assert_output --partial "pod: error: ${BATS_TEST_TMPDIR}/partial/cifar-100-python lacks test, meta: stage it on the claim once, where you submit from, with the same RUNAI_* settings: runai/submit.sh --download (one pod runs python3 -m ddp_contract download ${BATS_TEST_TMPDIR}/partial); a job of your own: that command in a pod of this image that mounts the claim; or set DDP_DATA_DIR to where it is"
     refute_output --partial "make data"
     run grep -c '^ddp-launch' "${CALLS}"
     assert_output "0"

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -680,16 +681,30 @@ class TwinJob:
         return Path(self.env["DDP_RUN_DIR"])
 
 
-def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600) -> dict:
-    """Each TwinJob of jobs submitted at once, as it is, with the twin's facts answering its #SBATCH
-    lines (only --output is given: the scripts write theirs into the checkout), then waited for:
-    SLURM runs side by side those the nodes hold. {key: Job}."""
+def submit_twin_job_now(twin_cluster: Cluster, job: TwinJob) -> str:
+    """job submitted as it is (only --output is given: the scripts write theirs into the checkout), with the
+    short-training flags after the built-in trainer's arguments; a script of the user's (--script, --module)
+    gets exactly its own. Its job id; its output is output_of(job, id)."""
+    own = job.args[:1] in (("--script",), ("--module",))
+    return twin_cluster.sbatch([f"--output={job.run_dir.parent}/%j.out", *job.sbatch_extra, job.script, *job.args,
+                                *(() if own else TWIN_TRAIN_ARGS)], env=job.env)
+
+
+def output_of(job: TwinJob, job_id: str) -> Path:
+    return job.run_dir.parent / f"{job_id}.out"
+
+
+def submit_twin_jobs(twin_cluster: Cluster, jobs: dict, timeout: float = 600,
+                     on_submit: Callable[[str, TwinJob, str], None] | None = None) -> dict:
+    """Each TwinJob of jobs submitted at once, in order (SLURM gives the first the first nodes), as it is,
+    with the twin's facts answering its #SBATCH lines, then waited for: SLURM runs side by side those the
+    nodes hold. {key: Job}. on_submit(key, job, job id): what the test does with a job while it runs."""
     started = time.monotonic()
     submitted = {}
     for key, job in jobs.items():
-        out = job.run_dir.parent
-        submitted[key] = twin_cluster.sbatch([f"--output={out}/%j.out", *job.sbatch_extra, job.script, *job.args,
-                                              *TWIN_TRAIN_ARGS], env=job.env)
+        submitted[key] = submit_twin_job_now(twin_cluster, job)
+        if on_submit is not None:
+            on_submit(key, job, submitted[key])
     ended = {}
     for key, job_id in submitted.items():
         ended[key] = twin_cluster.wait(job_id, timeout=max(1.0, timeout - (time.monotonic() - started)))
@@ -708,6 +723,13 @@ def twin_script_job(twin: twins.Twin, script: str, env: dict) -> TwinJob:
     return TwinJob(script, {**env, **line.env}, line.options, line.args)
 
 
+def own_script_job(twin: twins.Twin, env: dict, run_dir: Path) -> TwinJob:
+    """The README's own-script quick start for twin's cluster: its sbatch line word for word, with its run
+    dir (documented_blocks.own_script_sbatch), run from the checkout as the job scripts require."""
+    line = documented_blocks.own_script_sbatch(documented_blocks.own_script_job_script(twin.name))
+    return TwinJob(line.script, {**env, "DDP_RUN_DIR": str(run_dir), **line.env}, line.options, line.args)
+
+
 def quick_start_job(twin: twins.Twin, env: dict) -> TwinJob:
     """The README's quick start for twin's cluster, its sbatch line word for word."""
     line = documented_blocks.twin_quick_start(twin.name)
@@ -715,17 +737,26 @@ def quick_start_job(twin: twins.Twin, env: dict) -> TwinJob:
     return twin_script_job(twin, line.script, env)
 
 
+# The key of the README's own-script quick start among a twin's jobs (run_twin_scripts, own_script=True).
+OWN_SCRIPT = "own script"
+
+
 def run_twin_scripts(twin_cluster: Cluster, twin: twins.Twin, scripts: tuple, image: Path, data: Path,
-                     tmp_path_factory, extra_env: dict | None = None) -> dict:
+                     tmp_path_factory, extra_env: dict | None = None, own_script: bool = False,
+                     on_submit: Callable[[str, TwinJob, str], None] | None = None) -> dict:
     """Each of scripts submitted at once on twin's cluster with a run dir of its own, as its users would
     (the quick start's script with its sbatch line), and run to its end: {script: (Job, run dir, output)}.
-    extra_env: {script: what its user set besides}."""
+    extra_env: {script: what its user set besides}. own_script: the README's own-script quick start for
+    twin's cluster too, submitted after them (the scripts keep the nodes they had), under OWN_SCRIPT."""
     jobs = {}
     for script in scripts:
         run_dir = user_dir(tmp_path_factory.mktemp(Path(script).stem)) / "run"
         env = {**twin_job_env(twin, image, data, run_dir), **(extra_env or {}).get(script, {})}
         jobs[script] = twin_script_job(twin, script, env)
-    ended = submit_twin_jobs(twin_cluster, jobs)
+    if own_script:
+        run_dir = user_dir(tmp_path_factory.mktemp("own-script")) / "run"
+        jobs[OWN_SCRIPT] = own_script_job(twin, twin_job_env(twin, image, data, run_dir), run_dir)
+    ended = submit_twin_jobs(twin_cluster, jobs, on_submit=on_submit)
     return {script: (ended[script], jobs[script].run_dir, ended[script].output()) for script in jobs}
 
 

@@ -10,12 +10,13 @@ place of its GPUs.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import twins
 from conftest import (TwinJob, container_versions, doctor_reports, fake_nvidia_smi_env, metrics_records,
-                      quick_start_job, submit_twin_job, submit_twin_jobs, twin_job_env, user_dir)
+                      own_script_job, quick_start_job, submit_twin_job, submit_twin_jobs, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -52,18 +53,22 @@ def nccl_jobs(twin, images, cifar_data, tmp_path_factory):
     """ethernet-nccl.sh on 2 nodes, whose first node's GPU is slowed down hot in the preflight's first
     reading and not in its second (the fake nvidia-smi), and beside it, on a third node, a 1-node run
     whose own GPU has an uncorrectable ECC error, with DDP_MAX_REQUEUES=0 so that it stops after the
-    preflight instead of training elsewhere. Submitted at once: {"transient" | "sick": (Job, run dir)}."""
+    preflight instead of training elsewhere; and on two more, the README's own-script quick start for this
+    cluster: examples/slurm_ranks.py, ranks from SLURM's variables and MASTER_ADDR its own, 2 CPU workers a
+    node under torchrun. Submitted at once: {"transient" | "sick" | "own": (Job, run dir)}."""
     transient = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi-transient"),
                                     {"master-node": "one-gpu-thermal-slowdown>one-gpu-healthy",
                                      "node01": "one-gpu-healthy"})
     sick = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi-sick"), {node: "one-gpu-ecc" for node in NODES})
-    runs = {name: user_dir(tmp_path_factory.mktemp(name)) / "run" for name in ("transient", "sick")}
+    runs = {name: user_dir(tmp_path_factory.mktemp(name)) / "run" for name in ("transient", "sick", "own")}
     # The 2-node run as the README's quick start submits it: sbatch --nodes=2 slurm/ethernet-nccl.sh.
     jobs = {"transient": quick_start_job(TWIN, {**twin_job_env(TWIN, images.x86, cifar_data, runs["transient"]),
                                                 **transient}),
             "sick": TwinJob("slurm/ethernet-nccl.sh", {**twin_job_env(TWIN, images.x86, cifar_data, runs["sick"]), **sick,
-                                                       "DDP_MAX_REQUEUES": "0"}, ("--nodes=1",))}
+                                                       "DDP_MAX_REQUEUES": "0"}, ("--nodes=1",)),
+            "own": own_script_job(TWIN, twin_job_env(TWIN, images.x86, cifar_data, runs["own"]), runs["own"])}
     assert jobs["transient"].script == "slurm/ethernet-nccl.sh" and jobs["transient"].sbatch_extra == ("--nodes=2",)
+    assert jobs["own"].script == "slurm/ethernet-nccl.sh" and jobs["own"].args[:2] == ("--script", "examples/slurm_ranks.py")
     ended = submit_twin_jobs(twin, jobs)
     return {name: (ended[name], jobs[name].run_dir) for name in jobs}
 
@@ -117,3 +122,27 @@ def test_ethernet_twin_head_resolves_itself_to_127_0_1_1_and_routes_by_default_t
     assert lines[1].split() == [twin.address("node01"), "node01"]
     assert lines[2].split()[:5] == ["default", "via", f"{twin.env['DDP_E2E_UPLINK_SUBNET']}.1", "dev", "eno1"]
     assert lines[3:] == ["eno1", "ens1f1", "lo"]
+
+
+def test_ethernet_own_script_reading_slurms_ranks_trains_as_one_job_of_four_ranks(twin_cluster, nccl_jobs):
+    """The README's own-script line for this cluster, word for word: a script written for srun (ranks from
+    SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID, MASTER_ADDR and MASTER_PORT its own) under torchrun's 2
+    workers a node. Each worker's SLURM variables are its own, so the two nodes' four workers are one job of
+    four ranks, not two jobs of two ranks each (one of which hangs); the preflight checked the script in each
+    node's container and the fabric gate ran our own module before it."""
+    job, run_dir = nccl_jobs["own"]
+    output = job.output()
+    assert job.state == "COMPLETED", output
+    first = twin_cluster.job_nodes(job)[0]  # the step's first node, where torchrun ranks its nodes from (by name)
+    assert f"ranks [0, 1, 2, 3] of 4 (SLURM_NTASKS), local ranks [0, 1, 0, 1] (SLURM_LOCALID), MASTER_ADDR={first}" \
+        in output, output
+    assert "done: 200 steps" in output
+    assert re.search(r"fabric gate: PASS in [\d.]+ s on 2 node\(s\), 4 ranks", output), output
+    for node, checks in doctor_reports(run_dir, job).items():
+        assert checks["workload"]["status"] == "OK" and checks["workload"]["detail"].endswith(
+            "/examples/slurm_ranks.py is readable here"), (node, checks["workload"])
+        assert checks["dataset"]["status"] == "SKIP", (node, checks["dataset"])
+    # No trainer flags reached it (its strict argparse would have exited 2), and rank 0 wrote what ran.
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["workload"]["args"] == ["--steps", "200"]
+    assert manifest["environment"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["set_by"].startswith("launcher: --script ")

@@ -16,7 +16,8 @@ import re
 
 import pytest
 import twins
-from conftest import doctor_reports, metrics_records, rank_logs, submit_quick_start, twin_job_env, user_dir
+from conftest import (doctor_reports, metrics_records, own_script_job, quick_start_job, rank_logs, submit_twin_jobs,
+                      twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -24,14 +25,22 @@ TWIN = twins.LUMI
 
 
 @pytest.fixture(scope="module")
-def multinode(twin, lumi_sif, cifar_data, tmp_path_factory):
+def lumi_jobs(twin, lumi_sif, cifar_data, tmp_path_factory):
     """lumi-multinode.sh as the README's quick start submits it on LUMI (standard-g, 2 nodes, 8 GPUs and
     8 tasks each), run to its end, by a user who binds a directory of their own through SINGULARITY_BIND,
-    as LUMI's documentation shows."""
-    run_dir = user_dir(tmp_path_factory.mktemp("lumi-multinode")) / "run"
-    env = {**twin_job_env(TWIN, lumi_sif, cifar_data, run_dir), "SINGULARITY_BIND": f"{cifar_data}:/user-data"}
-    job = submit_quick_start(twin, TWIN, env, timeout=600)
-    return job, run_dir, job.output()
+    as LUMI's documentation shows; and, submitted with it, the README's own-script quick start for LUMI (one
+    node of 8 tasks running examples/env_ranks.py). {"quick start" | "own": (Job, run dir, output)}."""
+    runs = {name: user_dir(tmp_path_factory.mktemp(f"lumi-{name}")) / "run" for name in ("multinode", "own")}
+    env = {**twin_job_env(TWIN, lumi_sif, cifar_data, runs["multinode"]), "SINGULARITY_BIND": f"{cifar_data}:/user-data"}
+    jobs = {"quick start": quick_start_job(TWIN, env),
+            "own": own_script_job(TWIN, twin_job_env(TWIN, lumi_sif, cifar_data, runs["own"]), runs["own"])}
+    ended = submit_twin_jobs(twin, jobs, timeout=900)
+    return {name: (ended[name], jobs[name].run_dir, ended[name].output()) for name in jobs}
+
+
+@pytest.fixture(scope="module")
+def multinode(lumi_jobs):
+    return lumi_jobs["quick start"]
 
 
 def test_lumi_multinode_trains_one_rank_per_gcd_on_two_nodes(twin, multinode):
@@ -148,3 +157,16 @@ def test_lumi_image_help_is_lumis_singularity_its_binds_variable_and_srun_option
         in done.stdout, done.stdout
     assert "srun --network=disable_rdzv_get singularity run --rocm train.sif --nodes 2 -- --epochs 100" in done.stdout
     assert "apptainer" not in done.stdout and "APPTAINER_BIND" not in done.stdout and "{{" not in done.stdout
+
+
+def test_lumi_own_script_runs_one_rank_per_gcd_in_singularity_with_its_own_ranks(twin, lumi_jobs):
+    """The README's own-script line for LUMI, word for word (one node: DDP_TRAIN_NODES=1 with sbatch
+    --nodes=1): examples/env_ranks.py reads RANK and LOCAL_RANK, one task per GCD, in SingularityCE."""
+    job, run_dir, output = lumi_jobs["own"]
+    assert job.state == "COMPLETED", output
+    assert "ranks [0, 1, 2, 3, 4, 5, 6, 7] of 8, local ranks [0, 1, 2, 3, 4, 5, 6, 7], 1 host(s)" in output
+    assert "done: 40 steps" in output  # the example's default: the line gives no --steps
+    (node,) = twin.job_nodes(job)
+    assert rank_logs(run_dir) == [f"{job.job_id}-{node}-rank{rank}.out" for rank in range(8)]
+    (checks,) = doctor_reports(run_dir, job).values()
+    assert checks["workload"]["status"] == "OK" and checks["dataset"]["status"] == "SKIP", checks["workload"]

@@ -15,14 +15,15 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import twins
-from conftest import (REPO, WITHOUT_CHECKS, Cluster, container_versions, doctor_reports, epochs_done,
-                      fake_nvidia_smi_env, metrics_records, run_twin_scripts,
-                      submit_twin_job, twin_job_env, user_dir)
+from conftest import (OWN_SCRIPT, REPO, WITHOUT_CHECKS, Cluster, container_versions, doctor_reports, epochs_done,
+                      fake_nvidia_smi_env, metrics_records, output_of, run_twin_scripts, submit_twin_job,
+                      twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 
@@ -46,18 +47,50 @@ SITE_ROWS = {"schema": 1, "name": "olivia-status", "rows": [{
     "fix": "module load libfabric/2.3.2 once it is installed", "source": "https://example.org/olivia-status"}]}
 
 
+# The batch shell's line once the preflight has run: its USR2 trap is in place from before the preflight, and
+# the training step has not started (the fabric gate runs between the two).
+PREFLIGHT_DONE = "ddp: preflight step: "
+
+
+def stop_at_the_time_limit(twin, output, job_id: str, timeout: float = 600) -> None:
+    """What SLURM does 120 s before the job's time limit (`--signal=B:USR2@120`): USR2 to the batch shell
+    alone, by hand `scancel --batch --signal=USR2` (scancel(1)). Sent once the preflight has run, so that
+    the stop is waiting when the script's first step asks (its steps take milliseconds: one sent mid-run
+    could come after its last)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if output.exists() and PREFLIGHT_DONE in output.read_text(errors="replace"):
+            twin.run(["scancel", "--batch", "--signal=USR2", job_id], timeout=30)
+            return
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def olivia_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Olivia script submitted at once, as on Olivia: multinode (2 nodes of 4 GPUs, 72 cores and
-    440G a task) takes two of the three nodes, the one-node scripts the third in turn. {script: Job}.
-    The multinode job's user names a known-issues file of the site's own (SITE_ROWS)."""
+    440G a task) takes two of the three nodes, the one-node scripts the third in turn; and after them the
+    README's own-script quick start for Olivia (examples/argparse_torchrun.py in olivia-1gpu.sh), stopped at
+    its time limit and requeued. The multinode job's user names a known-issues file of the site's own
+    (SITE_ROWS). {script (or OWN_SCRIPT): (Job, run dir, output)}."""
+    stoppers = []
+
+    def stop_the_own_script(key, job, job_id):
+        if key == OWN_SCRIPT:
+            stoppers.append(threading.Thread(target=stop_at_the_time_limit, args=(twin, output_of(job, job_id), job_id),
+                                             daemon=True))
+            stoppers[-1].start()
+
     shared = fake_nvidia_smi_env(tmp_path_factory.mktemp("nvidia-smi"),
                                  {node: SHARED_NODE_CASE for node in ("nid001000", "nid001001", "nid001002")})
     rows = user_dir(tmp_path_factory.mktemp("site-rows")) / "olivia-status.json"
     rows.write_text(json.dumps(SITE_ROWS))
-    return run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
+    jobs = run_twin_scripts(twin, TWIN, ("slurm/olivia-multinode.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
                             tmp_path_factory, extra_env={"slurm/olivia-1gpu.sh": shared,
-                                                         "slurm/olivia-multinode.sh": {"DDP_KNOWN_ISSUES": str(rows)}})
+                                                         "slurm/olivia-multinode.sh": {"DDP_KNOWN_ISSUES": str(rows)}},
+                            own_script=True, on_submit=stop_the_own_script)
+    for stopper in stoppers:
+        stopper.join(timeout=60)
+    return jobs
 
 
 @pytest.fixture(scope="module")
@@ -351,3 +384,25 @@ def test_olivia_a_rank_stopped_mid_epoch_is_named_with_nccls_own_verdict_and_the
                f"node(s): {node}; its report: {saved}")
     assert verdict in output, output
     assert f"Rank {rank} -- GPU" in saved.read_text()
+
+
+def test_olivia_own_script_stops_at_its_time_limit_checkpoints_is_requeued_and_resumes_at_the_right_step(olivia_jobs):
+    """The README's own-script line for Olivia, word for word: examples/argparse_torchrun.py, strict argparse
+    and torchrun's ranks, taking part in the contract (ddp_contract.workload). USR2 at the time limit reaches
+    it through DDP_STOP_REQUEST; every rank agrees on the stop, rank 0 writes the checkpoint, the script exits
+    75, the job script requeues the job, and the requeued run resumes at the step after the stop."""
+    job, run_dir, output = olivia_jobs[OWN_SCRIPT]
+    assert job.state == "COMPLETED", output
+    assert job.fields.get("Restarts") == "1", job.fields
+    marks = ["(restart 0)", "ddp: SIGUSR2 reached the batch script: asked the training step to checkpoint and stop",
+             "stop requested (SIGUSR2) at step 0: checkpoint", "requeuing job", "(restart 1)",
+             "resumed at step 1 from", "done: 200 steps"]
+    places = [output.find(mark) for mark in marks]
+    assert -1 not in places and places == sorted(places), list(zip(marks, places))
+    assert "world size 2, backend gloo, steps 0-199" in output and "world size 2, backend gloo, steps 1-199" in output
+    assert not (run_dir / ".ddp-stop-request").exists()
+    # Before each run, the preflight checked the script in the node's container and the fabric gate ran.
+    assert output.count("preflight: ddp-launch doctor passed on every node") == 2, output
+    assert len(re.findall(r"fabric gate: PASS in", output)) == 2, output
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["workload"]["args"] == ["--steps", "200"]  # no trainer flags, no --data-dir or --run-dir

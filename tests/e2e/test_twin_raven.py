@@ -9,9 +9,11 @@ SLURM task trains on CPU in place of its GPU, one rank a task.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import twins
-from conftest import container_versions, doctor_reports, metrics_records, rank_logs, run_twin_scripts
+from conftest import OWN_SCRIPT, container_versions, doctor_reports, metrics_records, rank_logs, run_twin_scripts
 
 pytestmark = pytest.mark.e2e
 
@@ -24,8 +26,10 @@ ONE_NODE_SCRIPTS = {"slurm/raven-1gpu.sh": 1, "slurm/raven-1node-4gpu.sh": 4}
 @pytest.fixture(scope="module")
 def raven_jobs(twin, images, cifar_data, tmp_path_factory):
     """Every Raven script submitted at once, as on Raven (--constraint=gpu, a task per A100): the
-    task-per-GPU script takes two of the three nodes, the one-node scripts the third in turn."""
-    return run_twin_scripts(twin, TWIN, ("slurm/raven-task-per-gpu.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data, tmp_path_factory)
+    task-per-GPU script takes two of the three nodes, the one-node scripts the third in turn, and after
+    them the README's own-script quick start for Raven (examples/env_ranks.py in raven-1node-4gpu.sh)."""
+    return run_twin_scripts(twin, TWIN, ("slurm/raven-task-per-gpu.sh", *ONE_NODE_SCRIPTS), images.x86, cifar_data,
+                            tmp_path_factory, own_script=True)
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +88,16 @@ def test_raven_twin_nodes_carry_ib0_the_hca_the_gpu_feature_and_four_a100(twin):
     assert done.stdout.split() == ["ravg1002", "ib0", "lo", "mlx5_0", "InfiniBand", "0,1,2,3"]
     nodes = twin.run(["sinfo", "-h", "-N", "-p", "gpu", "-o", "%N %P %f %G %c"], timeout=30).stdout.split("\n")
     assert "ravg1001 gpu* gpu gpu:a100:4 72" in nodes
+
+
+def test_raven_own_script_reading_rank_and_local_rank_runs_one_rank_per_task(twin, raven_jobs):
+    """The README's own-script line for Raven, word for word: examples/env_ranks.py reads RANK, WORLD_SIZE and
+    LOCAL_RANK itself, which ddp-launch sets from SLURM's task variables, one SLURM task a rank."""
+    job, run_dir, output = raven_jobs[OWN_SCRIPT]
+    assert job.state == "COMPLETED", output
+    assert "ranks [0, 1, 2, 3] of 4, local ranks [0, 1, 2, 3], 1 host(s)" in output and "done: 200 steps" in output
+    (node,) = twin.job_nodes(job)
+    assert rank_logs(run_dir) == [f"{job.job_id}-{node}-rank{rank}.out" for rank in range(4)]
+    (checks,) = doctor_reports(run_dir, job).values()
+    assert checks["workload"]["status"] == "OK" and checks["dataset"]["status"] == "SKIP", checks["workload"]
+    assert re.search(r"fabric gate: PASS in [\d.]+ s on 1 node\(s\), 4 ranks", output), output

@@ -1,36 +1,48 @@
-"""runai/ on RCP's twin: what runai/submit.sh asks RunAI for, run the way Kubernetes runs it, one
-Charliecloud container per pod, with the pod's own site (rcp, runai/pod.sh's default).
-The submission runs the real runai/submit.sh against the RunAI CLI v1's stand-in
-(tests/bats/stubs/runai), which takes only the CLI's documented flags and refuses a workload name
-in use, as Kubernetes does; a resubmission under the same RUNAI_JOB_NAME must still be taken.
+"""runai/ on RCP's twin: the README's RCP block, build to resume, run as written, with the pods RunAI
+would start run the way Kubernetes runs them, one Charliecloud container per pod, with the pod's own
+site (rcp, runai/pod.sh's default), as the user the block names (RUNAI_RUN_AS: --run-as-uid and
+--run-as-gid, a pod's securityContext), on a claim whose homes/<user>/ is that user's.
+The block runs whole in bash, with the RunAI CLI v1's stand-in (tests/bats/stubs/runai), which takes
+only the CLI's documented flags and refuses a workload name in use, as Kubernetes does, and docker's
+(tests/stand_ins/docker.sh); the image it builds and pushes is containers/Dockerfile, which ch-image
+builds here on the test base. Then each submission's pods run, in the order a user waits for them:
+the staging pod (CIFAR-100 onto the claim: runai/submit.sh --download, from a mirror on a file:// URL,
+the pods having no internet here), the training's two pods (--epochs 50), and the resume's two pods
+(RUNAI_RESUME, --epochs 80), each with the twin's short-training flags after the block's (one step
+of 32 images an epoch), as the SLURM twins add theirs.
 
 The twin (tests/e2e/cluster/twins/rcp.sh, tests/e2e/twins.py): two hosts named as a PyTorchJob's
 pods, the pod network on eth0 and the RoCE network's net1, the RDMA device mlx5_bond_0 with a real
-port's RoCE v2 GID table in /sys/class/infiniband. The image is containers/Dockerfile built by
-ch-image on the test base; the pod's environment is the image's ENV plus what the training operator
-and RunAI set. The pods have no GPU (RUNAI_NUM_OF_GPUS=0): one CPU worker each, with gloo.
+port's RoCE v2 GID table in /sys/class/infiniband. The pod's environment is the image's ENV plus what
+the training operator and RunAI set. The pods have no GPU (RUNAI_NUM_OF_GPUS=0): one CPU worker each,
+with gloo.
 
-The module's two pods run to their end once: pod.sh's checks, `ddp-launch preflight` (doctor in each
-pod, one verdict, the fabric gate across them), the training, into a run dir where an earlier
-container of the master pod left its lock (PID 1, a container restarted in its pod). The other
-situations are pods that stop before training: a bad pod named by the preflight, each
-PET_NPROC_PER_NODE value, a claim the pod's user cannot write.
+The training's pods run pod.sh's checks, `ddp-launch preflight` (doctor in each pod, one verdict, the
+fabric gate across them) and the training, into a run dir where an earlier container of the master
+pod left its lock (PID 1, a container restarted in its pod). The other situations are pods that stop
+before training: a bad pod named by the preflight, each PET_NPROC_PER_NODE value, a claim the pod's
+user cannot write.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shlex
 import subprocess
+import tarfile
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+import documented_blocks
 import pytest
 import twins
 from apptainer_root import TEST_UID
-from conftest import CLUSTER_SH, REPO, _reachable, container_versions
+from conftest import CLUSTER_SH, REPO, _reachable, container_versions, user_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -38,6 +50,7 @@ TWIN = twins.RCP
 DOCKERFILE = REPO / "containers" / "Dockerfile"
 SUBMIT = REPO / "runai" / "submit.sh"
 RUNAI_STAND_IN = REPO / "tests" / "bats" / "stubs" / "runai"
+DOCKER_STAND_IN = REPO / "tests" / "stand_ins" / "docker.sh"
 
 
 def dockerfile_entrypoint() -> list:
@@ -54,23 +67,6 @@ def pod_argv(entrypoint: list, runai_argv: list) -> list:
     return runai_argv[cut + 1:] if "--command" in runai_argv[:cut] else entrypoint + runai_argv[cut + 1:]
 
 
-def submitted_runai_argv(work: Path, *trainer_args: str) -> list:
-    """runai/submit.sh against the RunAI CLI v1's stand-in, whose workloads (names in use) are kept in
-    work: the argv the stand-in took."""
-    stub = work / "stub" / "runai"
-    if not stub.exists():
-        stub.parent.mkdir()
-        stub.symlink_to(RUNAI_STAND_IN)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDP_", "RUNAI_", "PET_"))}
-    # The two volumes submit.sh requires: the pods below mount them at /mnt/data and /mnt/runs.
-    env.update(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}", RUNAI_IMAGE="registry.example/ddp:1",
-               RUNAI_WORKERS="1", RUNAI_GPUS="0", RUNAI_DATA_PVC="cifar-data", RUNAI_RUN_PVC="ddp-runs",
-               RUNAI_FAKE_CLI="v1", RUNAI_FAKE_STATE=str(work / "runai"))
-    done = subprocess.run(["bash", str(SUBMIT), *trainer_args], env=env, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    return (work / "runai" / "argv").read_text().split("\0")[:-1]
-
-
 def pod_env_settings(runai_argv: list) -> dict:
     """The variables `-e NAME=VALUE` puts in every pod (both CLIs' -e, --environment)."""
     flags = runai_argv[:runai_argv.index("--")]
@@ -83,15 +79,17 @@ def image_env(root: Path) -> dict:
 
 
 # The workload as Run:ai names it in its pods (NVIDIA Run:ai docs, "Workloads", Built-in Workload
-# Environment Variables), and the job identity ddp-launch derives from it (schedulers/kubeflow.py).
-WORKLOAD_UUID = "6fb7f0fa-3c2e-4b8a-9d41-0f2a5c7e9b13"
+# Environment Variables: RUNAI_JOB_UUID differs for every workload), and the job identity ddp-launch
+# derives from it (schedulers/kubeflow.py).
+def workload_uuid(workload: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{workload}.runai.e2e"))
 
 
 def job_id(workload: str) -> str:
-    return f"{workload}/{WORKLOAD_UUID}"
+    return f"{workload}/{workload_uuid(workload)}"
 
 
-def pod_env(twin_cluster, root: Path, rank: int, run_dir: str) -> dict:
+def pod_env(twin_cluster, root: Path, rank: int, run_dir: str, workload: str = "ddp-train") -> dict:
     """A pod's environment: the image's ENV plus what Kubernetes, the training operator and RunAI set
     (the master's name in PET_MASTER_ADDR, its Service; RunAI's MASTER_ADDR the master pod's IP);
     nothing from the host."""
@@ -99,18 +97,24 @@ def pod_env(twin_cluster, root: Path, rank: int, run_dir: str) -> dict:
     return {**image_env(root), "HOSTNAME": twin_cluster.node_names[rank], "HOME": "/root", "USER": "root",
             # Kubernetes sets these in every container ("Accessing the Kubernetes API from a Pod").
             "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443",
-            "RUNAI_JOB_NAME": "ddp-train", "RUNAI_JOB_UUID": WORKLOAD_UUID, "RUNAI_PROJECT": "e2e",
+            "RUNAI_JOB_NAME": workload, "RUNAI_JOB_UUID": workload_uuid(workload), "RUNAI_PROJECT": "e2e",
             "PET_NNODES": "2", "PET_NODE_RANK": str(rank), "PET_MASTER_ADDR": master, "PET_MASTER_PORT": "29533",
             "MASTER_ADDR": twin_cluster.address(master), "MASTER_PORT": "29533", "RANK": str(rank),
-            "WORLD_SIZE": "2", "RUNAI_NUM_OF_GPUS": "0", "DDP_DATA_DIR": "/mnt/data", "DDP_RUN_DIR": run_dir}
+            "WORLD_SIZE": "2", "RUNAI_NUM_OF_GPUS": "0", "DDP_DATA_DIR": "/mnt/data", "DDP_RUN_DIR": run_dir,
+            # A pod on RCP has CPUs of its own (its cgroup's); the twin's two share this machine's two
+            # cores with everything else, where torch's default of a thread per core spins (twins.THREADS:
+            # a step of the tiny model took 2.9 s in a pod without it, 0.18 s under torchrun beside it).
+            "OMP_NUM_THREADS": twins.THREADS}
 
 
-def pod_command(twin_cluster, node: str, root: Path, env: dict, binds: dict, argv: list, as_user: bool = False) -> list:
-    """ch-run in node's namespaces (as root, or as the test user: a pod's user that is not the claim's)."""
-    user = ["setpriv", f"--reuid={TEST_UID}", f"--regid={TEST_UID}", "--clear-groups"] if as_user else []
+def pod_command(twin_cluster, node: str, root: Path, env: dict, binds: dict, argv: list,
+                user: tuple | None = None) -> list:
+    """ch-run in node's namespaces, as root or as user, (uid, gid): a pod's securityContext runAsUser
+    and runAsGroup (RunAI's --run-as-uid and --run-as-gid)."""
+    as_user = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups"] if user else []
     mounts = [word for source, target in binds.items() for word in ("-b", f"{source}:{target}")]
     return [str(CLUSTER_SH), "exec", node, "env", "-i", *[f"{k}={v}" for k, v in env.items()],
-            *user, "ch-run", *mounts, str(root), "--", *argv]
+            *as_user, "ch-run", *mounts, str(root), "--", *argv]
 
 
 def wait_for(path: Path, what: str, timeout_s: float = 240) -> Callable[[], None]:
@@ -124,8 +128,8 @@ def wait_for(path: Path, what: str, timeout_s: float = 240) -> Callable[[], None
     return wait
 
 
-def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_dir: str,
-             changes: tuple = ({}, {}), expect: tuple = (0, 0), start_after: tuple = (None, None),
+def run_pods(twin_cluster, root: Path, argv: list, binds: dict, run_dir: str, changes: tuple = ({}, {}),
+             expect: tuple = (0, 0), user: tuple | None = None, start_after: tuple = (None, None),
              envs: tuple | None = None, meanwhile: Callable[[], None] | None = None,
              timeout_s: float = 300) -> list[str]:
     """One pod per twin node, as the training operator starts a PyTorchJob's, each with its
@@ -135,7 +139,7 @@ def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_d
     pods = []
     for rank, node in enumerate(twin_cluster.node_names):
         env = envs[rank] if envs else {**pod_env(twin_cluster, root, rank, run_dir), **changes[rank]}
-        command = pod_command(twin_cluster, node, root, env, {data: "/mnt/data", runs: "/mnt/runs"}, argv)
+        command = pod_command(twin_cluster, node, root, env, binds, argv, user)
         if start_after[rank] is not None:
             try:
                 start_after[rank]()
@@ -168,44 +172,155 @@ def run_pods(twin_cluster, root: Path, argv: list, data: Path, runs: Path, run_d
     return outputs
 
 
-def run_one(twin_cluster, root: Path, env: dict, binds: dict, argv: list, as_user: bool = False, rank: int = 0):
+def run_one(twin_cluster, root: Path, env: dict, binds: dict, argv: list, user: tuple | None = None, rank: int = 0):
     """One container in a pod's node (the master's unless rank says), to its end (a dry run, a pod that stops
     early)."""
-    command = pod_command(twin_cluster, twin_cluster.node_names[rank], root, env, binds, argv, as_user)
+    command = pod_command(twin_cluster, twin_cluster.node_names[rank], root, env, binds, argv, user)
     print("+ " + shlex.join(command), flush=True)
     done = subprocess.run(command, env=twin_cluster.env, capture_output=True, text=True, timeout=120)
     print(done.stdout, done.stderr)
     return done
 
 
+# The README's placeholders, filled as the text above the block says: the user's RunAI project, name and
+# tag, their uid and gid on the cluster (the test user's: the claim's homes/alice/ is theirs).
+PLACEHOLDERS = {"<project>": "mlo", "<user>": "alice", "<tag>": "v1", "<uid>": str(TEST_UID), "<gid>": str(TEST_UID)}
+# The claim's mount point in the pods, as the block mounts it (RUNAI_DATA_DIR, RUNAI_RUN_DIR).
+CLAIM = "/mloscratch"
+# The twin's flags after the block's, as the SLURM twins add TWIN_TRAIN_ARGS: one step of 32 images an
+# epoch (16 per pod) and 32 to evaluate, the demo's 1/16-width model, the generated data. --epochs stays
+# the block's: 50, then 80.
+TWIN_TRAIN_ARGS = ("--limit-train", "32", "--limit-test", "32", "--batch-size", "32", "--width-scale", "0.0625",
+                   "--allow-unverified-data")
+
+
+def readme_rcp_block() -> str:
+    """The README's RunAI block, build to resume (tests/unit/containers/test_runai_readme.py runs it too)."""
+    found = [block.text for block in documented_blocks.blocks(documented_blocks.README)
+             if "docker build" in block.text and "runai/submit.sh" in block.text]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What the README's RCP block submitted: the workloads the RunAI stand-in took, in order (the
+    staging pod's, the training's, the resume's), and the argv each was given."""
+    output: str
+    workloads: tuple
+    argv: dict
+
+    def settings(self, workload: str) -> dict:
+        return pod_env_settings(self.argv[workload])
+
+    def user(self, workload: str) -> tuple:
+        argv = self.argv[workload]
+        return int(argv[argv.index("--run-as-uid") + 1]), int(argv[argv.index("--run-as-gid") + 1])
+
+
 @pytest.fixture(scope="module")
-def submissions(tmp_path_factory) -> list:
-    """Two runai/submit.sh submissions in a row under the same RUNAI_JOB_NAME (the default), as a
-    user resubmits: the argv the stand-in took for each."""
+def mirror(tmp_path_factory, cifar_data) -> tuple:
+    """The pods' CIFAR-100 source: the generated data as the published archive is laid out, in a
+    directory the staging pod mounts, and its MD5 (ddp_contract.download's mirror variables)."""
+    folder = tmp_path_factory.mktemp("rcp-mirror")
+    archive = folder / "cifar-100-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(cifar_data / "cifar-100-python", arcname="cifar-100-python")
+    subprocess.run(["chmod", "-R", "o+rX", str(folder)], check=True)
+    _reachable(folder)
+    return folder, hashlib.md5(archive.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def submitted(tmp_path_factory, mirror) -> Submitted:
+    """The README's RCP block run whole, as a user runs it from the repository root, with the stand-ins
+    of docker and the RunAI CLI v1 on PATH; RUNAI_EXTRA_ARGS names the mirror (this machine's pods have
+    no internet)."""
     work = tmp_path_factory.mktemp("rcp-submit")
-    trainer_args = ("--epochs", "1", "--batch-size", "64", "--width-scale", "0.125", "--allow-unverified-data")
-    return [submitted_runai_argv(work, *trainer_args) for _ in range(2)]
+    (work / "bin").mkdir()
+    (work / "bin" / "runai").symlink_to(RUNAI_STAND_IN)
+    (work / "bin" / "docker").symlink_to(DOCKER_STAND_IN)
+    state = work / "runai"
+    script = readme_rcp_block()
+    for placeholder, value in PLACEHOLDERS.items():
+        script = script.replace(placeholder, value)
+    script = script.replace("<run>", f'"$(sed -n 2p {state}/workloads)"')  # the training's, as it printed
+    _, md5 = mirror
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDP_", "RUNAI_", "PET_"))}
+    env.update(PATH=f"{work / 'bin'}{os.pathsep}{os.environ['PATH']}", RUNAI_FAKE_CLI="v1", RUNAI_FAKE_STATE=str(state),
+               DOCKER_CALLS=str(work / "docker.calls"),
+               RUNAI_EXTRA_ARGS=f"-e DDP_CIFAR_URL=file:///mirror/cifar-100-python.tar.gz -e DDP_CIFAR_MD5={md5}")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    print(done.stdout, done.stderr)
+    assert done.returncode == 0, done.stderr
+    workloads = tuple((state / "workloads").read_text().split())
+    return Submitted(done.stdout + done.stderr, workloads,
+                     {name: (state / f"argv-{name}").read_text().split("\0")[:-1] for name in workloads})
 
 
 @pytest.fixture(scope="module")
-def pods(twin, runai_image, cifar_data, tmp_path_factory, submissions):
-    """The two pods of the first runai/submit.sh submission, run to their end, as RunAI names them:
-    RUNAI_JOB_NAME is the workload's name, which is the new run's."""
+def claim(tmp_path_factory) -> Path:
+    """RCP's scratch claim: homes/alice/ is the user's (their uid, mode 0755), as on /mloscratch."""
+    root = tmp_path_factory.mktemp("rcp-claim")
+    _reachable(root)
+    user_dir(root / "homes" / "alice")
+    return root
+
+
+@pytest.fixture(scope="module")
+def rcp_root(tmp_path_factory, runai_image) -> Path:
+    """The image's copy the block's pods run, with the claim's mount point (Kubernetes creates it)."""
     from e2e_image import charliecloud_copy
-    work = tmp_path_factory.mktemp("rcp-pods")
-    argv = pod_argv(dockerfile_entrypoint(), submissions[0])
-    root = charliecloud_copy(work / "runai.image", runai_image)
-    runs = work / "runs"
-    runs.mkdir()
-    for mount_point in ("mnt/data", "mnt/runs"):  # Kubernetes creates a volume's mount point
-        (root / mount_point).mkdir(parents=True, exist_ok=True)
-    run_dir = pod_env_settings(submissions[0])["DDP_RUN_DIR"]
-    assert run_dir.startswith("/mnt/runs/"), run_dir
-    workload = submissions[0][submissions[0].index("--name") + 1]
+    root = charliecloud_copy(tmp_path_factory.mktemp("rcp-pods") / "runai.image", runai_image)
+    for mount_point in (CLAIM, "/mirror"):
+        (root / mount_point.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    _reachable(root / "ch")
+    return root
+
+
+def block_pod_env(twin_cluster, root: Path, rank: int, submitted: Submitted, workload: str) -> dict:
+    """A pod of one of the block's workloads: what RunAI sets, the submission's -e settings, and the
+    user's (RunAI's --run-as-uid gives no home: HOME is the image's default)."""
+    settings = submitted.settings(workload)
+    env = {k: v for k, v in pod_env(twin_cluster, root, rank, settings.get("DDP_RUN_DIR", ""), workload).items()
+           if not k.startswith("DDP_")}  # only what the submission set
+    return {**env, **settings, "USER": "alice", "HOME": "/tmp"}
+
+
+@pytest.fixture(scope="module")
+def staged(twin, rcp_root, submitted, claim, mirror) -> str:
+    """The staging workload's one pod (runai/submit.sh --download), run to its end as the user: its output."""
+    staging = submitted.workloads[0]
+    env = {k: v for k, v in block_pod_env(twin, rcp_root, 0, submitted, staging).items()
+           if not k.startswith(("PET_", "MASTER_", "RANK", "WORLD_SIZE"))}  # a standard workload: one pod
+    argv = pod_argv(dockerfile_entrypoint(), submitted.argv[staging])
+    done = run_one(twin, rcp_root, env, {claim: CLAIM, mirror[0]: "/mirror"}, argv, submitted.user(staging))
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def run_block_pods(twin_cluster, root: Path, submitted: Submitted, claim: Path, workload: str,
+                   start_after: tuple = (None, None)) -> list[str]:
+    settings = submitted.settings(workload)
+    named = {"RUNAI_JOB_NAME": workload}
+    changes = tuple({**block_pod_env(twin_cluster, root, rank, submitted, workload), **named} for rank in (0, 1))
+    argv = [*pod_argv(dockerfile_entrypoint(), submitted.argv[workload]), *TWIN_TRAIN_ARGS]
+    return run_pods(twin_cluster, root, argv, {claim: CLAIM}, settings["DDP_RUN_DIR"], changes=changes,
+                    user=submitted.user(workload), start_after=start_after)
+
+
+@pytest.fixture(scope="module")
+def pods(twin, rcp_root, submitted, claim, staged):
+    """The training's two pods (the block's --epochs 50), run to their end, as RunAI names them:
+    RUNAI_JOB_NAME is the workload's name, which is the new run's."""
+    workload = submitted.workloads[1]
+    argv = pod_argv(dockerfile_entrypoint(), submitted.argv[workload])
+    run_dir = submitted.settings(workload)["DDP_RUN_DIR"]
+    assert run_dir == f"{CLAIM}/homes/alice/runs/{workload}", run_dir
     # What the master pod's earlier container left: it was restarted in its pod (the kubelet restarts a
     # container after it exits), which keeps the pod's name and starts PID 1 again (alive here).
-    here = runs / run_dir[len("/mnt/runs/"):]
-    here.mkdir()
+    here = user_dir(user_dir(claim / "homes" / "alice" / "runs") / workload)
     (here / ".ddp-run.lock").write_text(json.dumps(
         {"job": job_id(workload), "host": twin.node_names[0], "pid": 1, "pid_space": "an-earlier-container/1",
          "since": 0}))
@@ -213,27 +328,64 @@ def pods(twin, runai_image, cifar_data, tmp_path_factory, submissions):
     # attempt's worker container starts late, after the master's doctor wrote its report (a container
     # restarted more slowly than the other); the master must wait for the worker's new report, not judge it
     # by the old one.
-    reports = here / "preflight" / job_id(workload).replace("/", "_")
-    reports.mkdir(parents=True)
+    reports = user_dir(user_dir(here / "preflight") / job_id(workload).replace("/", "_"))
     stale = reports / f"doctor-{twin.node_names[1]}.json"
     stale.write_text(json.dumps({"ok": False, "checks": [{"name": "gpus", "status": "FAIL", "fix": "replace it",
                                                           "detail": "0 GPUs visible but 1 granted"}]}))
+    os.chown(stale, TEST_UID, TEST_UID)
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
-    named = {"RUNAI_JOB_NAME": workload}
     master_report = wait_for(reports / f"doctor-{twin.node_names[0]}.json", "the master pod's doctor report")
-    outputs = run_pods(twin, root, argv, cifar_data, runs, run_dir, changes=(named, named),
-                       start_after=(None, master_report))
+    outputs = run_block_pods(twin, rcp_root, submitted, claim, workload, start_after=(None, master_report))
     return argv, outputs, here
 
 
-def test_a_resubmission_under_the_same_name_is_a_workload_and_a_run_of_its_own(submissions):
-    # The stand-in refuses a name in use ("the job ... already exists"): both were taken, each under
-    # a name and into a run dir of its own, the prefix, the UTC time and 4 random characters.
-    names = [argv[argv.index("--name") + 1] for argv in submissions]
-    run_dirs = [pod_env_settings(argv)["DDP_RUN_DIR"] for argv in submissions]
-    assert all(re.fullmatch(r"ddp-train-\d{8}-\d{6}-[a-z0-9]{4}", name) for name in names), names
-    assert names[0] != names[1]
-    assert run_dirs == [f"/mnt/runs/{name}" for name in names]
+@pytest.fixture(scope="module")
+def resumed(twin, rcp_root, submitted, claim, pods) -> list[str]:
+    """The resume's two pods (RUNAI_RESUME=<run>, the block's --epochs 80), in a workload of their own:
+    their outputs."""
+    return run_block_pods(twin, rcp_root, submitted, claim, submitted.workloads[2])
+
+
+def test_the_blocks_submissions_are_workloads_of_their_own_and_the_resume_continues_the_run(submitted):
+    # The stand-in refuses a name in use ("the job ... already exists"): the three, under one prefix and
+    # maybe in one second, were each taken under a name of its own: the prefix, the UTC time, 4 characters.
+    staging, run, resume = submitted.workloads
+    assert all(re.fullmatch(r"ddp-train-\d{8}-\d{6}-[a-z0-9]{4}", name) for name in submitted.workloads)
+    assert len({staging, run, resume}) == 3
+    assert submitted.settings(run)["DDP_RUN_DIR"] == submitted.settings(resume)["DDP_RUN_DIR"] == \
+        f"{CLAIM}/homes/alice/runs/{run}"
+    assert submitted.argv[resume][-3:] == ["--resume", "--epochs", "80"]
+    assert all(submitted.user(name) == (TEST_UID, TEST_UID) for name in submitted.workloads)
+
+
+def test_the_staging_pod_puts_cifar_100_on_the_claim_as_the_user(staged, claim):
+    data = claim / "homes" / "alice" / "data" / "cifar-100-python"
+    assert "CIFAR-100 ready in /mloscratch/homes/alice/data/cifar-100-python" in staged, staged
+    assert sorted(p.name for p in data.iterdir()) == ["meta", "test", "train"]
+    assert data.stat().st_uid == TEST_UID  # written by the pod's user, in the user's home
+
+
+def test_the_resume_trains_the_run_on_to_the_longer_epochs(pods, resumed):
+    _, _, run_dir = pods
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    # 50 epochs, then 30 more: each once, each its one step of 32 images.
+    assert [r["epoch"] for r in epochs] == list(range(1, 81))
+    assert {r["images"] for r in epochs} == {32}
+    assert [s["epochs_run"] for s in records if s["type"] == "summary"] == [50, 80]
+    extended = [r for r in records if r["type"] == "extended"]
+    assert len(extended) == 1
+    record = extended[0]
+    assert (record["epochs_from"], record["epochs_to"], record["at_epoch"], record["at_step"]) == (50, 80, 50, 0)
+    # The 50-epoch cosine had decayed to 0; the 80-epoch one goes on from its step 50, and decays to 0 again.
+    assert record["lr_before"] == pytest.approx(0.0, abs=1e-12) and record["lr_after"] > 0
+    lrs = [r["lr"] for r in epochs[50:]]
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] < lrs[0] / 10
+    assert f"Resumed from {CLAIM}/homes/alice/runs/{run_dir.name}/checkpoint.pt at epoch 51, step 0" in resumed[0]
+    assert "Extended: --epochs 50 -> 80, on from epoch 51 step 0" in resumed[0], resumed[0]
+    # The run's files are the user's: the pods ran as RUNAI_RUN_AS.
+    owners = {name: (run_dir / name).stat().st_uid for name in ("checkpoint.pt", "checkpoint.json", "metrics.jsonl", "logs")}
+    assert set(owners.values()) == {TEST_UID}, owners
 
 
 def test_two_runai_pods_rendezvous_at_the_masters_name_and_train(pods, images):
@@ -331,7 +483,7 @@ def test_a_bad_pod_is_named_by_the_preflight_and_every_pod_stops_with_76(twin, p
     # doctor FAILs there alone. Both pods reach the same verdict from both reports and stop.
     runs = tmp_path / "runs"
     runs.mkdir()
-    outputs = run_pods(twin, pod_root, ["/opt/ddp/runai/pod.sh", "--epochs", "1"], cifar_data, runs,
+    outputs = run_pods(twin, pod_root, ["/opt/ddp/runai/pod.sh", "--epochs", "1"], {cifar_data: "/mnt/data", runs: "/mnt/runs"},
                        "/mnt/runs/bad", changes=({}, {"RUNAI_NUM_OF_GPUS": "1"}), expect=(76, 76))
     for text in outputs:
         assert re.search(r"^preflight: bad pod ddp-train-worker-0: ddp-launch doctor fails .*'gpus': 0 GPUs visible",
@@ -372,7 +524,7 @@ def test_a_claim_the_pods_user_cannot_write_stops_it_in_one_line_with_the_fix(tw
     _reachable(pod_root / "ch")
     env = {**pod_env(twin, pod_root, 0, "/mnt/runs/homes/alice/runs/r1"), "USER": "ddp-e2e", "HOME": "/tmp"}
     done = run_one(twin, pod_root, env, {cifar_data: "/mnt/data", claim: "/mnt/runs"},
-                   ["/opt/ddp/runai/pod.sh", "--epochs", "1"], as_user=True)
+                   ["/opt/ddp/runai/pod.sh", "--epochs", "1"], user=(TEST_UID, TEST_UID))
     assert done.returncode == 2, done.stderr
     error = done.stderr.splitlines()[-1]
     assert error.startswith("pod: error: cannot write the run dir /mnt/runs/homes/alice/runs/r1 (mkdir: cannot create "
@@ -381,7 +533,8 @@ def test_a_claim_the_pods_user_cannot_write_stops_it_in_one_line_with_the_fix(tw
     # user's uid on RCP) shows as the overflow id (user_namespaces(7), /proc/sys/kernel/overflowuid).
     overflow = Path("/proc/sys/kernel/overflowuid").read_text().strip(), Path("/proc/sys/kernel/overflowgid").read_text().strip()
     assert (f"as uid {TEST_UID} gid {TEST_UID}: /mnt/runs/homes/alice is uid {overflow[0]} gid {overflow[1]}, mode 755; "
-            f"submit the pods as its owner (runai submit ... --run-as-uid UID --run-as-gid GID") in error
+            f"submit the pods as its owner (RUNAI_RUN_AS=UID:GID runai/submit.sh, on RCP your ids from id on "
+            f"haas001.rcp.epfl.ch") in error
     assert not (claim / "homes" / "alice" / "runs").exists()
 
 
@@ -433,7 +586,7 @@ def test_a_late_pod_of_an_elastic_job_joins_the_training_without_a_gate(twin, po
     argv = ["/opt/ddp/runai/pod.sh", "--epochs", "50", "--batch-size", "64", "--width-scale", "0.125",
             "--target-accuracy", "1.01", "--checkpoint-every", "1", "--stop-check-every", "1",
             "--allow-unverified-data"]
-    first, late = run_pods(twin, pod_root, argv, cifar_data, runs, "/mnt/runs/elastic", envs=envs,
+    first, late = run_pods(twin, pod_root, argv, {cifar_data: "/mnt/data", runs: "/mnt/runs"}, "/mnt/runs/elastic", envs=envs,
                            start_after=(None, wait_for(metrics, "the first pod's training")),
                            meanwhile=trained_with_both(metrics), expect=(75, 75), timeout_s=480)
     assert "preflight: the fabric gate passed" in first, first
@@ -445,3 +598,45 @@ def test_a_late_pod_of_an_elastic_job_joins_the_training_without_a_gate(twin, po
     runs_of = [r for r in records_of(metrics) if r["type"] == "run"]
     assert [(r["nodes"], r["world_size"]) for r in runs_of][:1] == [(1, 1)] and (2, 2) in [
         (r["nodes"], r["world_size"]) for r in runs_of], runs_of
+
+
+# -- one's own script on the claim (README.md, "Your own training script": On RunAI and Kubeflow) -----------
+
+OWN_SCRIPT = "/mnt/runs/code/env_ranks.py"
+
+
+@pytest.fixture(scope="module")
+def own_script_pods(twin, runai_image, cifar_data, tmp_path_factory):
+    """Two pods of a runai/submit.sh submission of examples/env_ranks.py, copied onto the run claim as a
+    user puts it there, run to their end: (argv, outputs, run dir)."""
+    from e2e_image import charliecloud_copy
+    work = tmp_path_factory.mktemp("rcp-own-script")
+    submitted = submitted_runai_argv(work, "--script", OWN_SCRIPT, "--steps", "40")
+    argv = pod_argv(dockerfile_entrypoint(), submitted)
+    root = charliecloud_copy(work / "runai.image", runai_image)
+    for mount_point in ("mnt/data", "mnt/runs"):
+        (root / mount_point).mkdir(parents=True, exist_ok=True)
+    runs = work / "runs"
+    (runs / "code").mkdir(parents=True)
+    (runs / "code" / "env_ranks.py").write_text((REPO / "examples" / "env_ranks.py").read_text())
+    run_dir = pod_env_settings(submitted)["DDP_RUN_DIR"]
+    workload = submitted[submitted.index("--name") + 1]
+    named = {"RUNAI_JOB_NAME": workload}
+    outputs = run_pods(twin, root, argv, {cifar_data: "/mnt/data", runs: "/mnt/runs"}, run_dir, changes=(named, named))
+    return argv, outputs, runs / run_dir[len("/mnt/runs/"):]
+
+
+def test_runai_pods_run_ones_own_script_from_the_claim_after_their_checks(own_script_pods):
+    argv, outputs, run_dir = own_script_pods
+    assert argv == ["/opt/ddp/runai/pod.sh", "--script", OWN_SCRIPT, "--steps", "40"]
+    master = outputs[0]
+    assert "ranks [0, 1] of 2, local ranks [0, 0], 2 host(s)" in master and "done: 40 steps" in master, master
+    for text in outputs:
+        assert f"pod: workload: --script {OWN_SCRIPT}, with 2 argument(s) of its own" in text, text
+        assert "preflight: ddp-launch doctor passed in every pod (2)" in text and \
+            "preflight: the fabric gate passed" in text, text
+    reports = run_dir / "preflight" / job_id(run_dir.name).replace("/", "_")
+    for report in sorted(reports.glob("doctor-*.json")):
+        checks = {check["name"]: check for check in json.loads(report.read_text())["checks"]}
+        assert checks["workload"]["status"] == "OK" and checks["dataset"]["status"] == "SKIP", report
+    assert json.loads((run_dir / "manifest.json").read_text())["workload"]["script"] == OWN_SCRIPT

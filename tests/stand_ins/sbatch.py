@@ -80,23 +80,28 @@ def read_names() -> set:
     return names
 
 
-def script_default(script: Path, name: str) -> str:
-    """The value `ddp::default NAME "..."` gives in script, or ""."""
-    found = re.search(rf'^ddp::default {name} "(.*)"$', script.read_text(), re.M)
+def script_default(script: Path) -> str:
+    """The built-in trainer's flags `ddp::trainer_defaults "..."` gives in script, or ""."""
+    found = re.search(r'^ddp::trainer_defaults "(.*)"$', script.read_text(), re.M)
     return found.group(1) if found else ""
 
 
-def check_flags(script: Path, trainer_args: list) -> None:
-    """ddp-launch and ddp-train take the flags the job would give them (slurm/lib/ddp.sh: the words of
-    DDP_LAUNCH_ARGS; the words of DDP_TRAIN_ARGS, else the script's default, then its arguments)."""
+def check_flags(script: Path, job_args: list) -> None:
+    """ddp-launch and the workload take what the job would give them (slurm/lib/ddp.sh: the words of
+    DDP_LAUNCH_ARGS; the workload read from them and the job's arguments, ddp_contract.workload_choice; for
+    the built-in trainer the words of DDP_TRAIN_ARGS, else the script's defaults, then its arguments, which
+    ddp-train must take; a script of the user's must be a readable file from here, the submit directory)."""
     from ddp_contract.shell_words import split_words
+    from ddp_contract.workload_choice import choose, with_absolute_script
     from ddp_launch.options import read_options
     from ddp_train.config import config_from_args
     try:
         launch_words = split_words("DDP_LAUNCH_ARGS", os.environ.get("DDP_LAUNCH_ARGS", ""))
-        train_words = split_words("DDP_TRAIN_ARGS", os.environ.get("DDP_TRAIN_ARGS", script_default(script, "DDP_TRAIN_ARGS")))
-        read_options([*launch_words, "--"], {})
-        config_from_args([*train_words, *trainer_args])
+        choice = with_absolute_script(choose(launch_words, job_args), os.getcwd(), os.environ)
+        read_options([*choice.launch_words, *choice.launch_flags(), "--"], {})
+        if choice.is_builtin:
+            train_words = split_words("DDP_TRAIN_ARGS", os.environ.get("DDP_TRAIN_ARGS", script_default(script)))
+            config_from_args([*train_words, *choice.args])
     except (Exception, SystemExit) as error:
         refuse(f"sbatch stand-in: {script} would stop: {error}", 2)
 

@@ -14,7 +14,7 @@ from ddp_launch.doctor.launch_plan import check_launch_plan
 from ddp_launch.doctor.libraries import check_host_libraries, check_library_dependencies
 from ddp_launch.doctor.network import check_head_node, check_interface
 from ddp_launch.doctor.report import Check
-from ddp_launch.doctor.storage import check_dataset, check_image_mount, check_shm
+from ddp_launch.doctor.storage import check_dataset, check_image_mount, check_shm, check_workload
 
 # A check returns one Check, or one per item it looks at (check_host_libraries: one per library).
 CheckFunction = Callable[[DoctorContext], Union[Check, Tuple[Check, ...]]]
@@ -36,6 +36,7 @@ CHECKS: Tuple[CheckFunction, ...] = (
     check_interface,
     check_head_node,
     check_shm,
+    check_workload,
     check_dataset,
 )
 

@@ -17,6 +17,7 @@ from ddp_launch.doctor.report import any_failed, render_json, render_text
 from ddp_launch.doctor.self_test import IMAGE_CHECKS, self_test_env
 from ddp_launch.errors import run_main
 from ddp_launch.flags import FlagParser
+from ddp_launch.launch_options import DEFAULT_MODULE, Workload
 from ddp_launch.sites import load_site
 
 EXIT_FAILED_CHECK = 1
@@ -31,6 +32,9 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> argparse.Namespac
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     parser.add_argument("--site", default=env.get("DDP_LAUNCH_SITE"), help="site profile (default: $DDP_LAUNCH_SITE)")
     parser.add_argument("--data-dir", default=env.get("DDP_DATA_DIR", "data"), help="where CIFAR-100 should be")
+    workload = parser.add_mutually_exclusive_group()
+    workload.add_argument("--script", metavar="PATH", help="the job runs this Python file, not the built-in trainer")
+    workload.add_argument("--module", metavar="MOD", help="the job runs python -m MOD, not the built-in trainer")
     parser.add_argument("--root", default="/", help="probe /sys, /dev and /proc under this directory (for tests)")
     parser.add_argument("--known-issues", action="append", default=[], metavar="FILE",
                         help="a file of known-bad stacks of your own, beside containers/sites/known-issues "
@@ -70,7 +74,8 @@ def run(argv: Sequence[str], env: Mapping[str, str], out: TextIO, probes: Probes
         # At build time (%test, often in a SLURM build job) the scheduler's variables describe
         # the build, not a launch: plan as the runscript would start a local run.
         plan_env = self_test_env(env)
-    context = make_context(plan_env, args.root, args.offline, profile, args.data_dir, probes, args.known_issues)
+    workload = Workload(module=None, script=args.script) if args.script else Workload(module=args.module or DEFAULT_MODULE)
+    context = make_context(plan_env, args.root, args.offline, profile, args.data_dir, probes, workload, args.known_issues)
     library_path = library_path_for_workers(context)
     if library_path is not None and probes is REAL_PROBES and env.get(RELAUNCHED) != "1":
         relaunch(argv, env, library_path)

@@ -18,6 +18,7 @@ from ddp_launch.fabric.defaults import FabricData, read_all_fabric_defaults
 from ddp_launch.fabric.registry import fabric_named
 from ddp_launch.facts import NodeFacts
 from ddp_launch.gpus import GrantVariables
+from ddp_launch.launch_options import Workload
 from ddp_launch.options import read_options
 from ddp_launch.plan import LAUNCHER, LaunchPlan
 from ddp_launch.schedulers import gpu_grants, node_name
@@ -42,6 +43,7 @@ class DoctorContext:
     launch: Optional[LaunchPlan] = None     # the launcher's plan; None when planning refused
     plan_problem: Optional[str] = None      # the launcher's one-line refusal, when it refused
     cpu_workers: Optional[Setting] = None   # CPU workers asked for (DDP_LAUNCH_CPU_WORKERS): GPUs unused on purpose
+    workload: Workload = Workload()         # what the job runs: the built-in trainer, or the user's script or module
     # Every scheduler's GPU variables: the doctor judges this node's grant whoever scheduled it.
     gpu_grant: GrantVariables = field(default_factory=gpu_grants)
     known_issue_files: Tuple[str, ...] = ()  # --known-issues: rows of the user's beside the shipped ones
@@ -57,14 +59,16 @@ class DoctorContext:
         return node_name(self.env) or self.facts.hostname or "this node"
 
 
-def launcher_argv(profile: Optional[SiteProfile]) -> Tuple[str, ...]:
-    """What the doctor asks the planner: a dry run (no waiting for a pod's DNS) with the site."""
-    return ("--dry-run",) + (("--site", profile.name) if profile else ())
+def launcher_argv(profile: Optional[SiteProfile], workload: Workload = Workload()) -> Tuple[str, ...]:
+    """What the doctor asks the planner: a dry run (no waiting for a pod's DNS) with the site and the workload."""
+    named = () if workload == Workload() else tuple(workload.describe().split(" ", 1))
+    return ("--dry-run",) + (("--site", profile.name) if profile else ()) + named
 
 
-def make_context(env, root, offline, profile, data_dir, probes, known_issue_files=()) -> DoctorContext:
+def make_context(env, root, offline, profile, data_dir, probes, workload: Workload = Workload(),
+                 known_issue_files=()) -> DoctorContext:
     """Probe and plan as `ddp-launch` would here; a refusal becomes ctx.plan_problem, not a crash."""
-    argv = launcher_argv(profile)
+    argv = launcher_argv(profile, workload)
     accelerator = load_accelerator(profile.accelerator if profile else DEFAULT_ACCELERATOR, env)
     data = FabricData(profile, read_all_fabric_defaults(env), accelerator)
     launch, problem, cpu_workers = None, None, None
@@ -89,7 +93,7 @@ def make_context(env, root, offline, profile, data_dir, probes, known_issue_file
         # The planner refused before the fabric: the node's own fabric settings still get checked.
         fabric = plan_fabric(FabricRequest(env=env, multi_node=False, gpu_grant=gpu_grants()), facts, data)
     return DoctorContext(env, root, offline, profile, data_dir, probes, facts, fabric, accelerator, data, launch,
-                         problem, cpu_workers, known_issue_files=tuple(known_issue_files))
+                         problem, cpu_workers, known_issue_files=tuple(known_issue_files), workload=workload)
 
 
 def fabric_expected(ctx: DoctorContext) -> Optional[ModuleType]:

@@ -102,6 +102,12 @@ def gpu_grants() -> GrantVariables:
     return sum((scheduler.GPU_GRANT for scheduler in registered()), GrantVariables())
 
 
+def task_as_worker() -> dict[str, str]:
+    """The schedulers' task variables that a torchrun worker takes from torchrun's (a module's optional
+    TASK_AS_WORKER: SLURM's, whose steps run one torchrun per node; ddp_launch/worker_env.py)."""
+    return {name: said for scheduler in registered() for name, said in getattr(scheduler, "TASK_AS_WORKER", {}).items()}
+
+
 def node_name(env: Mapping[str, str]) -> str | None:
     """This node as a scheduler's variables name it, for a tool that runs beside a launch, not after one
     (the doctor): the first set of every scheduler's NODE_NAME, in detection order."""

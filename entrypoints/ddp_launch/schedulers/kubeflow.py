@@ -346,7 +346,7 @@ def plan(job: KubeflowEnv, options: LaunchOptions, env: Mapping[str, str], facts
     host_note = {True: " (rendezvous host)", False: "",
                  None: f" (whether it hosts {name} is torchrun's to tell: an address, not a pod name)"}[is_head]
     notes = (this_pod + host_note, head_note, port_note, *worker_notes(workers))
-    changes = (removed + torchrun_env(env, restarts, log_dir, pod or "pod0")
+    changes = (removed + torchrun_env(env, restarts, log_dir, pod or "pod0", options.workload)
                + workers_env(workers, env, facts.cpu_count) + flight_recorder_env(env))
     if multi and is_head:
         announcement = f"ddp-launch: {job.max_nodes} pods: {head_note}, port {rdzv_port}"

@@ -71,7 +71,7 @@ def plan(job: LocalEnv, options: LaunchOptions, env: Mapping[str, str], facts: N
                if s is not None]
     if ignored:
         notes.append(f"ignored in local mode (--standalone picks a free port): {', '.join(ignored)}")
-    changes = (torchrun_env(env, restarts, options.log_dir) + workers_env(workers, env, facts.cpu_count)
+    changes = (torchrun_env(env, restarts, options.log_dir, workload=options.workload) + workers_env(workers, env, facts.cpu_count)
                + flight_recorder_env(env))
     gpu_count.require_usable_gpus(gpu_count.grant_to_check(job.gpus, options.cpu_workers), facts.cuda_problem,
                                   on_kubernetes=False, gpu_device_files=facts.gpu_device_files)

@@ -21,7 +21,7 @@ from ddp_launch.forensics import flight_recorder_env
 from ddp_launch.job_identity import JobIdentity
 from ddp_launch.node_workers import worker_notes, workers_env, workers_per_node
 from ddp_launch.schedulers.nodelist import expand_nodelist
-from ddp_launch.launch_options import LaunchOptions
+from ddp_launch.launch_options import LaunchOptions, Workload
 from ddp_launch.plan import Endpoint, EnvChange, LaunchPlan
 from ddp_launch.rendezvous import Head, is_loopback, rendezvous_port
 from ddp_launch.torchrun_command import (Rendezvous, job_rdzv_conf, join_timeout, max_restarts, node_log_dir,
@@ -76,6 +76,15 @@ GPU_GRANT = gpu_count.GrantVariables(on_node=("SLURM_GPUS_ON_NODE",), per_node=(
                                      device_ids=("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"))
 # Every variable SLURM sets for a job or a step starts with one of these.
 ENV_PREFIXES = ("SLURM_", "SLURMD_")
+# What srun sets for each task (srun(1), OUTPUT ENVIRONMENT VARIABLES) that torchrun says of each worker:
+# in a torchrun worker they take the worker's value (ddp_launch/worker_env.py), as srun would have set them
+# had it started one task per worker. The values are torchrun's variables, or worker_env's LAYOUT ("L(xN)",
+# SLURM's tasks-per-node form) and NODE_RANKS (the ranks on this node, SLURM_GTIDS's comma list).
+TASK_AS_WORKER = {
+    "SLURM_PROCID": "RANK", "SLURM_LOCALID": "LOCAL_RANK", "SLURM_NTASKS": "WORLD_SIZE", "SLURM_NPROCS": "WORLD_SIZE",
+    "SLURM_STEP_NUM_TASKS": "WORLD_SIZE", "SLURM_NODEID": "GROUP_RANK", "SLURM_NTASKS_PER_NODE": "LOCAL_WORLD_SIZE",
+    "SLURM_TASKS_PER_NODE": "LAYOUT", "SLURM_STEP_TASKS_PER_NODE": "LAYOUT", "SLURM_GTIDS": "NODE_RANKS",
+}
 
 _TASKS_ENTRY = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
@@ -348,7 +357,7 @@ def _plan_node(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
              + (" (rendezvous host)" if is_head else ""),
              head_note, port_note, *worker_notes(workers))
     node = slurm.node_name or (slurm.nodes[index] if index is not None else slurm.nodes[0])
-    changes = (torchrun_env(env, restarts, options.log_dir, node) + workers_env(workers, env, facts.cpu_count)
+    changes = (torchrun_env(env, restarts, options.log_dir, node, options.workload) + workers_env(workers, env, facts.cpu_count)
                + flight_recorder_env(env))
     return LaunchPlan("slurm-node", argv, changes, notes, slurm.num_nodes, Endpoint(host, port, address),
                       announcement=_announcement(slurm, is_head, head_note, port))
@@ -378,7 +387,7 @@ def _plan_task(slurm: SlurmEnv, options: LaunchOptions, env: Mapping[str, str], 
                           "SLURM_NTASKS_PER_NODE and SLURM_TASKS_PER_NODE are unset or uneven without SLURM_NODEID")
     host, address, head_note = _head(slurm, options, facts, slurm.this_node_index() == 0)
     port, port_note = _port(slurm, options)
-    device = _task_device(env, slurm.local_id or 0, local_world, slurm.accelerator)
+    device = _task_device(env, slurm.local_id or 0, local_world, slurm.accelerator, options.workload)
     # torch's definitions (torchrun's environment variables, https://docs.pytorch.org/docs/stable/elastic/run.html):
     # LOCAL_RANK is the worker's index on its node, LOCAL_WORLD_SIZE the workers there, whatever GPUs it sees.
     changes = [
@@ -421,13 +430,26 @@ def _task_threads(env: Mapping[str, str], cpus_per_task: int | None, cpu_count: 
                       else f"unset; {cpu_count} CPUs / {tasks_here} tasks"),)
 
 
-def _task_device(env: Mapping[str, str], local_id: int, local_world: int, accelerator: Accelerator) -> EnvChange | None:
+def _task_device(env: Mapping[str, str], local_id: int, local_world: int, accelerator: Accelerator,
+                 workload: Workload) -> EnvChange | None:
     """Which of the GPUs a task sees is its own, where that is not its LOCAL_RANK: SLURM bound one
-    GPU to it (--gpus-per-task=1, --gpu-bind), so it sees that one alone, as device 0."""
+    GPU to it (--gpus-per-task=1, --gpu-bind), so it sees that one alone, as device 0.
+
+    Our trainer and gate read that from DDP_TASK_DEVICE. A user's script picks its GPU from LOCAL_RANK
+    (torch's DDP tutorials: torch.cuda.set_device(local_rank)) or SLURM_LOCALID, both this task's index on
+    the node as torch and SLURM define them, which would name a device the task cannot see (or, taken
+    modulo the GPUs seen, share one): the step stops here, every task alike, before any rank trains."""
     setting = gpu_count.visible_setting(env, accelerator)
     variable, visible = setting if setting is not None else (accelerator.visible_variables[0], None)
     seen = gpu_count.visible_devices(visible) if visible is not None else None
     if seen == 1 and local_world > 1:
+        if not workload.is_ours:
+            raise LaunchError(
+                f"task {local_id} of this node sees one GPU ({variable}={visible}), its own, as device 0, while its "
+                f"LOCAL_RANK and SLURM_LOCALID are {local_id} of {local_world}: a script that picks its GPU from "
+                f"them (cuda:LOCAL_RANK) would not find it ({workload.describe()}); give every task the node's "
+                f"GPUs (--gpus-per-node={local_world} or --gres=gpu:{local_world}, without --gpus-per-task or "
+                f"--gpu-bind), as this project's job scripts ask")
         return EnvChange(TASK_DEVICE_VAR, "0", f"task {local_id} sees one GPU, its own ({variable}={visible}): "
                                                f"device 0 of those it sees, not its LOCAL_RANK")
     if seen is not None and 1 < seen < local_world:

@@ -6,8 +6,8 @@ work, and say afterwards what ran.
 - steptime: each rank's compute and all-reduce wait per step; stragglers named.
 - peers: the roll call that names the node gone when a collective fails.
 - rundir: the run directory checked before training (writable, room, one job at a time).
-- provenance: the run's manifest (image, libraries, environment) and its summary lines.
+The run's manifest (image, libraries, environment) is ddp_contract.provenance's: a user's own workload
+gets one too, from the launcher's worker.
 
-Nothing here is imported by this file: `from ddp_train.safety import peers` loads peers alone
-(ddp-bench reads provenance without torch).
+Nothing here is imported by this file: `from ddp_train.safety import peers` loads peers alone.
 """

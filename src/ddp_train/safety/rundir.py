@@ -17,12 +17,12 @@ import torch
 from ddp_contract import free_bytes, rundir_lock
 
 from ddp_train import console
-from ddp_train.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME
+from ddp_train.checkpoint import CHECKPOINT_NAME, PREVIOUS_NAME, SUMMARY_NAME
 from ddp_train.distributed import agree_or_raise
 from ddp_train.errors import TrainError
 from ddp_train.metrics import METRICS_NAME
 
-PREVIOUS_RUN_FILES = (CHECKPOINT_NAME, PREVIOUS_NAME, METRICS_NAME)
+PREVIOUS_RUN_FILES = (CHECKPOINT_NAME, PREVIOUS_NAME, SUMMARY_NAME, METRICS_NAME)
 PROBE_BYTES = 4096  # one file system block: enough to hit a full disk or an exceeded quota
 PROBE_PREFIX = ".ddp-train-probe-"
 

@@ -9,6 +9,8 @@ reader runs it:
   node (Python 3.6 or newer, standard library only), where the cluster's tools are stand-ins
   (tests/stand_ins/: sbatch, module, kubectl, make's dry run for the targets that build images or
   download; tests/bats/stubs/runai for the RunAI CLI) that take only what their tools document.
+A block that goes on from an earlier one (a job it continues) runs after it, in the same place and
+state, as a reader runs the page from top to bottom (Run.after).
 A block another test runs whole is in RUN_ELSEWHERE, with that test; a block that cannot run here is
 in NOT_HERE, with the reason. A block in none of the three fails the test, and so does an entry whose
 block is gone. Output and file contents are fenced `text`, `json`, `jsonc` or `yaml` and not run.
@@ -46,6 +48,7 @@ class Run:
     place: str
     expect: tuple = ()                          # what the output (stdout and stderr) must contain
     fill: dict = field(default_factory=dict)    # placeholders, filled as the text above the block says
+    after: tuple = ()                           # HOW keys of the blocks run before it, in its state
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,18 @@ def _runai_readme_blocks() -> list:
     return [runai_block()]
 
 
+def _own_script_apptainer_blocks() -> list:
+    return [documented_blocks.own_script_apptainer_block().text]
+
+
 def _site_doctor_blocks() -> list:
     from test_documented_commands import site_doctor_commands
     return [block for _, block, _ in site_doctor_commands() if block]
 
 
 # The RCP quick start's placeholders, as test_runai_readme fills the RunAI block's.
-RUNAI_PLACEHOLDERS = {"<project>": "mlo", "<user>": "alice", "<tag>": "v1"}
+RUNAI_PLACEHOLDERS = {"<project>": "mlo", "<user>": "alice", "<tag>": "v1", "<uid>": "224954", "<gid>": "83070"}
+TRAINER_V2_QUICK_START = ("README.md", "kubectl apply -f kubeflow/trainingruntime.yaml")
 SITE_DOCTOR = RunElsewhere("tests/unit/containers/test_documented_commands.py::"
                            "test_a_documented_doctor_command_for_a_site_runs_as_written_with_its_binds",
                            _site_doctor_blocks)
@@ -82,15 +90,41 @@ HOW = {
     ("README.md", "make data"): Run(LOGIN_NODE),
     ("README.md", "make build-x86"): Run(LOGIN_NODE),
     ("README.md", "export RUNAI_IMAGE=ic-registry.epfl.ch/<project>/ddp-train:<tag>"): Run(
-        LOGIN_NODE, expect=("runai/submit.sh: a new run, ddp-train-",), fill=RUNAI_PLACEHOLDERS),
+        LOGIN_NODE, expect=("runai/submit.sh: staging CIFAR-100 into /mloscratch/homes/alice/data",
+                            "runai/submit.sh: a new run, ddp-train-"), fill=RUNAI_PLACEHOLDERS),
     ("README.md", "kubectl create -f kubeflow/pytorchjob.yaml"): Run(
         LOGIN_NODE, expect=("kubectl stand-in: logs of ddp-train-",),
         fill={"<job>": '"$(head -n 1 "${KUBECTL_STAND_IN_STATE}/jobs")"'}),
+    TRAINER_V2_QUICK_START: Run(
+        LOGIN_NODE, expect=("trainingruntime.trainer.kubeflow.org/ddp-train created", "kubectl stand-in: logs of ddp-train-"),
+        fill={"<job>": '"$(head -n 1 "${KUBECTL_STAND_IN_STATE}/jobs")"'}),
+    # The TrainJob the quick start created is <job>, in single quotes in the block's sed expression.
+    ("README.md", "sed -e 's/{name: DDP_RESUME_RUN, value: \"\"}/{name: DDP_RESUME_RUN, value: <job>}/' -e "
+                  "'s/\"--epochs\", \"50\"/\"--epochs\", \"80\"/' \\"): Run(
+        LOGIN_NODE, expect=("trainjob.trainer.kubeflow.org/ddp-train-",), after=(TRAINER_V2_QUICK_START,),
+        fill={"<job>": "'\"$(head -n 1 \"${KUBECTL_STAND_IN_STATE}/jobs\")\"'"}),
     ("README.md", "make demo"): Run(FRESH_MACHINE, expect=("Training completed successfully.",)),
     ("README.md", "make test"): NotHere("the whole suite, this test among them: CI runs it on a clean clone (.ci/run)"),
     ("README.md", ".venv/bin/ddp-launch --dry-run --mode local --cpu-workers 2 -- --epochs 3"): Run(
         CHECKOUT, expect=("mode: local", "--nproc-per-node=2", "-m ddp_train --epochs 3")),
     ("README.md", "sbatch slurm/olivia-multinode.sh --epochs 5 --batch-size 1024"): Run(LOGIN_NODE),
+    ("README.md", "sbatch --account=nn1234k slurm/olivia-1gpu.sh --script examples/argparse_torchrun.py --steps 200"):
+        Run(LOGIN_NODE),
+    ("README.md", "export RUNAI_DATA_PVC=runai-<project>-<user>-scratch RUNAI_RUN_PVC=runai-<project>-<user>-scratch"):
+        Run(LOGIN_NODE, expect=("runai/submit.sh: a new run, ddp-train-",), fill=RUNAI_PLACEHOLDERS),
+    ("README.md", "sed 's|args: \\[\"--epochs\", \"50\"\\]|args: [\"--script\", \"/mnt/runs/code/env_ranks.py\", "
+                  "\"--steps\", \"200\"]|' kubeflow/pytorchjob.yaml | kubectl create -f -"):
+        Run(LOGIN_NODE, expect=("pytorchjob.kubeflow.org/ddp-train-",)),
+    ("README.md", ".venv/bin/ddp-launch --mode local --cpu-workers 2 --script examples/argparse_torchrun.py -- --steps 40"):
+        Run(FRESH_MACHINE, expect=("world size 2, backend gloo, steps 0-39", "done: 40 steps")),
+    ("README.md", "apptainer run train-cpu.sif --mode local --cpu-workers 2 --script examples/argparse_torchrun.py -- "
+                  "--steps 40"): RunElsewhere(
+        "tests/e2e/test_own_script.py::test_the_readme_runs_ones_own_script_in_apptainer_by_hand_as_written",
+        _own_script_apptainer_blocks),
+    ("docs/own-script.md", 'apptainer exec train-x86_64.sif python3 -m venv --system-site-packages --without-pip "$HOME/venvs/ddp"'):
+        NotHere("an x86_64 cluster's login node with Apptainer, pip's index and SLURM; "
+                "tests/e2e/test_own_script.py::test_a_venv_made_in_the_image_adds_a_package_the_workers_import runs "
+                "the same three steps in the image, with a wheel of its own in place of the index"),
     ("README.md", "DDP_SPARE_NODES=1 sbatch --nodes=3 slurm/olivia-multinode.sh"): Run(LOGIN_NODE),
     ("README.md", "docker login ic-registry.epfl.ch"): RunElsewhere(
         "tests/unit/containers/test_runai_readme.py::test_the_block_runs_as_written_and_resumes_the_run_it_submitted",
@@ -171,15 +205,20 @@ def test_every_fence_says_whether_it_is_a_command():
 
 
 def stand_in_commands(text: str) -> list:
-    """The commands of a block that reach a recording stand-in, in order (their first word after any
-    VAR=value words)."""
+    """The commands of a block that reach a recording stand-in, in order (the first word after any
+    VAR=value words of each command of a line: a pipeline's or a list's too)."""
     commands = []
-    for line in text.splitlines():
-        words = shlex.split(line, comments=True)
-        while words and "=" in words[0] and not words[0].startswith("-"):
-            words = words[1:]
-        if words and words[0] in RECORDING_STAND_INS:
-            commands.append(words[0])
+    for line in text.replace("\\\n", " ").splitlines():  # a line continued with \ is one command
+        lexer = shlex.shlex(line, posix=True, punctuation_chars="|&;")
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+        starts = [0] + [i + 1 for i, token in enumerate(tokens) if token in ("|", "||", "&&", ";")]
+        for start in starts:
+            words = tokens[start:]
+            while words and "=" in words[0] and not words[0].startswith("-"):
+                words = words[1:]
+            if words and words[0] in RECORDING_STAND_INS:
+                commands.append(words[0])
     return commands
 
 
@@ -211,11 +250,22 @@ def fresh_copy(tmp_path: Path) -> Path:
     return copy
 
 
-def run_block(block: Block, run: Run, tmp_path: Path) -> tuple:
-    """(the finished bash, the stand-ins' recorded calls) of block run whole where run says."""
+def filled(block: Block, run: Run) -> str:
     text = block.text
     for placeholder, value in run.fill.items():
         text = text.replace(placeholder, value)
+    return text
+
+
+def earlier(run: Run) -> str:
+    """The text of the blocks run goes on from, each filled as its own Run says."""
+    blocks = {key(block): block for block in BLOCKS}
+    return "".join(filled(blocks[name], HOW[name]) for name in run.after)
+
+
+def run_block(block: Block, run: Run, tmp_path: Path) -> tuple:
+    """(the finished bash, the stand-ins' recorded calls) of block run whole where run says."""
+    text = earlier(run) + filled(block, run)
     home = tmp_path / "home"
     home.mkdir(parents=True)
     env = {"HOME": str(home), "USER": "alice", "LANG": "C.UTF-8", "STAND_IN_CALLS": str(tmp_path / "calls.jsonl"),
@@ -246,7 +296,7 @@ def test_a_block_runs_as_written_where_it_can_run_here(block, run, tmp_path):
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"{block}, run as written in the {run.place}, failed:\n{output}"
     if run.place == LOGIN_NODE:
-        assert [call["tool"] for call in calls] == stand_in_commands(block.text), (calls, output)
+        assert [call["tool"] for call in calls] == stand_in_commands(earlier(run) + block.text), (calls, output)
     missing = [text for text in run.expect if text not in output]
     assert not missing, f"{block}: the output lacks {missing}:\n{output}"
 
@@ -268,6 +318,7 @@ def test_a_stand_in_refuses_what_its_tool_would(tmp_path):
     wrong = ["sbatch --acount=nn1234k slurm/olivia-multinode.sh", "sbatch slurm/olivia-multinode.bash",
              "DDP_SPARE_NODE=1 sbatch --nodes=3 slurm/olivia-multinode.sh",
              "sbatch slurm/olivia-multinode.sh --epoch 5", "DDP_LAUNCH_ARGS='--max-restart 2' sbatch slurm/raven-1gpu.sh",
+             "sbatch slurm/olivia-1gpu.sh --script examples/no_such_script.py",
              "make build-raven", "module avail", "kubectl apply -f kubeflow/pytorchjob.yaml",
              "kubectl logs -f -l training.kubeflow.org/job-name=ddp-train-x"]
     for number, line in enumerate(wrong):
@@ -276,7 +327,8 @@ def test_a_stand_in_refuses_what_its_tool_would(tmp_path):
         assert done.returncode != 0 and not calls, (line, done.stdout, done.stderr)
 
 
-QUICK_START_CLUSTERS = {"Olivia", "Raven", "LUMI-G", "An Ethernet cluster", "RCP (RunAI)", "Kubeflow PyTorchJob"}
+QUICK_START_CLUSTERS = {"Olivia", "Raven", "LUMI-G", "An Ethernet cluster", "RCP (RunAI)", "Kubeflow Trainer v2",
+                        "Kubeflow PyTorchJob"}
 
 
 def test_the_readme_opens_with_a_quick_start_that_runs_here_for_each_cluster():
@@ -304,3 +356,15 @@ def test_each_slurm_quick_start_has_a_twin():
     assert slurm == set(documented_blocks.QUICK_START_TWINS)
     for twin in documented_blocks.QUICK_START_TWINS.values():
         assert (REPO / "tests" / "e2e" / "cluster" / "twins" / f"{twin}.sh").is_file(), twin
+
+
+def test_each_twin_submits_the_own_script_quick_start_of_its_cluster():
+    # The README's own-script SLURM block has one sbatch line per cluster with a twin, which that twin submits
+    # word for word (tests/e2e/conftest.py, own_script_job); each line runs an example of examples/.
+    (block,) = documented_blocks.own_script_blocks(documented_blocks.OWN_SCRIPT_SLURM)
+    lines = documented_blocks.sbatch_lines(block)
+    twins = sorted(documented_blocks.QUICK_START_TWINS.values())
+    assert sorted(Path(documented_blocks.own_script_job_script(twin)).name.split("-")[0] for twin in twins) == twins
+    assert len(lines) == len(twins)
+    for line in lines:
+        assert line.args[0] == "--script" and (REPO / line.args[1]).is_file() and line.args[1].startswith("examples/")

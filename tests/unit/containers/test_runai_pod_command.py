@@ -54,7 +54,8 @@ def submitted(tmp_path):
         run_env = {k: v for k, v in os.environ.items() if not k.startswith("RUNAI_")}
         run_env.update(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}",
                        RUNAI_IMAGE="registry.example/ddp-train:0.1", RUNAI_DATA_PVC="scratch",
-                       RUNAI_RUN_PVC="scratch", RUNAI_FAKE_CLI="v1", RUNAI_FAKE_STATE=str(state), **env)
+                       RUNAI_RUN_PVC="scratch", RUNAI_RUN_AS="1000:1000", RUNAI_FAKE_CLI="v1",
+                       RUNAI_FAKE_STATE=str(state), **env)
         done = subprocess.run(["bash", str(SUBMIT), *trainer_args], env=run_env,
                               capture_output=True, text=True, timeout=30)
         assert done.returncode == 0, done.stderr

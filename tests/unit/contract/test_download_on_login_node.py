@@ -84,11 +84,24 @@ def server(tmp_path_factory):
     httpd.shutdown()
 
 
-def run_download(python: str, data_dir: Path, *options: str) -> subprocess.CompletedProcess:
+def run_download(python: str, data_dir: Path, *options: str, **env: str) -> subprocess.CompletedProcess:
     """As `make data` runs it: the checkout's entrypoints on PYTHONPATH, nothing else installed."""
     return subprocess.run([python, "-m", "ddp_contract", "download", str(data_dir), *options],
-                          env={"PYTHONPATH": str(REPO / "entrypoints"), "PATH": "/usr/bin:/bin"},
+                          env={"PYTHONPATH": str(REPO / "entrypoints"), "PATH": "/usr/bin:/bin", **env},
                           capture_output=True, text=True, timeout=120)
+
+
+def test_a_mirror_in_the_environment_stands_in_for_the_published_archive(server, tmp_path):
+    # What runai/submit.sh --download's pod runs, where the pod network has no internet: the mirror
+    # named by DDP_CIFAR_URL and DDP_CIFAR_MD5, still checked against that MD5.
+    base, md5 = server
+    result = run_download(sys.executable, tmp_path / "data", DDP_CIFAR_URL=f"{base}/good/{ARCHIVE}", DDP_CIFAR_MD5=md5)
+    assert result.returncode == 0, result.stderr
+    assert f"Downloading {base}/good/{ARCHIVE}" in result.stderr
+    assert missing_dataset_files(str(tmp_path / "data")) == ()
+    corrupt = run_download(sys.executable, tmp_path / "other", DDP_CIFAR_URL=f"{base}/corrupt/{ARCHIVE}",
+                           DDP_CIFAR_MD5=md5)
+    assert corrupt.returncode == 1 and "downloaded archive has md5" in corrupt.stderr
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)

@@ -47,6 +47,11 @@ def host_entries(root: Path, data_dir: Path) -> tuple:
         HostEntry("ddp_launch.sites", "ddp_launch.sites", ("--site", "olivia", "srun-args")),
         # ddp.sh asks which nodes train and which wait as spares (DDP_SPARE_NODES).
         HostEntry("ddp_contract.spares", "ddp_contract.spares", ("place", str(data_dir), "1", "node1", "node2")),
+        # ddp.sh reads the workload from the job's arguments: a script that is not there, named in one line.
+        HostEntry("ddp_contract.workload_choice", "ddp_contract.workload_choice",
+                  ("--check-file", "ddp", "0", "--script", str(data_dir / "absent.py"), "--lr", "1")),
+        # ddp.sh (and runai/submit.sh) ask whether the run's checkpoint takes the trainer flags.
+        HostEntry("ddp_contract", "ddp_contract.__main__", ("resume-check", str(data_dir), "--", "--epochs", "3")),
     )
 
 
@@ -111,7 +116,7 @@ def imported_modules(python: str, entry: HostEntry) -> tuple[subprocess.Complete
 
 def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]:
     """The union over the host entries, each run down its whole path."""
-    binds, dataset, download, quarantine, run_dir_lock, shell_words, accelerator, srun, spares = host_entries(
+    binds, dataset, download, quarantine, run_dir_lock, shell_words, accelerator, srun, spares, workload, resume = host_entries(
         root, data_dir)
     result, imported = imported_modules(python, binds)
     assert result.returncode == 0, result.stderr
@@ -133,7 +138,12 @@ def imported_by_every_entry(python: str, root: Path, data_dir: Path) -> set[str]
     assert result.returncode == 0 and result.stdout == "--network=disable_rdzv_get\n", result.stderr
     result, placed = imported_modules(python, spares)
     assert result.returncode == 0 and result.stdout.startswith("train=node1\n"), result.stderr
-    return imported | more | fetched | record | lock | words | vendor | site | placed
+    result, resumable = imported_modules(python, resume)
+    assert result.returncode == 0, result.stderr  # no checkpoint there: nothing binds the flags
+    result, chosen = imported_modules(python, workload)
+    assert result.returncode == 2 and result.stderr.startswith(f"ddp: error: --script {data_dir}/absent.py is not a file"), \
+        result.stderr
+    return imported | more | fetched | record | lock | words | vendor | site | placed | chosen | resumable
 
 
 def test_host_entries_import_exactly_the_listed_modules(fake_host, partial_data):

@@ -28,7 +28,7 @@ def test_this_machines_proc_stat_reads_and_grows_with_work():
     before = run_tests.read_clock()
     subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
     after = run_tests.read_clock()
-    spent = after.children_cpu_s - before.children_cpu_s
+    spent = after.own_cpu_s - before.own_cpu_s
     assert spent > 0.05
     assert after.machine_cpu_s - before.machine_cpu_s >= spent * 0.8  # the machine saw it too (tick rounding)
 
@@ -43,11 +43,14 @@ def test_the_summary_counts_phases_in_cpu_seconds_and_torch_imports():
     phases = [run_tests.Phase("tests/unit with tests/bats beside it", 300.0, 540.0, 500.0),
               run_tests.Phase("tests/e2e", 1200.0, 2160.0, 900.0)]
     whole = run_tests.Phase("make test", 1800.0, 3150.0, 0.0)
-    assert run_tests.summary_lines(phases, 1.8, whole) == [
+    assert run_tests.summary_lines(phases, 1.8, whole, "cgroup v2") == [
         "time: one `import torch` here: 1.80 CPU-s (the unit of the budget, docs/testing.md)",
-        "time: tests/unit with tests/bats beside it: 5.0 min, 540 CPU-s (300 torch imports; its own processes 500 CPU-s)",
-        "time: tests/e2e: 20.0 min, 2,160 CPU-s (1,200 torch imports; its own processes 900 CPU-s)",
-        "time: make test, from its start (venv, lint, images included): 30.0 min, 3,150 CPU-s = 1,750 torch imports"]
+        "time: a phase's processes counted by cgroup v2; the machine's: /proc/stat, every user's",
+        "time: tests/unit with tests/bats beside it: 5.0 min, its processes 500 CPU-s = 278 torch imports "
+        "(the machine's 540 CPU-s)",
+        "time: tests/e2e: 20.0 min, its processes 900 CPU-s = 500 torch imports (the machine's 2,160 CPU-s)",
+        "time: make test, from its start (venv, lint, images included): 30.0 min, the machine's 3,150 CPU-s = "
+        "1,750 torch imports"]
 
 
 @pytest.mark.skipif(shutil.which("bats") is None, reason="bats not installed (make sysdeps installs it)")
@@ -59,11 +62,14 @@ def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
     (tmp_path / "tests" / "unit" / "test_u.py").write_text("def test_ok():\n    pass\n\ndef test_broken():\n"
                                                           "    assert False\n")
     (tmp_path / "tests" / "bats" / "b.bats").write_text("@test 'fine' { true; }\n@test 'bad' { false; }\n")
-    (tmp_path / "tests" / "e2e" / "test_e.py").write_text("def test_e():\n    pass\n")
+    (tmp_path / "tests" / "e2e" / "test_e.py").write_text(
+        "import subprocess, sys\ndef test_e():\n    subprocess.run([sys.executable, '-c', 'sum(range(10**7))'])\n")
+    shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "tests")  # each test's CPU-seconds
 
     done = subprocess.run([sys.executable, str(REPO / "tools" / "run_tests.py"), "--e2e-workers", "1"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
+                               "PYTHONPATH": f"{REPO / 'tests'}:{REPO / 'tools'}"})
 
     assert done.returncode == 1, done.stdout + done.stderr
     tail = done.stdout.split("--- what failed (the whole reports are above) ---\n", 1)[1].splitlines()
@@ -71,4 +77,9 @@ def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
     assert tail[1] == "not ok 2 bad"
     assert [line.split(":")[1].strip() for line in tail if line.startswith("time: ") and "min," in line] == [
         "tests/unit with tests/bats beside it", "tests/e2e"]
+    # Each pytest suite's heaviest tests, in CPU-seconds, at the end: the e2e test's child process first.
+    heaviest = [line for line in tail if line.startswith("cpu: ")]
+    assert heaviest[0].startswith("cpu: tests/unit: ") and "CPU-s" in heaviest[0]
+    e2e = heaviest[heaviest.index(next(line for line in heaviest if line.startswith("cpu: tests/e2e: "))):]
+    assert e2e[1].startswith("cpu: tests/e2e: the ") and e2e[2].endswith("tests/e2e/test_e.py::test_e"), heaviest
     assert tail[-1] == "make test: tests/unit FAILED, tests/bats FAILED, tests/e2e passed"

@@ -70,7 +70,7 @@ def facts_for(env: Mapping[str, str], *argv: str, resolve=None, **fields) -> Nod
     head = looked_up(asked, resolve)
     made = {"python": PYTHON, "cpu_count": 72, "head": head,
             "peer": look_up_peer(head, asked.peer, resolve or fake_resolver()),
-            "existing_files": frozenset(asked.files), **fields}
+            "existing_files": frozenset(asked.files), "readable_files": frozenset(asked.files), **fields}
     return NodeFacts(**made)
 
 

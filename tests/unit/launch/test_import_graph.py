@@ -90,8 +90,8 @@ def test_the_trainers_rooms_are_read_as_modules_of_their_own():
 
 
 def test_the_trainers_rooms_import_nothing_on_entry():
-    """`ddp_train.safety` and `ddp_train.gate` only name their modules: ddp-bench loads gate.judge and
-    safety.provenance without torch, which gate.run and the other safety nets import."""
+    """`ddp_train.safety` and `ddp_train.gate` only name their modules: ddp-bench loads gate.judge without
+    torch, which gate.run and the safety nets import."""
     rooms = [OTHER_PACKAGES["ddp_train"] / room / "__init__.py" for room in ("safety", "gate")]
     assert [imported_packages(room.read_text()) for room in rooms] == [set(), set()]
 

@@ -387,4 +387,4 @@ def test_ddp_launch_has_the_preflight_subcommand_and_its_missing_flags_are_one_l
     from ddp_launch import cli
     assert cli.main(["preflight", "--site", "rcp"]) == EXIT_USAGE
     assert capsys.readouterr().err == ("ddp-launch: error: preflight: the following arguments are required: "
-                                       "--data-dir, --run-dir\n")
+                                       "--run-dir\n")

@@ -48,10 +48,10 @@ ALLOWED = {
         {"KUBERNETES_SERVICE_HOST"},
         "where this process runs picks a fix's words (a pod or a cluster node) for the launcher, the "
         "trainer and the host alike; Kubernetes is the platform under RunAI and Kubeflow, not a scheduler module"),
-    "src/ddp_train/safety/peers.py": (
+    "entrypoints/ddp_contract/roll_call.py": (
         {"SLURMD_NODENAME"},
-        "a trainer started without ddp-launch (srun python -m ddp_train) has no DDP_NODE_NAME and still "
-        "names its node as SLURM does; the trainer cannot import the launcher"),
+        "a trainer or a user's script started without ddp-launch (srun python -m ddp_train) has no "
+        "DDP_NODE_NAME and still names its node as SLURM does; neither can import the launcher"),
 }
 SCHEDULER_NAME = re.compile(r"(?<![A-Za-z0-9_])(?:SLURMD?|RUNAI|PET|KUBERNETES)_[A-Z][A-Z0-9_]*")
 

@@ -32,7 +32,7 @@ def sbatch_value(text: str, option: str) -> int:
 
 
 def train_args(text: str) -> list[str]:
-    return shlex.split(re.search(r'^ddp::default DDP_TRAIN_ARGS "(.*)"$', text, re.M).group(1))
+    return shlex.split(re.search(r'^ddp::trainer_defaults "(.*)"$', text, re.M).group(1))
 
 
 def gpus(text: str) -> int:

@@ -57,9 +57,9 @@ def test_the_mismatch_error_still_recommends_no_resume_and_says_it_keeps_the_run
     run_dir = tmp_path / "run"
     assert cli.main(["--data-dir", str(data_dir), "--run-dir", str(run_dir), *TINY]) == 0
     capsys.readouterr()
-    assert cli.main(["--data-dir", str(data_dir), "--run-dir", str(run_dir), *TINY, "--epochs", "2"]) == 2
+    assert cli.main(["--data-dir", str(data_dir), "--run-dir", str(run_dir), *TINY, "--seed", "1"]) == 2
     err = capsys.readouterr().err
-    assert "--epochs 1, this run has 2" in err and "--no-resume (which keeps this run" in err
+    assert "--seed 0, this run has 1" in err and "--no-resume (which keeps this run" in err
 
 
 def test_nothing_to_move_aside_is_no_directory(tmp_path):

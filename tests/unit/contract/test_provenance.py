@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ddp_train.safety import provenance
+from ddp_contract import provenance
 
 MAPS = textwrap.dedent("""\
     7f00-7f01 r-xp 00000000 00:2a 11 /usr/lib/x86_64-linux-gnu/libc.so.6

@@ -1,5 +1,8 @@
 """What exactly ran: the run's manifest (<run-dir>/manifest.json) and its three lines in the job output.
 
+Written by the trainer (every rank's libraries, a collective) and, for a user's own workload, by the
+worker that runs it as rank 0 (ddp_launch.worker: its own process's libraries). No torch: ddp-bench reads it.
+
 Libraries are read from /proc/self/maps once the process group is up, with their real paths
 and the version their file name carries: package metadata can name another build than the
 one loaded (bergson#426: metadata said NCCL 2.26.2 while 2.28 was loaded). Each library's
@@ -22,9 +25,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ddp_contract import ENV_SOURCES_VAR, known_issues, nccl_conf
 from ddp_contract.errors import LaunchError
-from ddp_contract.heartbeat import flight_recorder_prefix
-
-from ddp_train.safety.heartbeat import FR_DUMP_VARS
+from ddp_contract.heartbeat import FR_DUMP_VARS, flight_recorder_prefix
 
 MANIFEST_NAME = "manifest.json"
 ENV_PREFIXES = ("NCCL_", "FI_", "GLOO_", "TORCH_")
@@ -331,3 +332,36 @@ def write(run_dir: str | Path, m: Mapping[str, Any]) -> Path:
     tmp.write_text(json.dumps(m, indent=1, default=str) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def workload_manifest(workload: Mapping[str, Any], env: Mapping[str, str], seen: Mapping[str, Any],
+                      torch_version: Optional[str]) -> dict[str, Any]:
+    """A user's workload's manifest, from the process of its rank 0 (this_process(): the libraries it had
+    mapped when it was taken) and its environment: what ran (the script or module, its file's digest and its
+    arguments), in which image, with which libraries and variables. Its other ranks' libraries are not in it:
+    gathering them takes a collective, which only the workload can run."""
+    img = image(env)
+    return {
+        "workload": dict(workload),
+        "recorded_by": "ddp-launch's worker of rank 0 (its own process's mapped libraries)",
+        "image": {**img, "revision": source_revision(img["labels"])},
+        "torch": torch_version,
+        "libraries": seen["key_libraries"],
+        "all_libraries_rank0": seen["libraries"],
+        "host": seen["host"],
+        "host_driver": host_driver(),
+        "environment": environment(env, launcher_sources(env), {}),
+    }
+
+
+def file_digest(path: str) -> Optional[str]:
+    """sha256 of a file, to tell which version of a script ran; None when it cannot be read."""
+    import hashlib
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
