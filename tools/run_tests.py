@@ -133,10 +133,13 @@ def run_teed(argv: Sequence[str], log: Path) -> int:
         return proc.wait()
 
 
-def failures(unit_log: str, bats_log: str, e2e_log: str) -> list[str]:
+def failures(unit_log: str, bats_log: str, e2e_log: str, e2e_setup: str = "") -> list[str]:
+    """The failed tests' lines, and the e2e world's setup failure (tests/e2e/conftest.py, setup_failed),
+    which stops every e2e test at once."""
     pytest_failed = [line for text in (unit_log, e2e_log) for line in text.splitlines()
                      if line.startswith(("FAILED ", "ERROR "))]
-    return pytest_failed + [line for line in bats_log.splitlines() if line.startswith("not ok ")]
+    return (e2e_setup.splitlines() + pytest_failed
+            + [line for line in bats_log.splitlines() if line.startswith("not ok ")])
 
 
 def verdict(code: int) -> str:
@@ -170,15 +173,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         unit_done = read_clock(own)
 
         workers = ["-n", str(args.e2e_workers), "--dist", "loadscope"] if args.e2e_workers > 1 else []
+        setup_note = logs / "e2e-setup"
+        setup_note.touch()
+        os.environ["DDP_E2E_SETUP_NOTE"] = str(setup_note)  # tests/e2e/conftest.py, SETUP_NOTE_VAR
         e2e = run_teed([python, "-m", "pytest", *workers, "-v", "--durations=0", "--durations-min=20", "--cpu-top=0",
                         f"--cpu-report={logs / 'e2e.json'}", "tests/e2e"], logs / "e2e")
         e2e_done = read_clock(own)
         own.close()
-        texts = {name: (logs / name).read_text(encoding="utf-8") for name in ("unit", "bats", "e2e")}
+        texts = {name: (logs / name).read_text(encoding="utf-8") for name in ("unit", "bats", "e2e", "e2e-setup")}
         ledgers = [cpu_usage.read_ledger(logs / f"{name}.json") for name in ("unit", "e2e")]
 
     print("--- what failed (the whole reports are above) ---")
-    for line in failures(texts["unit"], texts["bats"], texts["e2e"]):
+    for line in failures(texts["unit"], texts["bats"], texts["e2e"], texts["e2e-setup"]):
         print(line)
     for name in ("unit", "e2e"):
         tail = texts[name].splitlines()[-1:] or [f"(tests/{name} printed nothing)"]

@@ -372,7 +372,7 @@ ddp::require_free_run_dir() {
 # A run dir whose checkpoint cannot be resumed with the trainer flags (another --width-scale, a shorter
 # --epochs: ddp_contract.same_run, the trainer's own rule) stops here in one line, exit 2, before any
 # step; the trainer would say the same after the preflight, the gate and the rendezvous. A requeue
-# has the same flags and passes.
+# has the same flags and passes. The built-in trainer's only.
 #   ddp::require_resumable RUN_DIR TRAIN_ARGS...
 ddp::require_resumable() {
     local -r run_dir="$1"
@@ -1045,7 +1045,9 @@ ddp::run_job() {
         ddp::require_data "${DDP_DATA_DIR}"
     fi
     ddp::require_free_run_dir "${DDP_RUN_DIR}"
-    ddp::require_resumable "${DDP_RUN_DIR}" "${@:2}"
+    if [ "${DDP_WORKLOAD}" = builtin ]; then  # a script of the user's resumes by its own rules
+        ddp::require_resumable "${DDP_RUN_DIR}" "${DDP_WORKLOAD_ARGS[@]}"
+    fi
     mkdir -p "${DDP_RUN_DIR}"
     # What every workload is told (ddp_contract.workload): the stop request's file, and whether this run
     # continues an earlier one of its run dir (a requeue; a spare's replacement sets it too).

@@ -321,11 +321,21 @@ class SetupError(RuntimeError):
     message is one line: the step, the first error line of its log, and the log's path."""
 
 
+# Where setup_failed also writes its line (tools/run_tests.py names the file): under pytest-xdist the
+# worker that stops has no terminal of its own, and the controller reports only an INTERNALERROR.
+SETUP_NOTE_VAR = "DDP_E2E_SETUP_NOTE"
+
+
 def setup_failed(error: Exception) -> None:
     """Stop the whole e2e run at the first failure to build its world, in one line: every test
     after it would fail the same way, each with its own traceback (pytest.exit, "How to
     use pytest", https://docs.pytest.org/en/stable/reference/reference.html#pytest-exit)."""
-    pytest.exit(f"e2e setup failed: {error}", returncode=SETUP_FAILED)
+    line = f"e2e setup failed: {error}"
+    note = os.environ.get(SETUP_NOTE_VAR)
+    if note:
+        with open(note, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+    pytest.exit(line, returncode=SETUP_FAILED)
 
 
 # pytest's own codes are 0 to 5 (pytest.ExitCode); this one says the tests never ran.

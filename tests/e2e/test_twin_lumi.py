@@ -16,8 +16,8 @@ import re
 
 import pytest
 import twins
-from conftest import (doctor_reports, metrics_records, own_script_job, quick_start_job, rank_logs, submit_twin_jobs,
-                      twin_job_env, user_dir)
+from conftest import (doctor_reports, metrics_records, own_script_job, quick_start_job, rank_logs, submit_quick_start,
+                      submit_twin_jobs, twin_job_env, user_dir)
 
 pytestmark = pytest.mark.e2e
 

@@ -67,6 +67,24 @@ def pod_argv(entrypoint: list, runai_argv: list) -> list:
     return runai_argv[cut + 1:] if "--command" in runai_argv[:cut] else entrypoint + runai_argv[cut + 1:]
 
 
+def submitted_runai_argv(work: Path, *workload_args: str) -> list:
+    """runai/submit.sh against the RunAI CLI v1's stand-in, whose workloads (names in use) are kept in
+    work, with pods of the image's own user (RUNAI_RUN_AS=image; the README's block runs as the user,
+    the `submitted` fixture): the argv the stand-in took."""
+    stub = work / "stub" / "runai"
+    if not stub.exists():
+        stub.parent.mkdir()
+        stub.symlink_to(RUNAI_STAND_IN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "DDP_", "RUNAI_", "PET_"))}
+    # The two volumes submit.sh requires: the pods below mount them at /mnt/data and /mnt/runs.
+    env.update(PATH=f"{stub.parent}{os.pathsep}{os.environ['PATH']}", RUNAI_IMAGE="registry.example/ddp:1",
+               RUNAI_WORKERS="1", RUNAI_GPUS="0", RUNAI_DATA_PVC="cifar-data", RUNAI_RUN_PVC="ddp-runs",
+               RUNAI_RUN_AS="image", RUNAI_FAKE_CLI="v1", RUNAI_FAKE_STATE=str(work / "runai"))
+    done = subprocess.run(["bash", str(SUBMIT), *workload_args], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return (work / "runai" / "argv").read_text().split("\0")[:-1]
+
+
 def pod_env_settings(runai_argv: list) -> dict:
     """The variables `-e NAME=VALUE` puts in every pod (both CLIs' -e, --environment)."""
     flags = runai_argv[:runai_argv.index("--")]

@@ -110,7 +110,7 @@ HOW = {
     ("README.md", "sbatch slurm/olivia-multinode.sh --epochs 5 --batch-size 1024"): Run(LOGIN_NODE),
     ("README.md", "sbatch --account=nn1234k slurm/olivia-1gpu.sh --script examples/argparse_torchrun.py --steps 200"):
         Run(LOGIN_NODE),
-    ("README.md", "export RUNAI_DATA_PVC=runai-<project>-<user>-scratch RUNAI_RUN_PVC=runai-<project>-<user>-scratch"):
+    ("README.md", "export RUNAI_IMAGE=ic-registry.epfl.ch/<project>/ddp-train:<tag> RUNAI_RUN_AS=<uid>:<gid>"):
         Run(LOGIN_NODE, expect=("runai/submit.sh: a new run, ddp-train-",), fill=RUNAI_PLACEHOLDERS),
     ("README.md", "sed 's|args: \\[\"--epochs\", \"50\"\\]|args: [\"--script\", \"/mnt/runs/code/env_ranks.py\", "
                   "\"--steps\", \"200\"]|' kubeflow/pytorchjob.yaml | kubectl create -f -"):
@@ -327,13 +327,17 @@ def test_a_stand_in_refuses_what_its_tool_would(tmp_path):
         assert done.returncode != 0 and not calls, (line, done.stdout, done.stderr)
 
 
+SET_UP = "Set-up on a fresh machine"
 QUICK_START_CLUSTERS = {"Olivia", "Raven", "LUMI-G", "An Ethernet cluster", "RCP (RunAI)", "Kubeflow Trainer v2",
                         "Kubeflow PyTorchJob"}
 
 
-def test_the_readme_opens_with_a_quick_start_that_runs_here_for_each_cluster():
+def test_the_readme_opens_with_the_local_try_out_then_a_quick_start_that_runs_here_for_each_cluster():
+    # A newcomer's first runnable command is the demo on their own machine, before any cluster's block.
     sections = [line[3:] for line in documented_blocks.README.read_text().splitlines() if line.startswith("## ")]
-    assert sections[0] == documented_blocks.QUICK_START, f"the README's first section is {sections[0]!r}"
+    assert sections[:2] == [SET_UP, documented_blocks.QUICK_START], f"the README's first sections are {sections[:2]}"
+    first = documented_blocks.blocks(documented_blocks.README)[0]
+    assert (first.headings[-1:], first.text) == ((SET_UP,), "make demo\n"), first
     starts = documented_blocks.quick_starts()
     assert set(starts) == QUICK_START_CLUSTERS
     not_run = [cluster for cluster, block in starts.items() if not isinstance(HOW.get(key(block)), Run)]
@@ -342,7 +346,7 @@ def test_the_readme_opens_with_a_quick_start_that_runs_here_for_each_cluster():
 
 def test_the_set_up_is_the_two_commands_and_ci_runs_the_second():
     setup = [block.text for block in documented_blocks.blocks(documented_blocks.README)
-             if block.headings[-1:] == ("Set-up on a fresh machine",)]
+             if block.headings[-1:] == (SET_UP,)]
     assert setup == ["make demo\n", "make test\n"]
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
     assert ci[-1] == "make test", ci

@@ -83,3 +83,13 @@ def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
     e2e = heaviest[heaviest.index(next(line for line in heaviest if line.startswith("cpu: tests/e2e: "))):]
     assert e2e[1].startswith("cpu: tests/e2e: the ") and e2e[2].endswith("tests/e2e/test_e.py::test_e"), heaviest
     assert tail[-1] == "make test: tests/unit FAILED, tests/bats FAILED, tests/e2e passed"
+
+
+def test_an_e2e_setup_failure_is_named_first_among_the_failures():
+    # Under pytest-xdist the worker that stops on a setup failure (tests/e2e/conftest.py, setup_failed)
+    # leaves the controller an INTERNALERROR only; its line comes from the file the runner names.
+    setup = "e2e setup failed: the cluster's root: debootstrap failed: E: Couldn't download packages (log: x)\n"
+    unit = "..F\nFAILED tests/unit/test_u.py::test_broken - assert False\n1 failed, 2 passed\n"
+    assert run_tests.failures(unit, "ok 1 fine\nnot ok 2 bad\n", "INTERNALERROR> assert not crashitem\n", setup) == [
+        setup.strip(), "FAILED tests/unit/test_u.py::test_broken - assert False", "not ok 2 bad"]
+    assert run_tests.failures(unit, "", "", "") == ["FAILED tests/unit/test_u.py::test_broken - assert False"]
