@@ -950,6 +950,28 @@ ddp::slurmd_answers() {
         srun --overlap --nodes=1 --ntasks=1 --nodelist="${node}" --time=1 --quiet true >/dev/null 2>&1
 }
 
+# A training step that failed without a roll call's report while slurmctld stopped hearing from one of
+# its nodes: slurmctld kills the whole step once a node misses its pings (SlurmdTimeout, slurm.conf(5)),
+# which can come before the collective timeout and the roll call have named it. The training nodes that
+# sinfo marks as not responding (a state suffixed "*") or down (sinfo(1), NODE STATE CODES) are written
+# as the roll call writes them (<run-dir>/roll-call.json), for ddp::replace_lost_node, which asks each
+# one's slurmd itself before it takes the node for lost.
+#   ddp::report_unheard_nodes
+ddp::report_unheard_nodes() {
+    local node state lost=""
+    while read -r node state; do
+        case "${state}" in
+            *"*" | down*) lost+="${lost:+, }{\"node\": \"${node}\", \"ranks\": []}" ;;
+        esac
+    done < <(sinfo --noheader --Node --nodes="${DDP_TRAIN_NODELIST:-${SLURM_JOB_NODELIST:-}}" --format="%N %t" \
+        2>/dev/null | sort -u)
+    [ -n "${lost}" ] || return 0
+    local -r now="$(ddp::now)" cause="slurmctld stopped hearing from the node (sinfo: not responding or down)"
+    printf '{"lost": [%s], "cause": "%s", "failed_at": %s, "named_at": %s, "message": "%s"}\n' \
+        "${lost}" "${cause}" "${now}" "${now}" "${cause}" > "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
+    ddp::log "the training step failed with no roll call, and ${cause}: ${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}"
+}
+
 # After a failed training step whose roll call named the lost node(s) (<run-dir>/roll-call.json,
 # src/ddp_train/safety/peers.py): they go into the quarantine record, and a spare takes each one's place
 # (return 0: train again). A lost node is a bad node: with no spare (DDP_SPARE_NODES=0, or all used up)
@@ -1010,6 +1032,10 @@ ddp::train_with_spares() {
         ddp::train "$@" || status=$?
         ended_at="$(ddp::now)"
         unset DDP_RECOVERY
+        if [ "${status}" -ne 0 ] && [ "${status}" -ne "${DDP_EXIT_REQUEUE}" ] \
+            && [ ! -e "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" ]; then
+            ddp::report_unheard_nodes
+        fi
         # A crash on a live node (a killed worker) makes no report: no spare for that.
         if [ "${status}" -eq 0 ] || [ "${status}" -eq "${DDP_EXIT_REQUEUE}" ] \
             || [ ! -e "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" ]; then

@@ -171,6 +171,33 @@ scontrol update JobId=42 ExcNodeList=node2
 scontrol release 42"
 }
 
+@test "a step slurmctld ended for a node it no longer hears, before any roll call, takes that node for lost: exit 76" {
+    # SlurmdTimeout (slurm.conf(5)) can end the step before the collective timeout and the roll call: no
+    # roll-call.json, the step's status 1, and sinfo's "*" (not responding) on node2, whose slurmd is gone.
+    export DDP_SPARE_NODES=0 SRUN_STATUS=1 SINFO_NODE_STATES="node1=alloc node2=down* node3=alloc" SLURMD_DOWN=node2
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 76
+    assert_output --partial "the training step failed with no roll call, and slurmctld stopped hearing from the node (sinfo: not responding or down): ${DDP_RUN_DIR}/roll-call.json"
+    assert_output --partial "excluded node2 (named by the roll call in job 42, restart 0)"
+    assert_output --partial "ddp: bad node(s) node2: requeuing job 42 without them (restart 1 of 3, exit 76)"
+    run grep '^scontrol update' "${CALLS}"
+    assert_output "scontrol update JobId=42 ExcNodeList=node2"
+}
+
+@test "a failed step while every node still answers slurmctld stays a crash: exit 1, nothing excluded" {
+    export DDP_SPARE_NODES=0 SRUN_STATUS=1 SINFO_NODE_STATES="node1=alloc node2=alloc node3=alloc"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    refute_output --partial "slurmctld stopped hearing"
+    [ ! -e "${DDP_RUN_DIR}/quarantine.json" ]
+    run grep -c '^scontrol \(requeue\|requeuehold\|update\)' "${CALLS}"
+    assert_output "0"
+}
+
 @test "a lost node past DDP_MAX_REQUEUES is not requeued: exit 76 in a line that says so" {
     export DDP_SPARE_NODES=0 ROLL_CALL_LOSES=node2 SLURM_RESTART_COUNT=3
 
