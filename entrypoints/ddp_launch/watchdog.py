@@ -183,12 +183,17 @@ class Watchdog:
             try:
                 self.check()
             except Exception as error:  # the watchdog must never take the agent down
-                self.say(f"ddp-launch: warning: hang watchdog: {error}")
+                if not self._stop.is_set():  # once stopped, the agent removes what this was reading
+                    self.say(f"ddp-launch: warning: hang watchdog: {error}")
 
     def read(self) -> list[Beat]:
         beats = []
         now = time.monotonic()
-        for name in os.listdir(self.directory):
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:  # removed by the agent as the launch ends: nothing left to watch
+            return []
+        for name in names:
             if not name.endswith(".json"):
                 continue
             try:

@@ -197,3 +197,14 @@ def test_a_record_caught_mid_write_with_a_time_of_zero_is_read_again_not_called_
     (tmp_path / "rank-0.hb").write_bytes(bytes(record))
     [beat] = Watchdog(str(tmp_path)).read()
     assert beat.step == 0 and beat.idle_s < 60 and not beat.stalled
+
+
+def test_a_heartbeat_directory_removed_as_the_launch_ends_is_read_as_empty_and_said_nothing_of(tmp_path):
+    # The agent removes the directory once torchrun returns; the watchdog's thread may be between two
+    # polls then. A warning there came after the launch's own last line (a crash's summary).
+    gone = tmp_path / "ddp-heartbeat-gone"
+    said = []
+    dog = Watchdog(str(gone), said.append)
+    assert dog.read() == []
+    dog.check()
+    assert said == []
