@@ -412,6 +412,15 @@ def _run_torchrun(torchrun, argv: list[str] | None) -> int:
                   f"(exit {EXIT_REQUEUE}): resubmit or requeue to resume", file=sys.stderr)
         elif code == EXIT_CRASH:
             rank, first = first_crash(failure.failures)
+            # A worker that exited on its own after another node's launcher stopped on an error of its own
+            # (a usage error of its rank 0) lost its peers to that error: named as the rendezvous's end is,
+            # whether the workload's own collective or the store noticed first.
+            peer = _stopped_first(socket.gethostname()) if first.exitcode > 0 and args.nnodes not in ("1", "1:1") \
+                else None
+            if peer is not None:
+                print(f"ddp-launch: error: {launcher_reports.stopped_line(peer)}; the rendezvous at "
+                      f"{args.rdzv_endpoint} ended with it", file=sys.stderr)
+                return int(peer["exitcode"]) if int(peer["exitcode"]) > 0 else EXIT_CRASH
             print(crash_summary(rank, socket.gethostname(), first.exitcode, args.log_dir), file=sys.stderr)
             # Killed by a signal (KILL by a user, the OOM killer or our hang watchdog; SEGV): it died here,
             # on a node that is up. A worker that exited on its own may have lost its peers: on a node
