@@ -105,7 +105,9 @@ def named_by_roll_call(report: object) -> Dict[str, str]:
     named = {}
     for lost in report.get("lost") or ():
         if isinstance(lost, dict) and lost.get("node"):
-            named[str(lost["node"])] = "lost mid-run: none of its ranks answered the roll call after a collective failed"
+            # An entry may say why itself: the job script's, for a node slurmctld stopped hearing first.
+            named[str(lost["node"])] = str(lost.get("why") or
+                                           "lost mid-run: none of its ranks answered the roll call after a collective failed")
     return named
 
 

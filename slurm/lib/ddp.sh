@@ -961,7 +961,7 @@ ddp::report_unheard_nodes() {
     local node state lost=""
     while read -r node state; do
         case "${state}" in
-            *"*" | down*) lost+="${lost:+, }{\"node\": \"${node}\", \"ranks\": []}" ;;
+            *"*" | down*) lost+="${lost:+, }{\"node\": \"${node}\", \"ranks\": [], \"why\": \"lost mid-run: slurmctld stopped hearing from it (sinfo: ${state})\"}" ;;
         esac
     done < <(sinfo --noheader --Node --nodes="${DDP_TRAIN_NODELIST:-${SLURM_JOB_NODELIST:-}}" --format="%N %t" \
         2>/dev/null | sort -u)

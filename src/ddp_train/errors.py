@@ -46,7 +46,7 @@ class PeerLost(Exception):
     def __init__(self, message: str, prints: bool, report: Optional[dict] = None):
         super().__init__(message)
         self.prints = prints
-        self.report = report  # for <run-dir>/roll-call.json when a node is gone (peers.roll_call_report)
+        self.report = report  # for <run-dir>/roll-call.json when a node is gone (ddp_contract.roll_call.roll_call_report)
 
 
 @contextlib.contextmanager

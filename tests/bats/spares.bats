@@ -180,7 +180,7 @@ scontrol release 42"
 
     assert_failure 76
     assert_output --partial "the training step failed with no roll call, and slurmctld stopped hearing from the node (sinfo: not responding or down): ${DDP_RUN_DIR}/roll-call.json"
-    assert_output --partial "excluded node2 (named by the roll call in job 42, restart 0)"
+    assert_output --partial "excluded node2 (named by the roll call in job 42, restart 0): lost mid-run: slurmctld stopped hearing from it (sinfo: down*)"
     assert_output --partial "ddp: bad node(s) node2: requeuing job 42 without them (restart 1 of 3, exit 76)"
     run grep '^scontrol update' "${CALLS}"
     assert_output "scontrol update JobId=42 ExcNodeList=node2"

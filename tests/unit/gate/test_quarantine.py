@@ -213,6 +213,13 @@ def test_a_roll_call_report_that_is_not_one_names_nothing(tmp_path):
     assert q.named_by_roll_call({"lost": [{"ranks": [1]}, "node3"]}) == {}
 
 
+def test_a_lost_node_entry_that_says_why_is_recorded_with_its_own_reason():
+    # The job script's entry for a node slurmctld stopped hearing before any roll call named it (ddp.sh).
+    why = "lost mid-run: slurmctld stopped hearing from it (sinfo: down*)"
+    assert q.named_by_roll_call({"lost": [{"node": "node2", "ranks": [], "why": why}, {"node": "node3", "ranks": [2]}]}) == {
+        "node2": why, "node3": "lost mid-run: none of its ranks answered the roll call after a collective failed"}
+
+
 def test_the_cli_records_a_lost_node_by_the_roll_call_and_excludes_it_on_a_requeue(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
