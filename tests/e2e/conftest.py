@@ -578,13 +578,22 @@ def runai_root(runai_image: str, tmp_path: Path) -> Path:
 # (277 k parameters) trains about 2.7x faster per CPU core than 0.25 (1.09 M), and every e2e job shares this
 # machine's 2 cores with the rest of `make test`.
 TRAIN_ARGS = "--epochs 2 --batch-size 64 --width-scale 0.125 --allow-unverified-data"
-# A job a test acts on mid-run (a stop, a kill, a second job) keeps the 0.25 model: its epochs are the
-# runway the action needs to land before the run ends, and such a run's cost is bounded by the action,
-# not by its epochs. They took about 7 s here in fp32; bf16, the default on this machine's CPU (it has
-# AVX512_BF16: ddp_train/precision.py), takes about 0.6 of that (the same tests on both, one after the
-# other under the same load: medians of 10-11 s in fp32, 5-7 s in bf16), so the tests count about twice
-# the epochs they counted in fp32 to keep the runway's seconds.
-MIDRUN_TRAIN_ARGS = TRAIN_ARGS.replace("--width-scale 0.125", "--width-scale 0.25")
+# A job a test acts on mid-run (a stop, a kill, a second job) needs seconds of runway for the action to
+# land before the run ends, not work: the 0.125 model, with rank 0 sleeping in each step's backward
+# (DDP_TEST_SLOW_RANK, a test-only switch: ddp_train/safety/steptime.py) while the other ranks wait for it
+# in the gradient all-reduce, idle. An epoch (8 steps) lasts about as long as the 0.25 model's did on a
+# quiet machine, about 4 s, for about a third of its CPU-seconds (measured side by side: 2 gloo ranks,
+# the same epochs, 2.5x the wall time for the same CPU-seconds with the sleep). Under load the compute
+# slows down and the runway grows; the sleep does not shrink.
+MIDRUN_STEP_SLEEP_S = 0.4
+MIDRUN_TRAIN_ARGS = TRAIN_ARGS
+
+
+def midrun(epochs: int, *extra: str) -> dict:
+    """What a job a test acts on mid-run sets: `epochs` epochs of MIDRUN_TRAIN_ARGS and extra trainer flags,
+    rank 0 slowed (its step times name it a straggler, which these tests do not read)."""
+    return {"DDP_TRAIN_ARGS": " ".join([MIDRUN_TRAIN_ARGS.replace("--epochs 2", f"--epochs {epochs}"), *extra]),
+            "DDP_TEST_SLOW_RANK": f"0:{MIDRUN_STEP_SLEEP_S}"}
 
 
 @pytest.fixture(scope="session")
@@ -833,6 +842,13 @@ def checkpointed(epochs: int):
     import torch  # noqa: F401  (saved_epoch's import, paid here)
 
     return lambda run_dir: epochs_done(run_dir) >= epochs and saved_epoch(run_dir) >= epochs
+
+
+def training_started(run_dir: Path) -> bool:
+    """A wait_for_file predicate: whether the run's trainer has started training (its "run" record). Every rank
+    has installed its stop handlers by then (train.run: before the process group, which the record follows),
+    and the job's batch shell its trap (slurm/lib/ddp.sh, before the first step): a stop sent now is acted on."""
+    return any(r["type"] == "run" for r in metrics_records(run_dir))
 
 
 def sbatch_args(tmp_path: Path, *extra: str) -> list[str]:

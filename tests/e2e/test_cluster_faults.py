@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import apptainer_root
-from conftest import (LONG, MIDRUN_TRAIN_ARGS, TERMINAL_STATES, checkpointed, metrics_records, saved_epoch,
-                      sbatch_args)
+from conftest import (LONG, TERMINAL_STATES, TRAIN_ARGS, WITH_CHECKS, checkpointed, metrics_records, midrun,
+                      saved_epoch, sbatch_args, training_started)
 
 from ddp_launch.rendezvous import rendezvous_port
 
@@ -20,10 +20,13 @@ pytestmark = pytest.mark.e2e
 
 # Short collectives' timeout: a dropped node is noticed within it (--dist-timeout-s).
 DIST_TIMEOUT_S = 30
-# Six epochs: two before the fault, the rest the runway it lands on; the next run resumes from the
-# checkpoint and trains what is left (epochs are about 7 s here at width 0.25).
-RUN = (f"--epochs 6 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
-       f"--dist-timeout-s {DIST_TIMEOUT_S}")
+# Four epochs (conftest's midrun): one before the fault, the rest the runway it lands on; the next run resumes
+# from the checkpoint and trains what is left. The faults land within a poll of the save they wait for.
+RUN = midrun(4, "--checkpoint-every 1", f"--dist-timeout-s {DIST_TIMEOUT_S}")
+# The disk-full test's: the 0.25 model, whose checkpoint (8 MiB) does not fit in the 2 MiB it leaves free
+# (the 0.125 model's, 2.2 MB, nearly would); its fault lands within the epoch after its second save.
+DISK_RUN = (f"--epochs 4 --batch-size 64 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
+            f"--dist-timeout-s {DIST_TIMEOUT_S}")
 
 
 
@@ -39,14 +42,16 @@ def revive(cluster, node: str) -> None:
 
 @pytest.fixture
 def long_job_env(job_env):
-    return {**job_env, "DDP_TRAIN_ARGS": RUN}
+    return {**job_env, **RUN}
 
 
-def started_job(cluster, env, tmp_path) -> tuple[str, Path]:
+def started_job(cluster, env, tmp_path, until=None, nodes: int = 2) -> tuple[str, Path]:
+    """A job of env's run dir on `nodes` nodes, submitted and waited for until it has saved its first epoch
+    (or until `until` holds of its run dir)."""
     run_dir = Path(env["DDP_RUN_DIR"])
-    two_saved = checkpointed(2)
-    job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=env)
-    cluster.wait_for_file(run_dir, 600, predicate=two_saved)
+    until = until or checkpointed(1)
+    job_id = cluster.sbatch([*sbatch_args(tmp_path, f"--nodes={nodes}"), "slurm/olivia-multinode.sh"], env=env)
+    cluster.wait_for_file(run_dir, 600, predicate=until)
     return job_id, run_dir
 
 
@@ -63,7 +68,7 @@ def test_a_node_that_drops_off_the_network_is_named_and_the_job_requeued_without
         print(f"the job was requeued {time.monotonic() - dropped_at:.0f} s after node2 dropped off "
               f"(collective timeout {DIST_TIMEOUT_S} s)")
         kept = saved_epoch(run_dir)
-        assert kept >= 2
+        assert kept >= 1
     finally:
         revive(cluster, "node2")
     job = cluster.wait(job_id, timeout=600)
@@ -104,8 +109,9 @@ def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_ki
     """A requeued job numbers its steps from 0 again, and a kill slurmctld could not deliver to a
     node off the network is retried every 60 s naming only the job and step id, until the node
     answers (src/slurmctld/job_mgr.c batch_requeue_fini, src/slurmctld/agent.c RPC_RETRY_INTERVAL).
-    Here those late kills come on purpose, after the requeued run has started training."""
-    job_id, run_dir = started_job(cluster, long_job_env, tmp_path)
+    Here those late kills come on purpose, after the requeued run has started training. One node: the step ids
+    are the job's, whatever its nodes."""
+    job_id, run_dir = started_job(cluster, long_job_env, tmp_path, nodes=1)
     before = running_step_ids(cluster, job_id)
     assert before, "the training step runs"
     # What slurmctld does to a --requeue job that a lost node ended (NODE_FAIL).
@@ -132,9 +138,10 @@ def test_a_requeued_run_takes_none_of_its_predecessors_step_ids_so_their_late_ki
 
 @LONG
 def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_finishes(cluster, job_env, tmp_path):
-    # Eight epochs after the second checkpoint (four in fp32): the runway of the second job's start.
-    env = {**job_env, "DDP_TRAIN_ARGS": MIDRUN_TRAIN_ARGS.replace("--epochs 2", "--epochs 10") + " --checkpoint-every 1"}
-    first, run_dir = started_job(cluster, env, tmp_path)
+    # Six epochs from the first's start of training (the lock is taken before it): the runway of the second
+    # job's start, which refuses in its batch script before any step. One node each: the lock is the run dir's.
+    env = {**job_env, **midrun(6, "--checkpoint-every 1")}
+    first, run_dir = started_job(cluster, env, tmp_path, until=training_started, nodes=1)
     # The lock goes at the end, and a checkpoint being written (a .tmp, renamed: checkpoint.save_atomic)
     # is not one yet.
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")
@@ -157,17 +164,38 @@ def test_a_second_job_in_the_same_run_dir_refuses_in_one_line_and_the_first_fini
 
 
 @LONG
-def test_three_two_node_jobs_at_once_all_finish_on_ports_of_their_own(cluster, job_env, tmp_path):
+def test_three_two_node_jobs_at_once_finish_on_ports_of_their_own_and_the_first_passes_a_healthy_gate(
+        cluster, job_env, tmp_path):
+    # One epoch each: the jobs' ports and their ends are the point. The first job runs the preflight and the
+    # fabric gate (the other tests of the gate: test_fabric_gate.py), which on these healthy nodes pass with
+    # their figures, beside the other two jobs' training.
     jobs = {}
     for k in range(3):
-        env = {**job_env, "DDP_RUN_DIR": str(tmp_path / f"run{k}"), "DDP_MONITOR_INTERVAL": "0"}
+        env = {**job_env, "DDP_RUN_DIR": str(tmp_path / f"run{k}"), "DDP_MONITOR_INTERVAL": "0",
+               "DDP_TRAIN_ARGS": TRAIN_ARGS.replace("--epochs 2", "--epochs 1"), **(WITH_CHECKS if k == 0 else {})}
         jobs[cluster.sbatch([*sbatch_args(tmp_path, "--cpus-per-task=8"), "slurm/olivia-multinode.sh"], env=env)] = Path(env["DDP_RUN_DIR"])
+    ended, outputs = [], []
     for job_id, run_dir in jobs.items():
-        job = cluster.wait(job_id, timeout=600)
-        assert job.state == "COMPLETED", job.output()
+        ended.append(cluster.wait(job_id, timeout=600))
+        outputs.append(ended[-1].output())
+        assert ended[-1].state == "COMPLETED", outputs[-1]
         assert [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
     ports = {rendezvous_port(int(job_id), 0) for job_id in jobs}
     assert len(ports) == 3
+
+    output, run_dir = outputs[0], next(iter(jobs.values()))
+    assert "fabric gate: PASS in " in output and "on 2 node(s), 4 ranks: busbw " in output
+    assert "#wrong 0" in output and "algbw" in output
+    assert "preflight: ddp-launch doctor passed on every node" in output
+    report = json.loads((run_dir / "gate.json").read_text())
+    assert report["ok"] and report["bad_nodes"] == []
+    assert report["world"]["nodes"] == cluster.job_nodes(ended[0]) and report["world"]["ranks"] == 4
+    sizes = report["world"]["sizes"]
+    assert [s["size_bytes"] for s in sizes] == [65536, 1048576, 4194304]
+    assert all(s["wrong"] == 0 and s["busbw_gbps"] > 0 for s in sizes)
+    # nccl-tests' definition: busbw = algbw * 2(n-1)/n, n = 4 ranks
+    assert all(abs(s["busbw_gbps"] - s["algbw_gbps"] * 1.5) < 1e-9 for s in sizes)
+    assert all("fabric gate skipped (DDP_FABRIC_GATE=0)" in text for text in outputs[1:])
 
 
 def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, job_env, tmp_path):
@@ -207,10 +235,11 @@ def test_a_rendezvous_port_taken_on_the_head_node_is_named_in_one_line(cluster, 
 
 @LONG
 def test_a_run_dir_whose_disk_fills_mid_run_stops_in_one_line_and_resumes_once_space_is_freed(
-        cluster, long_job_env, tmp_path):
+        cluster, job_env, tmp_path):
     # A 64 MiB ext4 on a loop device, mounted over the run dir in both nodes' mount namespaces
     # (one block device mounted twice is one file system, as a shared one is): a disk of its
     # own that fills up. This machine's own view of the path is not it: files are read via node1.
+    long_job_env = {**job_env, "DDP_TRAIN_ARGS": DISK_RUN}
     run_dir = Path(long_job_env["DDP_RUN_DIR"])
     run_dir.mkdir()
     disk = tmp_path / "disk.img"

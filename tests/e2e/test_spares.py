@@ -18,14 +18,16 @@ from conftest import checkpointed, metrics_records, sbatch_args, saved_epoch, su
 pytestmark = pytest.mark.e2e
 
 # 512 training images, batch 96 over 6 ranks (3 nodes x 2 CPU workers): 5 steps an epoch; no early
-# stop, so every run trains the same 4 epochs; a checkpoint every epoch, the last one to resume from.
+# stop, so every run trains the same 3 epochs; a checkpoint every epoch, the last one to resume from
+# (the mid-run crash lands right after the first: two epochs left to train after the resume).
 # fp32, not the bf16 that --precision auto picks on a CPU with avx512_bf16: assert_like_an_undisturbed_run
 # compares a resumed run with an undisturbed one to 1e-5 of the loss, and bf16 autocast rounds the
 # last-bit difference of a resume (below) up to 3e-5 in the epoch after it (measured: 4.0782051
 # against 4.0780857); the spare tests keep the comparison as tight as fp32 allows rather than widen
-# it to bf16's rounding. (The 2-rank resume of tests/unit/train is bit-identical in bf16 too.)
-EPOCHS = 4
-SPARE_RUN = (f"--epochs {EPOCHS} --batch-size 96 --width-scale 0.25 --allow-unverified-data --checkpoint-every 1 "
+# it to bf16's rounding. (The 2-rank resume of tests/unit/train is bit-identical in bf16 too.) The 0.125
+# model: what is compared is the same whatever the width, at 2.7x less CPU an image than 0.25's.
+EPOCHS = 3
+SPARE_RUN = (f"--epochs {EPOCHS} --batch-size 96 --width-scale 0.125 --allow-unverified-data --checkpoint-every 1 "
              "--dist-timeout-s 30 --target-accuracy 1.1 --precision fp32")
 # The preflight and the fabric gate where a test is not about them: about 50 s of a job here.
 NO_PREFLIGHT, NO_GATE = {"DDP_PREFLIGHT": "0"}, {"DDP_FABRIC_GATE": "0"}
@@ -61,8 +63,8 @@ def assert_like_an_undisturbed_run(run_dir: Path, reference: Path) -> None:
     """The same epochs and steps, the same accuracy at every epoch, and every epoch trained and
     recorded once after the last start, as in a run that nothing disturbed (CPU, same seed and world
     size). The weights are the same bits where nothing resumed; after a resume they differ in the last
-    bits (measured: the first epoch after it, 4.2726967 against 4.2726964). Likely why: DDP builds its
-    gradient buckets anew after a start's first step, so that step all-reduces another layout, and a
+    bits (measured with the 0.25 model: the first epoch after it, 4.2726967 against 4.2726964). Likely
+    why: DDP builds its gradient buckets anew after a start's first step, so that step all-reduces another layout, and a
     ring all-reduce of six ranks sums in an order that follows it; with two ranks the order cannot
     matter, and tests/unit/train's resume is bit-identical (docs/reliability.md)."""
     got, want = summary(run_dir), summary(reference)
@@ -137,10 +139,10 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_and_training_resumes_from_
     user_dir(tmp_path)
     env = {**spare_env(images, cifar_data, tmp_path / "run"), **NO_PREFLIGHT, **NO_GATE}
     run_dir = Path(env["DDP_RUN_DIR"])
-    two_saved = checkpointed(2)
+    one_saved = checkpointed(1)
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=4", f"--nodelist={','.join(ALLOCATION)}"),
                              "slurm/olivia-multinode.sh"], env=env)
-    cluster.wait_for_file(run_dir, 600, predicate=two_saved)
+    cluster.wait_for_file(run_dir, 600, predicate=one_saved)
     crashed_at = time.time()
     done = cluster.cluster_sh(["crash", "node2"], timeout=30)
     assert done.returncode == 0, done.stderr
@@ -173,7 +175,7 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_and_training_resumes_from_
     assert parts["detection"] <= 15 + 5 and parts["old step's end"] <= 15 + 30 + 7 + 10
     assert recovery["seconds"] <= 240
     starts = [r for r in metrics_records(run_dir) if r["type"] == "run"]
-    assert len(starts) == 2 and starts[1]["resumed_from_epoch"] == kept >= 2
+    assert len(starts) == 2 and starts[1]["resumed_from_epoch"] == kept >= 1
     assert_like_an_undisturbed_run(run_dir, reference)
     record = json.loads((run_dir / "quarantine.json").read_text())
     assert [(e["node"], e["by"]) for e in record["excluded"]] == [("node2", "roll-call")]

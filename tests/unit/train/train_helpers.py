@@ -28,10 +28,11 @@ def trainer_env(**extra: str) -> dict[str, str]:
 TRAINER_TIMEOUT_S = 400
 
 
-def run_trainer(args: list[str], timeout: float = TRAINER_TIMEOUT_S, torchrun_nproc: int = 0) -> subprocess.CompletedProcess:
+def run_trainer(args: list[str], timeout: float = TRAINER_TIMEOUT_S, torchrun_nproc: int = 0,
+                env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     if torchrun_nproc:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={torchrun_nproc}", "-m", "ddp_train", *args]
     else:
         cmd = [sys.executable, "-m", "ddp_train", *args]
-    return subprocess.run(cmd, env=trainer_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, env=trainer_env(**(env_extra or {})), capture_output=True, text=True, timeout=timeout)
