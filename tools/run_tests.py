@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,24 @@ def parse_clock_line(text: str) -> Optional[Reading]:
         return Reading(float(words[0]), float(words[1]), 0.0)
     except ValueError:
         return None
+
+
+# Where the suites' per-test CPU-seconds (tests/cpu_accounting.py's JSON) are kept after the run, if set: the
+# whole list, where the run's output names the heaviest alone.
+KEEP_REPORTS_VAR = "DDP_TEST_CPU_REPORTS"
+
+
+def keep_reports(logs: Path, directory: str) -> list[Path]:
+    """The suites' per-test CPU reports copied from the run's logs into directory (made if missing); none
+    where directory is empty."""
+    if not directory:
+        return []
+    kept = []
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    for name in ("unit.json", "e2e.json"):
+        if (logs / name).is_file():
+            kept.append(Path(shutil.copy(logs / name, Path(directory) / name)))
+    return kept
 
 
 def torch_import_cpu_s(python: str, tries: int = 2) -> float:
@@ -182,6 +201,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         own.close()
         texts = {name: (logs / name).read_text(encoding="utf-8") for name in ("unit", "bats", "e2e", "e2e-setup")}
         ledgers = [cpu_usage.read_ledger(logs / f"{name}.json") for name in ("unit", "e2e")]
+        kept = keep_reports(logs, os.environ.get(KEEP_REPORTS_VAR, ""))
 
     print("--- what failed (the whole reports are above) ---")
     for line in failures(texts["unit"], texts["bats"], texts["e2e"], texts["e2e-setup"]):
@@ -198,6 +218,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               Phase.between("tests/e2e", unit_done, e2e_done)]
     for line in summary_lines(phases, import_s, whole, own.source):
         print(line)
+    if kept:
+        print(f"cpu: every test's CPU-seconds ({KEEP_REPORTS_VAR}): {', '.join(str(path) for path in kept)}")
     print(f"make test: tests/unit {verdict(unit)}, tests/bats {verdict(bats_code)}, tests/e2e {verdict(e2e)}",
           flush=True)
     return 0 if unit == bats_code == e2e == 0 else 1

@@ -80,9 +80,11 @@ def test_a_step_of_the_test_world_that_fails_stops_the_e2e_run_in_one_line_namin
     # Not this run's temporary root, nor its xdist worker number (which would offset the names given here).
     env = {name: value for name, value in os.environ.items()
            if name != "PYTEST_DEBUG_TEMPROOT" and not name.startswith("PYTEST_XDIST")}
+    # The inner run's setup note is its own: make test prints the outer run's note as this run's failure.
+    note = tmp_path / "setup-note"
     env.update({"DDP_E2E_DEBIAN_MIRROR": "http://127.0.0.1:9/debian", "DDP_E2E_ROOT_CACHE": str(tmp_path / "root"),
                 "DDP_E2E_IMAGE_CACHE": str(tmp_path / "images"), "DDP_E2E_STATE": str(tmp_path / "state"),
-                "DDP_E2E_PREFIX": "ddpe2efail", "DDP_E2E_SUBNET": "10.79.0"})
+                "DDP_E2E_PREFIX": "ddpe2efail", "DDP_E2E_SUBNET": "10.79.0", conftest.SETUP_NOTE_VAR: str(note)})
 
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/e2e/test_cluster.py"],
                           cwd=conftest.REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -95,5 +97,7 @@ def test_a_step_of_the_test_world_that_fails_stops_the_e2e_run_in_one_line_namin
     assert re.search(r"e2e setup failed: the cluster's root: debootstrap of the cluster's root \(Debian sid\): "
                      r"exit 1: E: .*127\.0\.0\.1:9.* \(log: " + re.escape(str(log)) + r"\)", lines[0]), lines[0]
     assert log.is_file()
+    [noted] = note.read_text().splitlines()  # what make test names at its end
+    assert noted.startswith("e2e setup failed: the cluster's root: debootstrap") and noted in lines[0], noted
     assert "Traceback" not in output
     assert "ERROR at setup" not in output and "passed" not in output

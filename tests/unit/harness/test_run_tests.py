@@ -2,6 +2,7 @@
 each phase says its minutes and CPU-seconds, in seconds and in units of one `import torch` here."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -68,7 +69,7 @@ def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
 
     done = subprocess.run([sys.executable, str(REPO / "tools" / "run_tests.py"), "--e2e-workers", "1"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DDP_TEST_CPU_REPORTS": str(tmp_path / "cpu"),
                                "PYTHONPATH": f"{REPO / 'tests'}:{REPO / 'tools'}"})
 
     assert done.returncode == 1, done.stdout + done.stderr
@@ -83,6 +84,12 @@ def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
     e2e = heaviest[heaviest.index(next(line for line in heaviest if line.startswith("cpu: tests/e2e: "))):]
     assert e2e[1].startswith("cpu: tests/e2e: the ") and e2e[2].endswith("tests/e2e/test_e.py::test_e"), heaviest
     assert tail[-1] == "make test: tests/unit FAILED, tests/bats FAILED, tests/e2e passed"
+    # Every test's CPU-seconds, kept where DDP_TEST_CPU_REPORTS says.
+    kept = json.loads((tmp_path / "cpu" / "e2e.json").read_text())
+    assert "tests/e2e/test_e.py::test_e" in [cost["name"] for cost in kept["costs"]], kept
+    assert (tmp_path / "cpu" / "unit.json").is_file()
+    assert tail[-2] == f"cpu: every test's CPU-seconds (DDP_TEST_CPU_REPORTS): {tmp_path / 'cpu' / 'unit.json'}, " \
+                      f"{tmp_path / 'cpu' / 'e2e.json'}"
 
 
 def test_an_e2e_setup_failure_is_named_first_among_the_failures():
