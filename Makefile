@@ -101,6 +101,7 @@ suite-clock:
 bench: venv
 	$(VPY) benchmarks/launch_overhead.py
 	$(VPY) benchmarks/trainer_throughput.py
+	$(VPY) benchmarks/rank_setup.py
 	$(VPY) benchmarks/cpu_bf16.py --only step
 	$(VPY) benchmarks/fabric_gate_cost.py
 

@@ -75,6 +75,8 @@ def apply(names: tuple[str, ...]) -> None:
     """Set the levers' options for the rest of the process, before anything compiles. An option this
     torch lacks is an error naming it, not a lever silently off."""
     opts = options(names)
+    if not opts:  # importing inductor's config imports torch._dynamo: ~1.5 CPU-s a process for nothing
+        return
     absent = missing(opts)
     if absent:
         import torch

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddp_train import distributed
 from ddp_train.fast.bn_blocks import block_for
 from ddp_train.recipe.data import memory_format_for
+from ddp_train.recipe.eager_sgd import EagerSGD
 from ddp_train.layout import NUM_CLASSES
 from ddp_train.fast.loss_scale import LossScaler
 from ddp_train.recipe.model import WideResNet
@@ -96,7 +97,7 @@ def build_learner(decided: Decisions, rank: int, device: torch.device) -> Learne
     model = WideResNet(NUM_CLASSES, config.width_scale, config.dropout, block=block_for(decided.bn_kernels))
     model = model.to(device, memory_format=memory_format_for(device))
     ema = make_ema(model, config.ema_decay)
-    optimizer = torch.optim.SGD(
+    optimizer = EagerSGD(  # torch.optim.SGD without importing torch._dynamo in every rank (eager_sgd.py)
         model.parameters(), lr=decided.lr_peak, momentum=config.momentum, nesterov=config.nesterov,
         weight_decay=config.weight_decay, fused=device.type == "cuda" or precision == "fp16")
     scaler = LossScaler(device, enabled=precision == "fp16")  # skips on the device: needs the fused SGD

@@ -1,0 +1,44 @@
+"""torch.optim.SGD, the same code, without torch.compile's guards on its methods.
+
+torch wraps Optimizer's add_param_group, state_dict, load_state_dict and zero_grad in
+`torch._disable_dynamo` and SGD's step in `_use_grad_for_differentiable` (torch/optim/optimizer.py,
+read in torch 2.14.1). Both wrappers import torch._dynamo the first time they run, to tell a
+compiler that may be tracing to skip the method or to break its graph there. That import costs
+about as much CPU again as `import torch` (1.5 to 2.5 CPU-seconds measured on a 2-core x86_64
+machine, most of it sympy and DTensor's op tables), in every rank, at the optimizer's construction.
+The trainer never traces its optimizer (only the model is compiled: fast/speed.py), so here the
+wrappers only cost that import: a CPU run's rank starts in about 40% less CPU time without it.
+
+EagerSGD calls the functions those wrappers wrap (inspect.unwrap follows functools.wraps'
+`__wrapped__`), under the grad mode `_use_grad_for_differentiable` sets. Its state_dict is
+torch.optim.SGD's, so checkpoints of either load into the other. Where a torch lays its wrappers out
+otherwise, unwrap returns the method as it is: the same optimizer, with the import.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional
+
+import torch
+
+
+def _unwrapped(method: Callable[..., Any]) -> Callable[..., Any]:
+    return inspect.unwrap(method)
+
+
+_SGD_STEP = _unwrapped(torch.optim.SGD.step)
+
+
+class EagerSGD(torch.optim.SGD):
+    """torch.optim.SGD for a step no compiler traces (the module's docstring says why)."""
+
+    add_param_group = _unwrapped(torch.optim.Optimizer.add_param_group)
+    state_dict = _unwrapped(torch.optim.Optimizer.state_dict)
+    load_state_dict = _unwrapped(torch.optim.Optimizer.load_state_dict)
+    zero_grad = _unwrapped(torch.optim.Optimizer.zero_grad)
+
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        # What _use_grad_for_differentiable does around SGD's step when nothing traces it.
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return _SGD_STEP(self, closure)
