@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddp_train.synthetic import write_dataset
+from train_helpers import LAUNCH_VARIABLES
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +26,8 @@ def data_dir(tmp_path_factory) -> Path:
     return root
 
 
-# What a launcher sets. cli.main leaves a world of several with os._exit (see
-# ddp_train.exit_edge), which would end pytest itself, so in-process runs are a world of one.
-LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# cli.main leaves a world of several with os._exit (see ddp_train.exit_edge), which would end pytest
+# itself, so in-process runs are a world of one: none of LAUNCH_VARIABLES (train_helpers) set.
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from ddp_contract import same_run
 from ddp_train import cli
 from ddp_train.metrics import read_metrics
 from ddp_train.recipe.learner import lr_at
-from conftest import LAUNCH_VARIABLES
+from train_helpers import LAUNCH_VARIABLES
 
 ARGS = ["--allow-unverified-data", "--batch-size", "32", "--width-scale", "0.0625", "--device", "cpu",
         "--schedule", "cosine", "--warmup-epochs", "1", "--target-accuracy", "1.1"]

@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+# What a launcher sets for a rank.
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 # Tiny and fast: a 1/16-width model on a few hundred images. These runs mean CPU (gloo ranks
 # on one machine): on a GPU machine every rank would otherwise pick the one GPU.
 TINY_ARGS = ["--width-scale", "0.0625", "--allow-unverified-data", "--batch-size", "32", "--device", "cpu"]
@@ -13,8 +16,7 @@ TINY_ARGS = ["--width-scale", "0.0625", "--allow-unverified-data", "--batch-size
 
 def trainer_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT",
+           if k not in (*LAUNCH_VARIABLES,
                         # torch writes its /tmp default here when a test in this process creates an
                         # optimizer; inherited, it would outrank <run-dir>/compile-cache.
                         "TORCHINDUCTOR_CACHE_DIR")}
