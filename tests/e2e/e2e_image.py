@@ -240,9 +240,14 @@ def ensure_base(in_root=None, rebuild_base: bool = False) -> BaseRecipe:
     if reason:
         raise ImageError("tools for the test base", reason)
     CACHE.mkdir(parents=True, exist_ok=True)
+    recipe = base_recipe()
+    # The base SIF, built already: no lock, which another worker may hold for minutes building an image of
+    # its own (the LUMI one). It is made under a .partial name and renamed, so one that exists is whole. (`ch-image
+    # list` stays under the lock, beside the steps that write ch-image's storage.)
+    if in_root is not None and not rebuild_base and recipe.sif.exists():
+        return recipe
     with open(CACHE / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        recipe = base_recipe()
         if rebuild_base or recipe.tag not in stored_images():
             _log(f"building base {recipe.tag} (once per recipe: debootstrap {recipe.suite}, "
                  f"pip install {' '.join(recipe.pip_packages)})")
@@ -302,6 +307,10 @@ def build_sifs(as_user, in_root, user: int) -> Sifs:
     version = checked(in_root(["apptainer", "--version"]), "apptainer --version", CACHE / "logs" / "version.log").strip()
     out = CACHE / f"sifs-{project_key(recipe, version)}"
     sifs = Sifs(x86=out / "train-x86_64.sif", cpu=out / "train-cpu.sif")
+    if out.is_dir():  # whole: it is renamed into place when built (below); no lock, as in ensure_base
+        _log(f"reusing {out} (no change to {', '.join(PROJECT_INPUTS)})")
+        os.utime(out)
+        return sifs
     with open(CACHE / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if out.is_dir():

@@ -10,7 +10,7 @@ import re
 
 import e2e_image as image
 import pytest
-from conftest import user_dir
+from conftest import LONG, user_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -21,6 +21,9 @@ def _partitions(cluster, sif) -> list:
     return re.findall(r"^(\d+)\s*\|[^|]*\|[^|]*\|[^|]*\|(.*)$", listed.stdout, re.M)
 
 
+# Long on a cold cache: the arm64 base's debootstrap downloads for minutes with the CPU idle, which a worker
+# started early spends beside the other workers' training rather than alone at the run's end.
+@LONG
 def test_make_build_olivia_on_x86_64_builds_an_arm64_sif_from_the_prepulled_one(cluster, tmp_path):
     base = image.arm64_base(lambda argv: cluster.run(argv, timeout=900))
     out = user_dir(tmp_path / "out")

@@ -4,10 +4,10 @@ torch wraps Optimizer's add_param_group, state_dict, load_state_dict and zero_gr
 `torch._disable_dynamo` and SGD's step in `_use_grad_for_differentiable` (torch/optim/optimizer.py,
 read in torch 2.14.1). Both wrappers import torch._dynamo the first time they run, to tell a
 compiler that may be tracing to skip the method or to break its graph there. That import costs
-about as much CPU again as `import torch` (1.5 to 2.5 CPU-seconds measured on a 2-core x86_64
-machine, most of it sympy and DTensor's op tables), in every rank, at the optimizer's construction.
-The trainer never traces its optimizer (only the model is compiled: fast/speed.py), so here the
-wrappers only cost that import: a CPU run's rank starts in about 40% less CPU time without it.
+about as much CPU again as `import torch`, in every rank, at the optimizer's construction: 1.0 of the
+2.4 CPU-seconds a rank took to its first step on a 2-core x86_64 machine (benchmarks/rank_setup.py,
+docs/benchmarks.md). The trainer never traces its optimizer (only the model is compiled:
+fast/speed.py), so the wrappers cost it only that import.
 
 EagerSGD calls the functions those wrappers wrap (inspect.unwrap follows functools.wraps'
 `__wrapped__`), under the grad mode `_use_grad_for_differentiable` sets. Its state_dict is
