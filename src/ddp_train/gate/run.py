@@ -3,8 +3,8 @@ ddp-launch (`--module ddp_train.gate`) on the same ranks, backend and environmen
 
 All-reduce at a few sizes with a known pattern (data checked, bandwidth as nccl-tests reports it);
 on a failure, or where only a comparison can judge, again within each node and between pairs of
-nodes, to name the node or link at fault, and a pair round whose pair looks slow once more before
-any node is named (judge.rounds_to_repeat); none of those where the site profile forbids subgroups
+nodes, to name the node or link at fault, and a pair round whose pair looks slow up to twice more
+before any node is named (judge.remeasured); none of those where the site profile forbids subgroups
 (gate_subgroups: a second process group can hang on its stack). Writes gate.json and gate.txt in
 --run-dir; exit 0 pass, 76 (ddp_contract.EXIT_BAD_NODE) when it names a node, 1 when it fails
 without naming one.
@@ -33,9 +33,9 @@ from ddp_train.distributed import DistEnv
 from ddp_train.errors import EXIT_FAILURE, EXIT_OK, EXIT_REQUEUE, EXIT_USAGE, Seen, TrainError
 from ddp_train.exit_edge import in_a_job_of_several, leave_now, prints_here, say_once
 from ddp_train.gate.judge import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, Expectation, GroupResult,
-                                  SizeResult, decide, expectation_from_profile, expected_period, faster_of,
-                                  judged_expectation, link_expectation, needs_narrowing, pair_rounds, port_rate_gbits,
-                                  rounds_to_repeat, subgroups_refused, write_report)
+                                  SizeResult, decide, expectation_from_profile, expected_period, judged_expectation,
+                                  link_expectation, needs_narrowing, pair_rounds, port_rate_gbits, remeasured,
+                                  subgroups_refused, write_report)
 from ddp_train.resolve import resolve_backend
 
 
@@ -239,11 +239,9 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             for name, groups in schedule.items():
                 pair_groups += runner.round(name, groups, sizes)
             # Every rank holds every result (round gathers them), so every rank repeats the same rounds.
-            again = [result for name in rounds_to_repeat(pair_groups, expectation)
-                     for result in runner.round(name, schedule[name], sizes)]
-            if again:
-                pair_groups, remeasured = faster_of(pair_groups, again)
-                notes = (*notes, *remeasured)
+            pair_groups, again = remeasured(pair_groups, expectation,
+                                            lambda name: runner.round(name, schedule[name], sizes))
+            notes = (*notes, *again)
         report = decide(world, node_groups, pair_groups, expectation, sockets, time.perf_counter() - started,
                         f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes,
                         unnarrowed=refused if distributed.active() else None)

@@ -236,3 +236,43 @@ def test_the_site_profile_expectation_carries_its_source():
     assert expectation == Expectation(128 * MiB, 122.6, 0.5, "CSCS", 5.4, "nccl", "cuda")
     assert expectation.floor_gbps == pytest.approx(61.3)
     assert judge.expectation_from_profile(None) is None
+
+
+def _measured_in_turn(*figures_by_pair):
+    """A measure_round for judge.remeasured: each call measures the round's pairs at their next figure."""
+    calls = []
+
+    def measure_round(name):
+        calls.append(name)
+        return [_pair(nodes, figures[len([c for c in calls if c == name]) - 1], name)
+                for nodes, figures, round_name in figures_by_pair if round_name == name]
+    return measure_round, calls
+
+
+def test_a_pair_slow_twice_and_fast_the_third_time_names_no_node():
+    # The figures of a healthy pair whose ranks a loaded 2-core machine descheduled twice (0.025, 0.071).
+    first = [_pair(("node2", "node3"), 0.329), _pair(("node2", "node4"), 0.025, "pairs-2"),
+             _pair(("node3", "node4"), 0.300, "pairs-3")]
+    measure_round, calls = _measured_in_turn((("node2", "node4"), (0.071, 0.310), "pairs-2"))
+    kept, notes = judge.remeasured(first, None, measure_round)
+    assert calls == ["pairs-2", "pairs-2"]
+    assert judge.blame_pairs(kept, None) == []
+    assert [n.split(": ")[1] for n in notes] == ["busbw 0.025 then 0.071 GB/s at 4 MiB; the faster is judged",
+                                                 "busbw 0.071 then 0.310 GB/s at 4 MiB; the faster is judged"]
+
+
+def test_a_pair_slow_every_time_is_measured_three_times_in_all_and_named():
+    first = [_pair(("n1", "n2"), 0.5), _pair(("n1", "n3"), 0.02, "pairs-2"), _pair(("n2", "n3"), 0.03, "pairs-3")]
+    measure_round, calls = _measured_in_turn((("n1", "n3"), (0.03, 0.02, 0.9), "pairs-2"),
+                                             (("n2", "n3"), (0.02, 0.03, 0.9), "pairs-3"))
+    kept, notes = judge.remeasured(first, None, measure_round)
+    assert judge.PAIR_MEASUREMENTS == 3 and sorted(calls) == ["pairs-2", "pairs-2", "pairs-3", "pairs-3"]
+    (fault,) = judge.blame_pairs(kept, None)
+    assert fault.nodes == ("n3",) and len(notes) == 4
+
+
+def test_a_gate_with_every_pair_fast_measures_nothing_again():
+    first = [_pair(("a", "b"), 1.0), _pair(("c", "d"), 0.9)]
+    measure_round, calls = _measured_in_turn()
+    assert judge.remeasured(first, None, measure_round) == (first, ())
+    assert calls == []
