@@ -262,14 +262,17 @@ def test_a_pair_slow_twice_and_fast_the_third_time_names_no_node():
 
 
 def test_a_pair_slow_every_time_is_measured_three_times_in_all_and_named():
-    first = [_pair(("n1", "n2"), 0.5), _pair(("n3", "n4"), 0.5), _pair(("n1", "n3"), 0.02, "pairs-2"),
+    # n3's NIC is bad: each of its pairs is slow in every round, every measurement.
+    first = [_pair(("n1", "n2"), 0.5), _pair(("n3", "n4"), 0.02), _pair(("n1", "n3"), 0.02, "pairs-2"),
              _pair(("n2", "n4"), 0.5, "pairs-2"), _pair(("n1", "n4"), 0.5, "pairs-3"), _pair(("n2", "n3"), 0.03, "pairs-3")]
-    measure_round, calls = _measured_in_turn((("n1", "n3"), (0.03, 0.02), "pairs-2"),
+    measure_round, calls = _measured_in_turn((("n3", "n4"), (0.03, 0.02), "pairs-1"),
+                                             (("n1", "n3"), (0.03, 0.02), "pairs-2"),
                                              (("n2", "n3"), (0.02, 0.03), "pairs-3"))
     kept, notes = judge.remeasured(first, None, measure_round)
-    assert judge.PAIR_MEASUREMENTS == 3 and sorted(calls) == ["pairs-2", "pairs-2", "pairs-3", "pairs-3"]
+    assert judge.PAIR_MEASUREMENTS == 3 and sorted(calls) == ["pairs-1", "pairs-1", "pairs-2", "pairs-2", "pairs-3",
+                                                              "pairs-3"]
     (fault,) = judge.blame_pairs(kept, None)
-    assert fault.nodes == ("n3",) and len(notes) == 4
+    assert fault.nodes == ("n3",) and len(notes) == 6
 
 
 def test_a_gate_with_every_pair_fast_measures_nothing_again():
