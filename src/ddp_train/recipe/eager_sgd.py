@@ -18,25 +18,20 @@ otherwise, unwrap returns the method as it is: the same optimizer, with the impo
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
-
-def _unwrapped(method: Callable[..., Any]) -> Callable[..., Any]:
-    return inspect.unwrap(method)
-
-
-_SGD_STEP = _unwrapped(torch.optim.SGD.step)
+_SGD_STEP = inspect.unwrap(torch.optim.SGD.step)
 
 
 class EagerSGD(torch.optim.SGD):
     """torch.optim.SGD for a step no compiler traces (the module's docstring says why)."""
 
-    add_param_group = _unwrapped(torch.optim.Optimizer.add_param_group)
-    state_dict = _unwrapped(torch.optim.Optimizer.state_dict)
-    load_state_dict = _unwrapped(torch.optim.Optimizer.load_state_dict)
-    zero_grad = _unwrapped(torch.optim.Optimizer.zero_grad)
+    add_param_group = inspect.unwrap(torch.optim.Optimizer.add_param_group)
+    state_dict = inspect.unwrap(torch.optim.Optimizer.state_dict)
+    load_state_dict = inspect.unwrap(torch.optim.Optimizer.load_state_dict)
+    zero_grad = inspect.unwrap(torch.optim.Optimizer.zero_grad)
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
         # What _use_grad_for_differentiable does around SGD's step when nothing traces it.
