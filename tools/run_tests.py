@@ -35,6 +35,8 @@ import cpu_usage  # tools/cpu_usage.py, beside this file
 # run's start, in the format clock_line() writes.
 CLOCK_FILE = Path(".suite-clock")  # in the checkout, where make runs
 TOP_COSTS = 12  # the heaviest tests and shared fixtures of each pytest suite named at the end
+WORLD = "tests/e2e/world.py"
+WORLD_TAIL = 20  # lines of its log shown: its verdicts, or the steps before its failure
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,12 @@ def summary_lines(phases: Sequence[Phase], import_s: float, whole: Optional[Phas
     return lines
 
 
+def world_lines(log: str) -> str:
+    """The world's verdict lines, or the end of its log where it stopped without one (a traceback)."""
+    verdicts = [line for line in log.splitlines() if line.startswith("e2e world: ")]
+    return "\n".join(verdicts or log.splitlines()[-WORLD_TAIL:] or ["(it printed nothing)"])
+
+
 def run_teed(argv: Sequence[str], log: Path) -> int:
     """argv's output to the console and to log, as `| tee` would; its exit status."""
     with open(log, "w", encoding="utf-8") as out:
@@ -182,13 +190,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="make-test-") as tmp:
         logs = Path(tmp)
         started = read_clock(own)
-        with open(logs / "bats", "w", encoding="utf-8") as bats_out:
+        with open(logs / "bats", "w", encoding="utf-8") as bats_out, \
+                open(logs / "world", "w", encoding="utf-8") as world_out:
+            # The e2e world's downloads and unpacking (tests/e2e/world.py) fill the cores the unit suite
+            # leaves idle, instead of idling one ahead of the e2e session.
+            world = subprocess.Popen([python, WORLD], stdout=world_out, stderr=subprocess.STDOUT)
             bats = subprocess.Popen(["bats", "--recursive", "tests/bats"], stdout=bats_out, stderr=subprocess.STDOUT)
             unit = run_teed([python, "-m", "pytest", "-q", "-n", "2", "--durations=10", "--cpu-top=0",
                              f"--cpu-report={logs / 'unit.json'}", "tests/unit"], logs / "unit")
             bats_code = bats.wait()
+            world.wait()
         print("--- tests/bats, run beside tests/unit ---")
         print((logs / "bats").read_text(encoding="utf-8"), end="", flush=True)
+        print("--- the e2e world, built beside tests/unit (tests/e2e/world.py) ---")
+        print(world_lines((logs / "world").read_text(encoding="utf-8")), flush=True)
         unit_done = read_clock(own)
 
         workers = ["-n", str(args.e2e_workers), "--dist", "loadscope"] if args.e2e_workers > 1 else []
@@ -214,7 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(line)
     begun = parse_clock_line(CLOCK_FILE.read_text()) if CLOCK_FILE.exists() else None
     whole = Phase.between("make test", begun, e2e_done) if begun else None
-    phases = [Phase.between("tests/unit with tests/bats beside it", started, unit_done),
+    phases = [Phase.between("tests/unit with tests/bats and the e2e world beside it", started, unit_done),
               Phase.between("tests/e2e", unit_done, e2e_done)]
     for line in summary_lines(phases, import_s, whole, own.source):
         print(line)

@@ -15,10 +15,12 @@ node when a collective fails (docs/own-script.md).
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import signal
 import sys
+import threading
 import time
 
 from ddp_contract import EXIT_USAGE
@@ -138,9 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
     try:
         code = run_workload(argv)
-    except SystemExit as stop:
-        _let_rank_0_speak(stop.code)
-        raise
+    except SystemExit as stop:  # the workload's sys.exit(): its status, as the interpreter would make it
+        code = exit_status(stop.code)
     except Exception as error:
         printed = users.after_failure(error) if users is not None else None
         if printed is None:
@@ -245,6 +246,44 @@ class UsersWorkload:
             self.lock.release()
 
 
+def exit_status(code: object) -> int:
+    """The process's exit status for sys.exit(code), by the interpreter's rule (sys.exit in the Python
+    library reference): None is 0, an integer is itself, anything else is printed to stderr and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def leave(code: int) -> None:
+    """Exit with code; past the interpreter's finalization where the workload used torch.
+
+    A user's script that trains DDP on gloo and returns after destroy_process_group() aborted in about one
+    run in ten on a loaded machine: "terminate called without an active exception", exit 134 after the
+    last step. DDP's reducer keeps the process group alive, and a gloo worker thread that frees a finished
+    collective's Python objects during finalization is ended inside a noexcept destructor
+    (https://github.com/pytorch/pytorch/pull/179291 describes it; ddp_train.exit_edge.leave_now, for our
+    trainer, which leaves the same way, has the core dump). Finalization is replaced here by what of it a script relies on, in its order
+    (Py_FinalizeEx: wait for the non-daemon threads, run the atexit functions, flush stdio), then
+    os._exit: its checkpoints and logs are closed by then, and the status is the script's.
+    """
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    main_thread = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main_thread and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # noqa: SLF001 - CPython's own call at exit; the module has no public one
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a full disk, or a stream the script closed: the status stands
+            pass
+    os._exit(code)
+
+
 def _rank(env) -> int:
     try:
         return int(env.get("RANK") or "0")
@@ -258,4 +297,4 @@ def _let_rank_0_speak(code: object) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

@@ -83,9 +83,9 @@ def leave_now(code: int) -> None:
     Python ends such a thread with pthread_exit() inside that noexcept destructor: "terminate called
     without an active exception", SIGABRT, exit -6 (a core dump of it shows ~AsyncBarrierWork ->
     ~AsyncAllgatherWork -> decref_pyobject -> take_gil -> PyThread_exit_thread while the main thread
-    is in Py_FinalizeEx; pytorch#190489). The trainer's exit sequence in a small script hit it in 2
-    of 40 torchrun runs of 4 gloo ranks on a busy machine, and in 0 of 40 when it left this way
-    (benchmarks/exit_repeat.py counts the trainer itself). Every file the run wrote is closed (checkpoints fsynced, metrics appended and
+    is in Py_FinalizeEx; https://github.com/pytorch/pytorch/pull/179291 describes it). The trainer's
+    exit sequence in a small script hit it in 2 of 40 torchrun runs of 4 gloo ranks on a busy machine,
+    and in 0 of 40 when it left this way (benchmarks/exit_repeat.py counts the trainer itself). Every file the run wrote is closed (checkpoints fsynced, metrics appended and
     closed) and the group is destroyed, so finalization has nothing left to do but race those
     threads: os._exit skips it.
     """

@@ -823,6 +823,17 @@ def epochs_done(run_dir: Path) -> int:
     return sum(1 for r in metrics_records(run_dir) if r["type"] == "epoch")
 
 
+# The lines of a job's output an assertion's message needs: the job script's own (ddp:), every error and
+# warning, and the recovery's. A CI log keeps the head and the tail of a long message and drops its middle,
+# where a whole job's output puts them.
+GIST_MARKS = ("ddp:", "error", "warning", "Recovered", "excluded", "Aborted", "terminate called")
+
+
+def gist(output: str, limit: int = 6000) -> str:
+    lines = [line for line in output.splitlines() if any(mark in line for mark in GIST_MARKS)]
+    return "\n".join(lines)[-limit:]
+
+
 def saved_epoch(run_dir: Path) -> int:
     """The epoch checkpoint.pt holds (0 before the first save); loading it proves it is whole."""
     import torch  # here, not at the top: most e2e workers never load a checkpoint (5 CPU-s an import)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import checkpointed, metrics_records, sbatch_args, saved_epoch, submit_env, user_dir
+from conftest import checkpointed, gist, metrics_records, sbatch_args, saved_epoch, submit_env, user_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -109,7 +109,7 @@ def preflight_job(slurm_cluster, images, cifar_data, tmp_path_factory):
 def test_a_node_failing_the_preflight_is_replaced_by_a_spare_and_the_head_moves_off_the_batch_host(preflight_job):
     job, run_dir, left = preflight_job
     output = job.output()
-    assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("COMPLETED", "0:0", "0"), output
+    assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("COMPLETED", "0:0", "0"), gist(output)
     assert job.fields["BatchHost"] == "node1"
     assert "excluded node1 (named by the doctor in job" in output and "interface" in output
     assert "spares: spare node4 replaces node1 (named by the doctor: " in output
@@ -117,9 +117,9 @@ def test_a_node_failing_the_preflight_is_replaced_by_a_spare_and_the_head_moves_
     # The gate ran on the healthy nodes only, and the training's head is its step's first node.
     report = json.loads((run_dir / "gate.json").read_text())
     assert report["ok"] and report["world"]["nodes"] == ["node2", "node3", "node4"]
-    assert re.search(r"ddp-launch: job \d+, 3 nodes: head node node2 \(first of SLURM_STEP_NODELIST\)", output), output
+    assert re.search(r"ddp-launch: job \d+, 3 nodes: head node node2 \(first of SLURM_STEP_NODELIST\)", output), gist(output)
     lines = [line for line in output.splitlines() if "Recovered: " in line]  # rank 0's, "node2:rank0: ..."
-    assert len(lines) == 1, output
+    assert len(lines) == 1, gist(output)
     assert re.search(r"Recovered: replaced node1 \(named by the doctor\) by spare node4; training again [\d.]+ s "
                     r"after the fault \(detection 0\.0 s, job script [\d.]+ s, new step's start", lines[0]), lines
     [recovery] = [r for r in metrics_records(run_dir) if r["type"] == "recovery"]
@@ -157,10 +157,10 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_and_training_resumes_from_
     assert revived.returncode == 0, revived.stderr
 
     output = job.output()
-    assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("COMPLETED", "0:0", "0"), output
-    assert re.search(r"ddp-train: error: lost contact with node2 \(ranks 2, 3\): no answer", output), output
-    assert "excluded node2 (named by the roll call in job" in output
-    assert "spares: spare node4 replaces node2 (named by the roll call: lost mid-run: " in output
+    assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("COMPLETED", "0:0", "0"), gist(output)
+    assert re.search(r"ddp-train: error: lost contact with node2 \(ranks 2, 3\): no answer", output), gist(output)
+    assert "excluded node2 (named by the roll call in job" in output, gist(output)
+    assert "spares: spare node4 replaces node2 (named by the roll call: lost mid-run: " in output, gist(output)
     lines = [line for line in output.splitlines() if "Recovered: " in line]
     assert len(lines) == 1 and "replaced node2 (named by the roll call) by spare node4; training again" in lines[0]
     [recovery] = [r for r in metrics_records(run_dir) if r["type"] == "recovery"]
@@ -199,8 +199,8 @@ def test_a_job_whose_spare_is_used_up_falls_back_to_the_requeue_without_its_bad_
         left = cluster.settled()
 
     output = job.output()
-    assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("COMPLETED", "0:0", "1"), output
-    assert re.search(rf"ddp: job {job_id} on 4 node\(s\): node\[1-4\] \(restart 0\)", output), output
+    assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("COMPLETED", "0:0", "1"), gist(output)
+    assert re.search(rf"ddp: job {job_id} on 4 node\(s\): node\[1-4\] \(restart 0\)", output), gist(output)
     assert "spares: no spare left: the training needs 3 node(s) and 2 of the allocation's 4 are healthy" in output
     assert "falling back to a requeue without them (exit 76)" in output
     assert "bad node(s) node2,node4: requeuing job" in output

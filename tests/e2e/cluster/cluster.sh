@@ -496,12 +496,16 @@ cluster::stop_pidfile() {
 }
 
 # Job processes left in a node's namespace (a killed step, a hung worker).
+# Every process of the node at once, as a node that dies loses them: all are stopped before any is
+# killed. Killed one by one, a rank that outlived its node's first casualty by a few milliseconds on a
+# loaded machine saw its peer's connection reset, and answered the roll call for a node that was gone.
 cluster::kill_netns_procs() {
     local -r ns="$1"
-    local pid
-    for pid in $(ip netns pids "${ns}" 2>/dev/null); do
-        kill -KILL "${pid}" 2>/dev/null || true
-    done
+    local -a pids
+    mapfile -t pids < <(ip netns pids "${ns}" 2>/dev/null)
+    ((${#pids[@]})) || return 0
+    kill -STOP "${pids[@]}" 2>/dev/null || true
+    kill -KILL "${pids[@]}" 2>/dev/null || true
 }
 
 cluster::down() {

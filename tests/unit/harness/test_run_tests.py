@@ -65,6 +65,10 @@ def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
     (tmp_path / "tests" / "bats" / "b.bats").write_text("@test 'fine' { true; }\n@test 'bad' { false; }\n")
     (tmp_path / "tests" / "e2e" / "test_e.py").write_text(
         "import subprocess, sys\ndef test_e():\n    subprocess.run([sys.executable, '-c', 'sum(range(10**7))'])\n")
+    # The e2e world's builder, run beside the unit suite: its verdict lines are shown, its chatter is not.
+    (tmp_path / "tests" / "e2e" / "world.py").write_text(
+        "import sys, time\nprint('apptainer-root: building', file=sys.stderr)\ntime.sleep(0.5)\n"
+        "print('e2e world: cluster root: /var/tmp/root-1 (41 s)')\n")
     shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "tests")  # each test's CPU-seconds
 
     done = subprocess.run([sys.executable, str(REPO / "tools" / "run_tests.py"), "--e2e-workers", "1"],
@@ -73,11 +77,13 @@ def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
                                "PYTHONPATH": f"{REPO / 'tests'}:{REPO / 'tools'}"})
 
     assert done.returncode == 1, done.stdout + done.stderr
+    world = done.stdout.split("--- the e2e world, built beside tests/unit (tests/e2e/world.py) ---\n", 1)[1]
+    assert world.splitlines()[0] == "e2e world: cluster root: /var/tmp/root-1 (41 s)"
     tail = done.stdout.split("--- what failed (the whole reports are above) ---\n", 1)[1].splitlines()
     assert tail[0] == "FAILED tests/unit/test_u.py::test_broken - assert False"
     assert tail[1] == "not ok 2 bad"
     assert [line.split(":")[1].strip() for line in tail if line.startswith("time: ") and "min," in line] == [
-        "tests/unit with tests/bats beside it", "tests/e2e"]
+        "tests/unit with tests/bats and the e2e world beside it", "tests/e2e"]
     # Each pytest suite's heaviest tests, in CPU-seconds, at the end: the e2e test's child process first.
     heaviest = [line for line in tail if line.startswith("cpu: ")]
     assert heaviest[0].startswith("cpu: tests/unit: ") and "CPU-s" in heaviest[0]
@@ -100,3 +106,11 @@ def test_an_e2e_setup_failure_is_named_first_among_the_failures():
     assert run_tests.failures(unit, "ok 1 fine\nnot ok 2 bad\n", "INTERNALERROR> assert not crashitem\n", setup) == [
         setup.strip(), "FAILED tests/unit/test_u.py::test_broken - assert False", "not ok 2 bad"]
     assert run_tests.failures(unit, "", "", "") == ["FAILED tests/unit/test_u.py::test_broken - assert False"]
+
+
+def test_the_worlds_verdicts_are_shown_or_the_end_of_its_log_where_it_gave_none():
+    log = "apptainer-root: building x\ne2e world: cluster root: /r (40 s)\ne2e world: test base: b (90 s)\n"
+    assert run_tests.world_lines(log) == "e2e world: cluster root: /r (40 s)\ne2e world: test base: b (90 s)"
+    crashed = "".join(f"step {n}\n" for n in range(30)) + "Traceback (most recent call last):\nKeyError: 'x'\n"
+    assert run_tests.world_lines(crashed).splitlines() == crashed.splitlines()[-run_tests.WORLD_TAIL:]
+    assert run_tests.world_lines("") == "(it printed nothing)"

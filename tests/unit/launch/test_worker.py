@@ -106,3 +106,43 @@ def test_a_workload_that_is_not_there_is_one_line_and_exit_2(tmp_path, argv, mes
 def test_only_global_rank_0_prints_the_missing_workload_line(tmp_path):
     done = run_worker(tmp_path, "-m", "no_such_module_xyz", env={"RANK": "3"})
     assert (done.returncode, done.stderr) == (2, "")
+
+
+# What finalization would have done and a script relies on, and a mark of finalization itself: an object
+# whose __del__ runs when the interpreter clears the __main__ module at exit.
+AT_EXIT = textwrap.dedent(
+    """
+    import atexit, os, sys, threading, time, types
+    if "--torch" in sys.argv:
+        sys.modules.setdefault("torch", types.ModuleType("torch"))  # what leave() looks for: torch imported
+    class Finalized:
+        def __del__(self):
+            os.write(1, b"finalized\\n")
+    sys.modules["__main__"].finalized_mark = Finalized()
+    def late():
+        time.sleep(0.3)
+        print("thread done", flush=False)
+    threading.Thread(target=late).start()
+    atexit.register(lambda: print("atexit ran", flush=False))
+    print("script done", flush=False)
+    code = sys.argv[-1]
+    sys.exit(None if code == "none" else int(code) if code.isdigit() else code)
+    """
+)
+
+
+@pytest.mark.parametrize("code, status", [("0", 0), ("none", 0), ("75", 75), ("stopped early", 1)])
+def test_a_script_that_imported_torch_leaves_past_finalization_with_its_threads_atexit_and_status(
+        tmp_path, code, status):
+    """The worker leaves with os._exit where torch was imported: gloo's threads can abort the interpreter's
+    finalization (https://github.com/pytorch/pytorch/pull/179291). What a script relies on still happens,
+    in the interpreter's order: its non-daemon threads end, its atexit functions run, its output is flushed,
+    and its sys.exit() status is the process's (sys.exit in the Python library reference)."""
+    (tmp_path / "ends.py").write_text(AT_EXIT)
+    done = run_worker(tmp_path, "ends.py", "--torch", code)
+    assert done.returncode == status, done.stderr
+    assert done.stdout == "script done\nthread done\natexit ran\n"
+    assert done.stderr == ("stopped early\n" if status == 1 else "")
+    plain = run_worker(tmp_path, "ends.py", code)  # no torch: the interpreter's own exit, finalization included
+    assert plain.returncode == status, plain.stderr
+    assert plain.stdout == "script done\nthread done\natexit ran\nfinalized\n"
