@@ -180,7 +180,10 @@ OWN_PORT = textwrap.dedent("""
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     tensor = torch.ones(1)
     dist.all_reduce(tensor)
-    print(f"rank {dist.get_rank()}: sum {int(tensor.item())}", flush=True)
+    # One write a line: the ranks share the launcher's stdout, and under PYTHONUNBUFFERED print() writes
+    # the text and its newline apart, so two ranks printing at once made "rank 0: sum 2rank 1: sum 2".
+    sys.stdout.write(f"rank {dist.get_rank()}: sum {int(tensor.item())}\\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
     """)
 
