@@ -260,14 +260,14 @@ def exit_status(code: object) -> int:
 def leave(code: int) -> None:
     """Exit with code; past the interpreter's finalization where the workload used torch.
 
-    A user's script that trains DDP on gloo and returns after destroy_process_group() aborted in about one
-    run in ten on a loaded machine: "terminate called without an active exception", exit 134 after the
-    last step. DDP's reducer keeps the process group alive, and a gloo worker thread that frees a finished
-    collective's Python objects during finalization is ended inside a noexcept destructor
-    (https://github.com/pytorch/pytorch/pull/179291 describes it; ddp_train.exit_edge.leave_now, for our
-    trainer, which leaves the same way, has the core dump). Finalization is replaced here by what of it a script relies on, in its order
-    (Py_FinalizeEx: wait for the non-daemon threads, run the atexit functions, flush stdio), then
-    os._exit: its checkpoints and logs are closed by then, and the status is the script's.
+    A user's script that trains DDP on gloo and returns after destroy_process_group() aborted in 2 of 15
+    runs on a loaded machine (benchmarks/exit_repeat.py --script): "terminate called without an active
+    exception", exit 134 after the last step, its peers waiting for it. DDP's reducer keeps the process
+    group alive, and a gloo worker thread that frees a finished collective's Python objects during
+    finalization is ended inside a noexcept destructor (https://github.com/pytorch/pytorch/pull/179291
+    describes it; ddp_train.exit_edge.leave_now, where our trainer leaves the same way, has the core dump).
+    Finalization is replaced here by what of it a script relies on, in its order (Py_FinalizeEx: wait for
+    the non-daemon threads, run the atexit functions, flush stdio), then os._exit with the script's status.
     """
     if "torch" not in sys.modules:
         sys.exit(code)
