@@ -9,7 +9,7 @@ import sys
 from typing import Callable, List, Optional
 
 from ddp_contract import EXIT_USAGE
-from ddp_contract.errors import LaunchError
+from ddp_contract.errors import LaunchError, one_line
 
 __all__ = ["EXIT_USAGE", "LaunchError", "run_main"]
 
@@ -19,5 +19,5 @@ def run_main(main: Callable[[List[str]], Optional[int]], argv: List[str]) -> int
     try:
         return int(main(argv) or 0)
     except LaunchError as error:
-        print("ddp-launch: error: {}".format(error), file=sys.stderr)
+        print("ddp-launch: error: {}".format(one_line(str(error))), file=sys.stderr)
         return EXIT_USAGE

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Sequence
 
 from ddp_contract import EXIT_USAGE
+from ddp_contract.errors import one_line
 from ddp_contract.flag_errors import OneLineErrorParser
 
 from ddp_bench import gpumon, report
-from ddp_bench.errors import ReportError, one_line
+from ddp_bench.errors import ReportError
 
 
 class _OneLineErrorParser(OneLineErrorParser):

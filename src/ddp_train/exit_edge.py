@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Mapping, Optional
 
+from ddp_contract.errors import one_line
 from ddp_train.console import warn
 from ddp_train.errors import Seen
 
@@ -56,11 +57,6 @@ def prints_error(seen: Seen, rank: int, local_rank: int) -> bool:
 def prints_here(seen: Seen, env: Mapping[str, str]) -> bool:
     """prints_error for this process, its ranks read from the launcher's variables."""
     return prints_error(seen, rank_variable(env, "RANK"), rank_variable(env, "LOCAL_RANK"))
-
-
-def one_line(message: str) -> str:
-    """A path may hold a newline; the error must still be one line."""
-    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def say_once(program: str, prints: bool, message: str, env: Mapping[str, str]) -> None:

@@ -191,3 +191,13 @@ def test_real_torchrun_accepts_the_single_node_slurm_plan(probe):
     assert sorted(w["env"]["RANK"] for w in workers) == ["0", "1"]
     assert {w["env"]["WORLD_SIZE"] for w in workers} == {"2"}
     assert all(w["argv"] == ["a b", "$X"] and w["env"]["CUDA_VISIBLE_DEVICES"] == "" for w in workers)
+
+
+def test_a_launch_error_that_holds_a_line_break_is_still_printed_as_one_line(capsys):
+    from ddp_launch import errors
+
+    def main(argv):
+        raise errors.LaunchError("DDP_RUN_DIR=/scratch/a\nb\u2028c is not writable: pick another")
+
+    assert errors.run_main(main, []) == 2
+    assert capsys.readouterr().err == "ddp-launch: error: DDP_RUN_DIR=/scratch/a\\nb\\u2028c is not writable: pick another\n"

@@ -12,7 +12,8 @@ import pytest
 
 from ddp_train import exit_edge
 from ddp_train.errors import Seen
-from ddp_train.exit_edge import QUIET_RANK_GRACE_S, one_line, prints_error, say_once
+from ddp_contract.errors import one_line
+from ddp_train.exit_edge import QUIET_RANK_GRACE_S, prints_error, say_once
 from train_helpers import trainer_env
 
 
@@ -45,6 +46,12 @@ def test_the_printing_rank_says_it_and_quiet_ranks_of_a_job_wait(prints, world_s
 
 def test_an_error_message_stays_one_line():
     assert one_line("--run-dir /tmp/a\nb is a file") == "--run-dir /tmp/a\\nb is a file"
+    # Every line break str.splitlines() knows, other control characters and a path's undecodable byte (as
+    # os.fsdecode gives it) are escaped; printable text, non-ASCII included, is left as it is.
+    breaks = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029\t\x00\x1b"
+    line = one_line(f"data{breaks}/caf\u00e9/\udcff end")
+    assert len(line.splitlines()) == 1 and line.isprintable()
+    assert line == "data\\r\\x0b\\x0c\\x1c\\x1d\\x1e\\x85\\u2028\\u2029\\t\\x00\\x1b/caf\u00e9/\\udcff end"
 
 
 @pytest.mark.parametrize("env,size,several", [
