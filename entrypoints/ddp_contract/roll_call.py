@@ -12,7 +12,11 @@ The first verdict is written to the store too. A rank blocked on a live peer (gl
 rank 0 waits on rank 1, which left the collective for its roll call) only fails when that
 peer exits, one roll call later; it takes the verdict instead of waiting out a roll call of
 its own, so the whole job ends about ROLL_CALL_S after the first failure, well inside the
-time srun gives the other tasks once one has ended (ddp.sh: srun --wait).
+time srun gives the other tasks once one has ended (ddp.sh: srun --wait). The first verdict can
+therefore name such a live node beside the lost one, when its ranks were still blocked on the
+roll-calling peer as the wait ran out (seen on a loaded 2-core machine); the job script quarantines
+a named node only where its slurmd no longer runs a step of `true` either (slurm/lib/ddp.sh,
+ddp::replace_lost_node), so the spare replaces the lost node alone.
 
 The rank that says the verdict also writes it for the job script, <run-dir>/roll-call.json (the
 lost nodes, the cause, when the collective failed and when the roll call named them): a lost node

@@ -158,7 +158,11 @@ def test_a_node_killed_mid_run_is_replaced_by_a_spare_and_training_resumes_from_
 
     output = job.output()
     assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("COMPLETED", "0:0", "0"), gist(output)
-    assert re.search(r"ddp-train: error: lost contact with node2 \(ranks 2, 3\): no answer", output), gist(output)
+    # node2 named first. On a loaded machine the line can also name a live node whose ranks were still blocked
+    # on the peer that left for the roll call (ddp_contract.roll_call); the job script excludes only the named
+    # nodes whose slurmd no longer answers, so node2 alone is replaced (below, and quarantine.json at the end).
+    assert re.search(r"ddp-train: error: lost contact with node2 \(ranks 2, 3\)(, node\d \(ranks \d, \d\))*: no answer",
+                     output), gist(output)
     assert "excluded node2 (named by the roll call in job" in output, gist(output)
     assert "spares: spare node4 replaces node2 (named by the roll call: lost mid-run: " in output, gist(output)
     lines = [line for line in output.splitlines() if "Recovered: " in line]
