@@ -81,9 +81,9 @@ def leave_now(code: int) -> None:
     ~AsyncAllgatherWork -> decref_pyobject -> take_gil -> PyThread_exit_thread while the main thread
     is in Py_FinalizeEx; https://github.com/pytorch/pytorch/pull/179291 describes it). The trainer's
     exit sequence in a small script hit it in 2 of 40 torchrun runs of 4 gloo ranks on a busy machine,
-    and in 0 of 40 when it left this way (benchmarks/exit_repeat.py counts the trainer itself). Every file the run wrote is closed (checkpoints fsynced, metrics appended and
-    closed) and the group is destroyed, so finalization has nothing left to do but race those
-    threads: os._exit skips it.
+    and in 0 of 40 when it left this way (benchmarks/exit_repeat.py counts the trainer itself). Every
+    file the run wrote is closed (checkpoints fsynced, metrics appended and closed) and the group is
+    destroyed, so finalization has nothing left to do but race those threads: os._exit skips it.
     """
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -338,10 +338,11 @@ def build_sifs(as_user, in_root, user: int) -> Sifs:
         # Side by side, each in a scratch of its own: one build leaves a core idle much of its time (the
         # cpu image's %post, mksquashfs's single-threaded phases) while the e2e session's other workers
         # wait for both.
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            for built in [pool.submit(make, "build-x86", "X86", sifs.x86), pool.submit(make, "build-cpu", "CPU", sifs.cpu)]:
+        targets = (("build-x86", "X86", sifs.x86), ("build-cpu", "CPU", sifs.cpu))
+        with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+            for built in [pool.submit(make, *target) for target in targets]:
                 built.result()
-        for target in ("build-x86", "build-cpu"):
+        for target, _, _ in targets:
             shutil.rmtree(partial / f".apptainer-{target}", ignore_errors=True)
         partial.rename(out)
     return sifs

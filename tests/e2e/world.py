@@ -20,13 +20,14 @@ import apptainer_root
 import e2e_image as image
 
 
-def timed(name: str, build: Callable[[], object]) -> str:
+def timed(name: str, build: Callable[[], object]) -> tuple[bool, str]:
+    """Whether build() built its part, and the line that says so."""
     started = time.monotonic()
     try:
         built = build()
     except image.ImageError as error:
-        return f"{name}: not built ({error}); the e2e session tries again"
-    return f"{name}: {built} ({time.monotonic() - started:.0f} s)"
+        return False, f"{name}: not built ({error}); the e2e session tries again"
+    return True, f"{name}: {built} ({time.monotonic() - started:.0f} s)"
 
 
 def main() -> int:
@@ -36,10 +37,10 @@ def main() -> int:
         return 0
     parts = {"cluster root": apptainer_root.build, "test base": lambda: image.ensure_base().tag}
     with ThreadPoolExecutor(max_workers=len(parts)) as pool:
-        lines = list(pool.map(timed, parts, parts.values()))
-    for line in lines:
+        results = list(pool.map(timed, parts, parts.values()))
+    for _, line in results:
         print(f"e2e world: {line}", flush=True)
-    return 1 if any("not built" in line for line in lines) else 0
+    return 0 if all(built for built, _ in results) else 1
 
 
 if __name__ == "__main__":
