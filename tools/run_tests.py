@@ -37,6 +37,9 @@ CLOCK_FILE = Path(".suite-clock")  # in the checkout, where make runs
 TOP_COSTS = 12  # the heaviest tests and shared fixtures of each pytest suite named at the end
 WORLD = "tests/e2e/world.py"
 WORLD_TAIL = 20  # lines of its log shown: its verdicts, or the steps before its failure
+# `make test` starts the e2e world once its Debian packages are in (the world-ahead target), while pip
+# fills the venv on one core; the runner's own start of it below then waits on the world's locks.
+WORLD_AHEAD_LOG = Path(".world-ahead.log")  # in the checkout, where make runs
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,15 @@ def failures(unit_log: str, bats_log: str, e2e_log: str, e2e_setup: str = "") ->
             + [line for line in bats_log.splitlines() if line.startswith("not ok ")])
 
 
+def start_world_ahead(python: str) -> subprocess.Popen:
+    """tests/e2e/world.py started in a session of its own, its output in WORLD_AHEAD_LOG; not waited for.
+    Its parts are cached and built under locks (tests/e2e/world.py), so the runner's own start of it later
+    finds them built or waits for this one: a failure here is tried again there, and said there."""
+    with open(WORLD_AHEAD_LOG, "w", encoding="utf-8") as log:
+        return subprocess.Popen([python, WORLD], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
 def verdict(code: int) -> str:
     return "passed" if code == 0 else "FAILED"
 
@@ -177,9 +189,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="tools/run_tests.py", description=__doc__.splitlines()[0])
     parser.add_argument("--e2e-workers", type=int, default=3, help="clusters side by side (1: one, no xdist)")
     parser.add_argument("--mark-start", action="store_true", help=f"write {CLOCK_FILE.name}, the run's start, and stop")
+    parser.add_argument("--start-world", action="store_true",
+                        help=f"start {WORLD} in the background (its log: {WORLD_AHEAD_LOG.name}) and stop")
     args = parser.parse_args(argv)
     if args.mark_start:
         CLOCK_FILE.write_text(clock_line(read_clock()))
+        return 0
+    if args.start_world:
+        start_world_ahead(sys.executable)
+        print(f"e2e world: started ahead, beside the venv's pip (log: {WORLD_AHEAD_LOG})", flush=True)
         return 0
     python = sys.executable
     own = cpu_usage.meter("make-test")

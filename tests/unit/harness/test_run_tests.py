@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,26 @@ def test_the_worlds_verdicts_are_shown_or_the_end_of_its_log_where_it_gave_none(
     crashed = "".join(f"step {n}\n" for n in range(30)) + "Traceback (most recent call last):\nKeyError: 'x'\n"
     assert run_tests.world_lines(crashed).splitlines() == crashed.splitlines()[-run_tests.WORLD_TAIL:]
     assert run_tests.world_lines("") == "(it printed nothing)"
+
+
+def test_the_world_started_ahead_runs_on_after_the_runner_returns_and_logs_in_the_checkout(tmp_path):
+    # `make test`'s world-ahead target: the world builds beside the venv's pip, not waited for; the
+    # runner's own start of it, later, waits on its locks (tests/e2e/world.py).
+    (tmp_path / "tests" / "e2e").mkdir(parents=True)
+    (tmp_path / "tests" / "e2e" / "world.py").write_text(
+        "import os, pathlib, time\ntime.sleep(2)\nprint('e2e world: cluster root: /r (2 s)', flush=True)\n"
+        "pathlib.Path('built').write_text(str(os.getsid(0)))\n")
+
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "run_tests.py"), "--start-world"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": f"{REPO / 'tools'}"})
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"e2e world: started ahead, beside the venv's pip (log: {run_tests.WORLD_AHEAD_LOG})\n"
+    assert not (tmp_path / "built").exists()  # the runner did not wait for it
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "built").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert int((tmp_path / "built").read_text()) != os.getsid(0)  # a session of its own: make's end leaves it be
+    time.sleep(0.2)
+    assert (tmp_path / run_tests.WORLD_AHEAD_LOG).read_text() == "e2e world: cluster root: /r (2 s)\n"
