@@ -91,12 +91,26 @@ def test_a_run_names_each_suites_failures_at_the_end_with_its_times(tmp_path):
     e2e = heaviest[heaviest.index(next(line for line in heaviest if line.startswith("cpu: tests/e2e: "))):]
     assert e2e[1].startswith("cpu: tests/e2e: the ") and e2e[2].endswith("tests/e2e/test_e.py::test_e"), heaviest
     assert tail[-1] == "make test: tests/unit FAILED, tests/bats FAILED, tests/e2e passed"
+    # The unit of the budget is read at the start and again at the end, when the run has the machine to itself.
+    unit_line = next(line for line in tail if line.startswith("time: one `import torch` here: "))
+    assert "CPU-s (the least of its readings at the run's start and end, " in unit_line, unit_line
     # Every test's CPU-seconds, kept where DDP_TEST_CPU_REPORTS says.
     kept = json.loads((tmp_path / "cpu" / "e2e.json").read_text())
     assert "tests/e2e/test_e.py::test_e" in [cost["name"] for cost in kept["costs"]], kept
     assert (tmp_path / "cpu" / "unit.json").is_file()
     assert tail[-2] == f"cpu: every test's CPU-seconds (DDP_TEST_CPU_REPORTS): {tmp_path / 'cpu' / 'unit.json'}, " \
                       f"{tmp_path / 'cpu' / 'e2e.json'}"
+
+
+def test_the_unit_is_the_least_import_reading_and_the_line_shows_both():
+    # The run's start shares the cores with the e2e world's build (world-ahead): a reading there is high.
+    readings = (2.82, 2.31)
+    unit = run_tests.budget_unit(readings)
+    whole = run_tests.Phase("make test", 1800.0, 3750.0, 0.0)
+    lines = run_tests.summary_lines([], unit, whole, "", readings)
+    assert lines[0] == ("time: one `import torch` here: 2.31 CPU-s (the least of its readings at the run's start and "
+                        "end, 2.82 and 2.31: the unit of the budget, docs/testing.md)")
+    assert lines[-1].endswith("the machine's 3,750 CPU-s = 1,623 torch imports")
 
 
 def test_an_e2e_setup_failure_is_named_first_among_the_failures():
