@@ -91,7 +91,7 @@ e2e-image: venv sysdeps
 # of all three are named again at the end, then each phase's minutes and CPU-seconds (suite-clock marks
 # the start, before the venv and lint), and the last line is the verdict. The e2e world (a Debian root
 # for the cluster, the test base: downloads and unpacking) starts once sysdeps has put debootstrap in,
-# beside pip's install of the venv, which keeps one core busy for about two minutes and leaves the other idle.
+# beside pip's install of the venv, which keeps one core busy for about two minutes: the world fills the other.
 E2E_WORKERS ?= 3
 E2E_ARGS = $(if $(filter-out 0 1,$(E2E_WORKERS)),-n $(E2E_WORKERS) --dist loadscope)
 test: suite-clock sysdeps world-ahead venv lint
