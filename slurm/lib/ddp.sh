@@ -12,7 +12,8 @@
 # ddp-launch flags go in DDP_LAUNCH_ARGS:
 #   DDP_LAUNCH_ARGS="--max-restarts 2" sbatch slurm/olivia-multinode.sh
 # The workload is read once (python3 -m ddp_contract.workload_choice), and every step knows it: the preflight
-# checks what it needs, the fabric gate runs our own module whatever it is, the training step runs it.
+# checks what it needs, the fabric gate runs our own module whatever it is (in the built-in trainer's own
+# ranks, or as a step of its own before a script of yours), the training step runs it.
 #
 # Settings (environment or sbatch --export win over each script's defaults):
 #   DDP_REPO        the checkout holding this file (set from where it was sourced)
@@ -39,7 +40,8 @@
 #   DDP_STEP_WAIT         seconds the other tasks get to end after the first one ends (30)
 #   DDP_NODE_PROBE_S      seconds a node the roll call names has to run a step of `true`, or be lost (20)
 #   DDP_PREFLIGHT         1 runs `ddp-launch doctor` on every node first (default), 0 skips it
-#   DDP_FABRIC_GATE       1 runs the fabric gate before training (default), 0 skips it
+#   DDP_FABRIC_GATE       1 runs the fabric gate before training (default; the built-in trainer's first thing,
+#                         a step of its own for your script), 0 skips it
 #   DDP_TRAIN_NODES       N, the nodes the training runs on: each script's default is its #SBATCH --nodes
 #   DDP_SPARE_NODES       S spare nodes in the allocation (default 0), on top of the N. Ask SLURM for N + S nodes:
 #                   DDP_SPARE_NODES=1 sbatch --nodes=3 slurm/olivia-multinode.sh   (2 train, 1 spare)
@@ -611,24 +613,24 @@ ddp::preflight() {
     return "${status}"
 }
 
-# The fabric gate (python -m ddp_train.gate, src/ddp_train/gate/run.py) through ddp-launch, like the
-# training: same ranks, backend and environment. Our own module whatever the workload is: the training
-# step's ddp-launch flags without the workload's. A node it names goes into the quarantine record.
-#   ddp::gate MODE   (the built-in trainer's --backend, if given, is the gate's too; auto for a user's workload)
+# The fabric gate (src/ddp_train/gate/run.py). The built-in trainer runs it in its own ranks, on the
+# training's process group before the first step (ddp-train --fabric-gate, which ddp::train passes): one
+# container start, torch import and rendezvous per rank instead of two, every job start. A node it
+# names ends the training step with 76 before anything is trained, and ddp::train_with_spares handles
+# it as it would here (ddp::gate_named). A user's script gets the gate as a step of its own before the
+# training, through ddp-launch (--module ddp_train.gate) like the training: same ranks and environment,
+# our own module whatever the workload is (the training step's ddp-launch flags without the workload's).
+#   ddp::gate MODE
+DDP_GATE_IN_TRAINING=0  # 1: ddp::train passes --fabric-gate to the built-in trainer
 ddp::gate() {
     local -r mode="$1"
-    local backend=auto word previous=""
-    if [ "${DDP_WORKLOAD}" = builtin ]; then
-        for word in "${DDP_TRAIN_WORDS[@]}" "${DDP_WORKLOAD_ARGS[@]}"; do
-            case "${previous}:${word}" in
-                --backend:*) backend="${word}" ;;
-                *:--backend=*) backend="${word#--backend=}" ;;
-            esac
-            previous="${word}"
-        done
-    fi
     if [ "${DDP_FABRIC_GATE:-1}" = 0 ]; then
         ddp::log "fabric gate skipped (DDP_FABRIC_GATE=0)"
+        return 0
+    fi
+    if [ "${DDP_WORKLOAD}" = builtin ]; then
+        DDP_GATE_IN_TRAINING=1
+        ddp::log "fabric gate: in the training step, on the trainer's process group before its first step (ddp-train --fabric-gate)"
         return 0
     fi
     # shellcheck disable=SC2086 # the launchers' reports' glob: the gate's step starts without an earlier step's
@@ -636,15 +638,21 @@ ddp::gate() {
     local -r started="${SECONDS}"
     local status=0
     ddp::launch_step "${mode}" gate --module ddp_train.gate \
-        -- --run-dir "${DDP_RUN_DIR}" --site "${DDP_SITE}" --backend "${backend}" || status=$?
+        -- --run-dir "${DDP_RUN_DIR}" --site "${DDP_SITE}" --backend auto || status=$?
     ddp::log "fabric gate step (launch included): $((SECONDS - started)) s"
     if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ]; then
-        ddp::on_host ddp_contract.quarantine add --by gate --job "${SLURM_JOB_ID:-local}" \
-            --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${DDP_RUN_DIR}/gate.json" >&2 || true
+        ddp::gate_named || true
     elif [ "${status}" -ne 0 ]; then
         ddp::log "fabric gate failed (exit ${status}) without naming a node: see ${DDP_RUN_DIR}/gate.txt and the logs"
     fi
     return "${status}"
+}
+
+# The nodes the gate's report names (<run-dir>/gate.json) into the quarantine record; the status of
+# ddp_contract.quarantine add: 76 when a node is new to the record.
+ddp::gate_named() {
+    ddp::on_host ddp_contract.quarantine add --by gate --job "${SLURM_JOB_ID:-local}" \
+        --restart "${SLURM_RESTART_COUNT:-0}" "${DDP_RUN_DIR}" "${DDP_RUN_DIR}/gate.json" >&2
 }
 
 # One srun step of ddp-launch in the image: the training, or the fabric gate before it.
@@ -777,8 +785,10 @@ ddp::request_stop() {
 ddp::train() {
     local -r mode="$1"
     if [ "${DDP_WORKLOAD}" = builtin ]; then
+        local -a gate=()
+        [ "${DDP_GATE_IN_TRAINING}" = 0 ] || gate=(--fabric-gate --site "${DDP_SITE}")
         ddp::launch_step "${mode}" train -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
-            "${DDP_TRAIN_WORDS[@]}" "${DDP_WORKLOAD_ARGS[@]}"
+            "${gate[@]}" "${DDP_TRAIN_WORDS[@]}" "${DDP_WORKLOAD_ARGS[@]}"
     else
         ddp::launch_step "${mode}" train "${DDP_WORKLOAD_FLAGS[@]}" -- "${DDP_TRAIN_WORDS[@]}" "${DDP_WORKLOAD_ARGS[@]}"
     fi
@@ -806,8 +816,10 @@ ddp::first_node() {
 # and a node the preflight, the fabric gate or a roll call names is replaced inside the allocation:
 # no requeue, no new wait in the queue. Which nodes train is decided by ddp_contract.spares from the
 # run dir's quarantine record: the first N healthy nodes in the allocation's order, so the survivors
-# keep their places and the next healthy spare takes the bad node's. The preflight and the gate run
-# on every healthy node of the allocation, spares included: a spare swapped in mid-run has passed both.
+# keep their places and the next healthy spare takes the bad node's. The preflight runs on every healthy
+# node of the allocation, spares included; the built-in trainer's gate runs on the nodes that train, so a
+# spare is gated in the step it first trains in, before its first step (a script's gate step, on every
+# healthy node). A spare swapped in mid-run has passed the preflight, and passes the gate before it trains.
 #
 # A node that fails mid-job: by default slurmctld ends the whole job once it marks the node DOWN
 # (SlurmdTimeout, slurm.conf(5), default 300 s), as NODE_FAIL. Every job script asks for
@@ -1028,13 +1040,33 @@ ddp::train_with_spares() {
         status=0
         # shellcheck disable=SC2086 # the crash reports' glob
         rm -f -- "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" "${DDP_RUN_DIR}"/${DDP_LAUNCHER_CRASH_REPORTS}
+        # A gate report after the step is this step's (ddp-train --fabric-gate).
+        [ "${DDP_GATE_IN_TRAINING}" = 0 ] || rm -f -- "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt"
         ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
         ddp::train "$@" || status=$?
         ended_at="$(ddp::now)"
         unset DDP_RECOVERY
+        # The trainer's gate named a node (exit 76 from the trainer means only that; a node lost mid-run is
+        # the roll call's, exit 1) before anything was trained: as the gate's own step before the training.
+        if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ] && [ "${DDP_GATE_IN_TRAINING}" = 1 ] \
+            && [ -e "${DDP_RUN_DIR}/gate.json" ]; then
+            ddp::monitor_stop
+            status=0
+            ddp::gate_named || status=$?
+            if [ "${status}" -ne "${DDP_EXIT_BAD_NODE}" ]; then  # nothing new to leave out: a crash, not a loop
+                ddp::log "the training's fabric gate exited ${DDP_EXIT_BAD_NODE} and its report named no node new to the quarantine record (${DDP_RUN_DIR}/gate.json): exit 1"
+                return 1
+            fi
+            ddp::place_before_training "${status}" || return "$?"
+            continue
+        fi
         if [ "${status}" -ne 0 ] && [ "${status}" -ne "${DDP_EXIT_REQUEUE}" ] \
             && [ ! -e "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" ]; then
             ddp::report_unheard_nodes
+        fi
+        if [ "${status}" -ne 0 ] && [ "${DDP_GATE_IN_TRAINING}" = 1 ] \
+            && grep -q '"ok": false' "${DDP_RUN_DIR}/gate.json" 2>/dev/null; then
+            ddp::log "fabric gate failed (exit ${status}) without naming a node: see ${DDP_RUN_DIR}/gate.txt and the logs"
         fi
         # A crash on a live node (a killed worker) makes no report: no spare for that.
         if [ "${status}" -eq 0 ] || [ "${status}" -eq "${DDP_EXIT_REQUEUE}" ] \

@@ -146,6 +146,14 @@ class TrainConfig:
     dist_timeout_s: float = option(600.0, "process-group timeout in seconds (default: 600)")
     # Steps between all-reduces of the stop flag.
     stop_check_every: int = option(10, "steps between stop-signal checks (default: 10)")
+    # The job scripts' fabric gate, run by the trainer's own ranks (gate/run.py, on_the_training_group):
+    # one container start, torch import and rendezvous per rank instead of two.
+    fabric_gate: bool = option(
+        False, "before the first step, check the fabric on the training's process group (all-reduce data "
+               "and bandwidth, gate.json in --run-dir); a node it names ends the run with exit 76, before "
+               "anything is trained", **SWITCH)
+    site: str = option("", "site profile whose published figures --fabric-gate judges by "
+                           "(default: $DDP_LAUNCH_SITE; none: judged by comparison alone)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -318,6 +326,9 @@ def check_limits(config: TrainConfig) -> None:
             raise TrainError(f"{_flag(field.name)} {value} must be a finite number")
         if isinstance(value, str) and field.name in ("data_dir", "run_dir") and not value.strip():
             raise TrainError(f"{_flag(field.name)} is empty: pass a directory")
+    if config.site and not config.fabric_gate:
+        raise TrainError(f"--site {config.site} names the profile --fabric-gate judges by, and this run has no "
+                         f"--fabric-gate: pass both, or neither")
     if config.width_scale > MAX_WIDTH_SCALE:
         raise TrainError(f"--width-scale {config.width_scale} is over {MAX_WIDTH_SCALE:g}: "
                          f"1.0 is the guide's 17 M-parameter model")

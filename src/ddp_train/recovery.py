@@ -27,10 +27,11 @@ if TYPE_CHECKING:
 PARTS = (
     ("named_at", "detection"),                   # the collective failed -> the roll call named the node
     ("old_step_ended_at", "old step's end"),     # -> srun of the failed step returned (srun --wait, KillWait)
-    ("step_started_at", "job script"),           # -> the new step is started (quarantine, placement; the gate)
+    ("step_started_at", "job script"),           # -> the new step is started (quarantine, placement; a user script's gate)
     ("rendezvous_started_at", "new step's start"),  # -> ddp-launch's agent starts torchrun (srun, Apptainer)
     ("process_started_at", "rendezvous"),        # -> this worker process exists (torchrun's c10d rendezvous)
     ("group_ready_at", "process group"),         # -> imports, init_process_group
+    ("gate_done_at", "fabric gate"),             # -> ddp-train --fabric-gate's rounds (where the job runs it)
     ("resume_started_at", "data and model"),     # -> the dataset on the device, the model built
     ("resume_done_at", "checkpoint load"),       # -> the checkpoint loaded
     ("training_at", "warm-up and compile"),      # -> DDP, the warm-up passes (compile, from its cache)

@@ -68,6 +68,13 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
             if moved_to:
                 console.say(f"--no-resume: the earlier run's checkpoints and metrics are kept in {moved_to}/")
             try:
+                if config.fabric_gate:  # before the data and the model: a bad node costs no more than the gate
+                    from ddp_train.gate.run import on_the_training_group
+                    code = on_the_training_group(config.site, config.run_dir, config.backend, dist_env, device,
+                                                 env)
+                    started.mark("gate_done_at")
+                    if code != EXIT_OK:
+                        return code
                 return train(decided, Live(env, dist_env, device, stop, forensics.heartbeat, console, started))
             except RuntimeError as exc:  # a failed collective: was it a node that went away?
                 lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
-# The preflight and the fabric gate before training, and the requeue without a bad node
-# (slurm/lib/ddp.sh), with srun, scontrol and sinfo stubbed.
+# The preflight and the fabric gate before training (the built-in trainer's first thing, or a step of its
+# own before a user's script), and the requeue without a bad node (slurm/lib/ddp.sh), with srun, scontrol
+# and sinfo stubbed.
 
 setup() {
     load 'test_helper/common-setup'
@@ -13,35 +14,32 @@ _gate_report_naming() {
     local -r node="$1"
     printf '{"ok": false, "bad_nodes": ["%s"], "faults": [{"kind": "corrupt", "nodes": ["%s"], "measured": "15 wrong element(s)", "expected": "0 wrong", "cause": "a faulty NIC"}]}\n' \
         "${node}" "${node}" > "${BATS_TEST_TMPDIR}/gate.json"
-    export GATE_REPORT="${BATS_TEST_TMPDIR}/gate.json"
+    export GATE_REPORT="${BATS_TEST_TMPDIR}/gate.json" GATE_NAMES="${node}"
 }
 
-@test "the doctor on every node, then the gate through ddp-launch, then the training, in that order" {
+@test "the doctor on every node, then the training, whose ranks run the gate before their first step" {
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_success
+    assert_output --partial "fabric gate: in the training step, on the trainer's process group before its first step (ddp-train --fabric-gate)"
     run grep '^srun .* apptainer ' "${CALLS}"
     assert_line --index 0 "srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --output=${DDP_RUN_DIR}/preflight/42/doctor-%N.json --error=${DDP_RUN_DIR}/preflight/42/doctor-%N.err apptainer run --nv ${DDP_IMAGE} doctor --json --site olivia --data-dir ${DDP_DATA_DIR}"
-    assert_line --index 1 "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/gate-42 --module ddp_train.gate -- --run-dir ${DDP_RUN_DIR} --site olivia --backend auto"
-    assert_line --index 2 --partial " -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --recipe improved --epochs 100"
+    # The site's profile judges the gate's bandwidth, as the gate's own step's --site did.
+    assert_line --index 1 --partial "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer run --nv ${DDP_IMAGE} --site olivia --log-dir ${DDP_RUN_DIR}/logs/42 -- --data-dir ${DDP_DATA_DIR} --run-dir ${DDP_RUN_DIR} --fabric-gate --site olivia --recipe improved --epochs 100 "
+    run grep -c '^srun .* apptainer ' "${CALLS}"
+    assert_output "2"  # no step of the gate's own
 }
 
-@test "the gate runs on the backend the trainer was given (--backend gloo on GPU nodes)" {
-    export DDP_TRAIN_ARGS="--epochs 3 --backend nccl"
+@test "a user's script in task mode: the gate's step keeps its per-rank logs apart from the training's" {
+    printf 'print(1)\n' > "${BATS_TEST_TMPDIR}/train.py"
 
-    run bash "${REPO}/slurm/ethernet-nccl.sh" --backend=gloo
-
-    assert_success
-    run grep '^srun .* ddp_train.gate ' "${CALLS}"
-    assert_output --partial " --backend gloo"
-}
-
-@test "the gate in task mode keeps its per-rank logs apart from the training's" {
-    run bash "${REPO}/slurm/raven-task-per-gpu.sh"
+    run bash "${REPO}/slurm/raven-task-per-gpu.sh" --script "${BATS_TEST_TMPDIR}/train.py"
 
     assert_success
     run grep '^srun .* ddp_train.gate ' "${CALLS}"
     assert_output --partial "--output=${DDP_RUN_DIR}/logs/gate/%j-%N-rank%t.out apptainer run --nv ${DDP_IMAGE} --site raven --mode slurm-task --module ddp_train.gate"
+    run grep -c -- '--fabric-gate' "${CALLS}"
+    assert_output "0"  # the script's own process group is not ours to measure on
 }
 
 @test "DDP_FABRIC_GATE=0 and DDP_PREFLIGHT=0 skip their steps, and say so" {
@@ -54,6 +52,8 @@ _gate_report_naming() {
     assert_output --partial "preflight skipped (DDP_PREFLIGHT=0)"
     run grep -c '^srun .* apptainer ' "${CALLS}"
     assert_output "1"
+    run grep -c -- '--fabric-gate' "${CALLS}"
+    assert_output "0"
 }
 
 @test "a node the gate names is recorded, the job requeued held, given ExcNodeList, released, exit 76" {
@@ -69,8 +69,23 @@ _gate_report_naming() {
     assert_output "scontrol requeuehold 42
 scontrol update JobId=42 ExcNodeList=node2
 scontrol release 42"
-    run grep -c -- ' -- --data-dir ' "${CALLS}"
-    assert_output "0"  # no training on a bad node
+    # One training step, which its gate ended before the first step: exit 76 from the trainer.
+    run grep -c -- ' -- --data-dir .* --fabric-gate ' "${CALLS}"
+    assert_output "1"
+}
+
+@test "a user's script: a node the gate's own step names is requeued without it, and the script never starts" {
+    printf 'print(1)\n' > "${BATS_TEST_TMPDIR}/train.py"
+    _gate_report_naming node2
+    export GATE_STATUS=76 PARTITION_NODES="node1 node2 node3"
+
+    run bash "${REPO}/slurm/olivia-multinode.sh" --script "${BATS_TEST_TMPDIR}/train.py"
+
+    assert_failure 76
+    assert_output --partial "excluded node2 (named by the gate in job 42, restart 0): 15 wrong element(s)"
+    assert_output --partial "bad node(s) node2: requeuing job 42 without them (restart 1 of 3, exit 76)"
+    run grep -cE "^srun .* apptainer .* --script ${BATS_TEST_TMPDIR}/train.py --( |$)" "${CALLS}"
+    assert_output "0"  # the script's step; the doctor's checks the script, --script PATH --data-dir
 }
 
 @test "a node the doctor fails is excluded before the gate runs" {
@@ -150,7 +165,8 @@ scontrol release 42"
 }
 
 @test "a gate that fails without naming a node stops the job without a requeue" {
-    export GATE_STATUS=1
+    printf '{"ok": false, "bad_nodes": [], "faults": []}\n' > "${BATS_TEST_TMPDIR}/gate.json"
+    export GATE_STATUS=1 GATE_REPORT="${BATS_TEST_TMPDIR}/gate.json"
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
@@ -160,13 +176,14 @@ scontrol release 42"
     assert_output "0"
 }
 
-@test "a stop signal during the gate (exit 75) requeues like one during training, with no training step" {
+@test "a stop signal during a user's script's gate step (exit 75) requeues like one during training, with no training step" {
+    printf 'print(1)\n' > "${BATS_TEST_TMPDIR}/train.py"
     export GATE_STATUS=75
 
-    run bash "${REPO}/slurm/olivia-multinode.sh"
+    run bash "${REPO}/slurm/olivia-multinode.sh" --script "${BATS_TEST_TMPDIR}/train.py"
 
     assert_success
     assert_output --partial "requeuing job 42 (restart 1 of 3)"
-    run grep -c -- ' -- --data-dir ' "${CALLS}"
-    assert_output "0"
+    run grep -cE "^srun .* apptainer .* --script ${BATS_TEST_TMPDIR}/train.py --( |$)" "${CALLS}"
+    assert_output "0"  # the script's step; the doctor's checks the script, --script PATH --data-dir
 }

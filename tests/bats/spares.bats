@@ -18,7 +18,7 @@ _srun_lines() {
 _gate_names() {
     printf '{"ok": false, "bad_nodes": ["%s"], "faults": [{"kind": "slow", "nodes": ["%s"], "measured": "busbw 0.1 GB/s", "expected": ">= 1 GB/s", "cause": "a slow NIC"}]}\n' \
         "$1" "$1" > "${BATS_TEST_TMPDIR}/gate.json"
-    export GATE_REPORT="${BATS_TEST_TMPDIR}/gate.json" GATE_STATUS=76
+    export GATE_REPORT="${BATS_TEST_TMPDIR}/gate.json" GATE_STATUS=76 GATE_NAMES="$1"
 }
 
 @test "every job script asks SLURM to keep the job when one of its nodes fails (--no-kill)" {
@@ -41,7 +41,7 @@ _gate_names() {
     assert_output "${trainers}"
 }
 
-@test "one spare of four: the preflight and the gate on every node, the training and its sampler on the first three" {
+@test "one spare of four: the preflight on every node, the training (its gate first) and its sampler on the first three" {
     run bash "${REPO}/slurm/olivia-multinode.sh"
 
     assert_success
@@ -49,12 +49,13 @@ _gate_names() {
     assert_output --partial "spares: training on node1,node2,node3 (3 of the allocation's 4 nodes), 1 spare(s) left: node4"
     run _srun_lines ' doctor --json '
     assert_output --partial "srun --nodes=4 --ntasks=4 --ntasks-per-node=1 "
-    run _srun_lines ' ddp_train.gate '
-    assert_output --regexp '^srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get apptainer '  # Olivia's
+    run grep -c ' ddp_train.gate ' "${CALLS}"
+    assert_output "0"
     run _srun_lines 'gpu-sampler.sh'
     assert_output --partial "srun --overlap --nodes=3 --ntasks=3 --nodelist=node1,node2,node3 --ntasks-per-node=1 "
     run _train_call
     assert_output --partial "srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get --nodes=3 --ntasks=3 --nodelist=node1,node2,node3 apptainer run "
+    assert_output --partial " --fabric-gate --site olivia "
     refute_output --partial "--overlap"
     run grep -c '^srun-env DDP_RECOVERY=' "${CALLS}"
     assert_output "0"  # nothing replaced, nothing to record
@@ -68,10 +69,9 @@ _gate_names() {
     assert_success
     assert_output --partial "excluded node2 (named by the doctor in job 42, restart 0): interface: eth0 missing"
     assert_output --partial "spares: spare node4 replaces node2 (named by the doctor: interface: eth0 missing): training on node1,node3,node4 (3 of the allocation's 4 nodes), 0 spare(s) left"
-    run _srun_lines ' ddp_train.gate '
-    assert_output --partial "--nodes=3 --ntasks=3 --nodelist=node1,node3,node4 apptainer"
     run _train_call
     assert_output --partial "--nodes=3 --ntasks=3 --nodelist=node1,node3,node4 apptainer"
+    assert_output --partial " --fabric-gate "  # the gate runs on the training's nodes, the spare among them
     run grep -c '^scontrol \(requeue\|requeuehold\|update\)' "${CALLS}"
     assert_output "0"
     # The training step (the last srun) carries what the trainer records: the swap and the fault's time.
@@ -79,7 +79,7 @@ _gate_names() {
     assert_output --regexp '"swaps": \[\{"node": "node2", "by": "doctor", "why": "interface: eth0 missing", "spare": "node4"\}\], "fault_at": [0-9.]+, "named_at": [0-9.]+, "old_step_ended_at": null'
 }
 
-@test "a node the gate names is replaced by the spare before the training" {
+@test "a node the trainer's gate names is replaced by the spare: the next step on the survivors and the spare, gated again" {
     _gate_names node3
 
     run bash "${REPO}/slurm/olivia-multinode.sh"
@@ -88,8 +88,29 @@ _gate_names() {
     assert_output --partial "excluded node3 (named by the gate in job 42, restart 0): busbw 0.1 GB/s"
     assert_output --partial "spares: spare node4 replaces node3 (named by the gate: "
     run _train_call
-    assert_output --partial "--nodelist=node1,node2,node4 apptainer"
+    assert_line --index 0 --partial "--nodes=3 --ntasks=3 --nodelist=node1,node2,node3 apptainer"
+    assert_line --index 1 --partial "--nodes=3 --ntasks=3 --nodelist=node1,node2,node4 apptainer"
+    assert_line --index 1 --partial " --fabric-gate "
+    refute_output --partial "--overlap"  # the first step ended on its own, at its gate
     run grep -c '^scontrol \(requeue\|requeuehold\)' "${CALLS}"
+    assert_output "0"
+    # The second step nothing resumes (the first trained nothing) records the swap, as after the preflight.
+    run grep '^srun-workload-env' "${CALLS}"
+    refute_output --partial "DDP_RESUME=1"
+    run bash -c "grep '^srun-env DDP_RECOVERY=' '${CALLS}' | tail -n 1"
+    assert_output --regexp '"swaps": \[\{"node": "node3", "by": "gate", "why": "busbw 0.1 GB/s[^"]*", "spare": "node4"\}\], "fault_at": [0-9.]+'
+}
+
+@test "a user's script with a spare: the gate's own step on every healthy node, the script on the first three" {
+    printf 'print(1)\n' > "${BATS_TEST_TMPDIR}/train.py"
+    export DOCTOR_FAILS=node2
+
+    run bash "${REPO}/slurm/olivia-multinode.sh" --script "${BATS_TEST_TMPDIR}/train.py"
+
+    assert_success
+    run _srun_lines ' ddp_train.gate '
+    assert_output --regexp '^srun --kill-on-bad-exit=0 --wait=30 --network=disable_rdzv_get --nodes=3 --ntasks=3 --nodelist=node1,node3,node4 apptainer '
+    run grep -c -- '--fabric-gate' "${CALLS}"
     assert_output "0"
 }
 
@@ -354,5 +375,19 @@ scontrol release 42"
     done
     [ "${count}" -eq 9 ]
     run grep -c '^srun' "${CALLS}"
+    assert_output "0"
+}
+
+@test "a trainer's gate that exits 76 with a report naming no node new to the record: exit 1, not a loop of steps" {
+    printf '{"ok": false, "bad_nodes": [], "faults": []}\n' > "${BATS_TEST_TMPDIR}/gate.json"
+    export GATE_REPORT="${BATS_TEST_TMPDIR}/gate.json" GATE_STATUS=76
+
+    run bash "${REPO}/slurm/olivia-multinode.sh"
+
+    assert_failure 1
+    assert_output --partial "the training's fabric gate exited 76 and its report named no node new to the quarantine record (${DDP_RUN_DIR}/gate.json): exit 1"
+    run _train_call
+    assert_equal "${#lines[@]}" 1
+    run grep -c '^scontrol \(requeue\|requeuehold\)' "${CALLS}"
     assert_output "0"
 }

@@ -660,8 +660,9 @@ def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> di
             "DDP_MONITOR_INTERVAL": "1", **WITHOUT_CHECKS}
 
 
-# The preflight (ddp-launch doctor on every node) and the fabric gate are two more srun steps through
-# Apptainer at each start of a job, about 20 s together here. A job_env job runs without them:
+# The preflight (ddp-launch doctor on every node) is one more srun step through Apptainer at each start
+# of a job, and the fabric gate seconds of the training's own ranks (a step of its own before a user's
+# script), about 15 s together here. A job_env job runs without them:
 # test_fabric_gate.py turns them on (WITH_CHECKS) and the twins run every script as it is; the other
 # tests are about something else.
 WITHOUT_CHECKS = {"DDP_PREFLIGHT": "0", "DDP_FABRIC_GATE": "0"}

@@ -69,7 +69,9 @@ def test_a_corrupting_rank_is_named_with_its_wrong_element_count(cluster, job_en
 def test_a_slow_node_is_named_by_the_pair_rounds(cluster, job_env, tmp_path, rate_limited):
     cluster.needs_nodes(3)
     rate_limited("node3")
-    job_env = {**job_env, "DDP_MAX_REQUEUES": "0"}
+    # The gate runs in the trainer's ranks, after its flags are checked against the world: a global batch
+    # that 3 nodes x 2 CPU workers divide (the last --batch-size wins).
+    job_env = {**job_env, "DDP_MAX_REQUEUES": "0", "DDP_TRAIN_ARGS": f"{job_env['DDP_TRAIN_ARGS']} --batch-size 96"}
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=3", "--nodelist=node1,node2,node3"),
                              "slurm/olivia-multinode.sh"], env=job_env)
 

@@ -1,5 +1,6 @@
-"""`python -m ddp_train.gate`: the fabric gate, run by the job scripts before training, through
-ddp-launch (`--module ddp_train.gate`) on the same ranks, backend and environment as the training.
+"""The fabric gate: `ddp-train --fabric-gate` runs it in the training's own ranks before their first step
+(on_the_training_group), and `python -m ddp_train.gate` as a step of its own before a user's script,
+through ddp-launch (`--module ddp_train.gate`) on the same ranks, backend and environment as the training.
 
 All-reduce at a few sizes with a known pattern (data checked, bandwidth as nccl-tests reports it);
 on a failure, or where only a comparison can judge, again within each node and between pairs of
@@ -18,6 +19,7 @@ import os
 import signal
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 from ddp_contract import EXIT_BAD_NODE, EXPECT_FABRIC_VAR, GATE_TEST_CORRUPT_VAR
 from ddp_contract.nccl_log import check_nccl_transport
+from ddp_contract.provenance import SITE_VAR
 
 from ddp_train import distributed, write_failure
 from ddp_train.config import BACKENDS
@@ -42,7 +45,7 @@ from ddp_train.resolve import resolve_backend
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ddp_train.gate", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="where gate.json and gate.txt go")
-    parser.add_argument("--site", default=os.environ.get("DDP_LAUNCH_SITE") or None,
+    parser.add_argument("--site", default=os.environ.get(SITE_VAR) or None,
                         help="site profile whose fabric_gate gives the expected bus bandwidth")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--backend", choices=BACKENDS, default="auto",
@@ -171,11 +174,15 @@ class Runner:
     def round(self, round_name: str, groups: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[GroupResult]:
         """Every group of one round at once (each rank in at most one); every rank gets every result."""
         handles = [dist.new_group(list(members)) for members in groups]  # every rank creates every group
-        mine = None
+        mine, joined = None, None
         for members, handle in zip(groups, handles):
             if self.rank in members:
-                mine = self.measure(handle, members, round_name, sizes)
-        gathered = distributed.all_gather_objects(mine)
+                mine, joined = self.measure(handle, members, round_name, sizes), handle
+        gathered = distributed.all_gather_objects(mine)  # also: every member is done with every group
+        if joined is not None:
+            # Its communicator and buffers are not the training's to keep (on_the_training_group runs on
+            # the training's own process group).
+            dist.destroy_process_group(joined)
         seen, results = set(), []
         for result in gathered:
             if result is not None and result.nodes not in seen:
@@ -203,56 +210,108 @@ def transport_on_sockets(env: Mapping[str, str], device: torch.device) -> bool:
     return not ok
 
 
+@dataclass(frozen=True)
+class GateSettings:
+    """What the gate measures and judges by: the site's published figure (None: comparison alone), why
+    the site forbids subgroups (None: it allows them), the sizes in bytes and the timed all-reduces."""
+
+    expectation: Optional[Expectation]
+    refused: Optional[str]
+    sizes: tuple[int, ...]
+    iters: int
+
+
+def settings(site: Optional[str], sizes: Optional[str], iters: Optional[int], device_type: str,
+             env: Mapping[str, str]) -> GateSettings:
+    profile = site_profile(site, env)
+    return GateSettings(expectation_from_profile(profile.fabric_gate) if profile is not None else None,
+                        site_refuses_subgroups(profile),
+                        tuple(int(s) for s in sizes.split(",")) if sizes else DEFAULT_SIZES[device_type],
+                        iters or DEFAULT_ITERS[device_type])
+
+
+def judge_on_group(chosen: GateSettings, backend: str, dist_env: DistEnv, device: torch.device,
+                   env: Mapping[str, str], started: float):
+    """The gate's rounds on the process group already initialised with `backend` (the gate's own, or the
+    training's; none in a world of one): the world's all-reduce, then within nodes and pairs where judging
+    needs it. Every rank returns the same report (judge.GateReport)."""
+    expectation, refused, sizes = chosen.expectation, chosen.refused, chosen.sizes
+    host = socket.gethostname().split(".")[0]
+    hosts = distributed.all_gather_objects(host)
+    nodes = node_names(hosts)
+    if expectation is None and (backend, device.type) == ("nccl", "cuda"):
+        # No published figure: the RDMA links' own rate, which NCCL's IB transport runs on.
+        rates = distributed.all_gather_objects(node_link_gbits(env))
+        expectation = link_expectation(dict(zip(hosts, rates)), sizes[-1])
+    expectation, notes = judged_expectation(expectation, len(nodes), backend, device.type, pairs=refused is None)
+    runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), chosen.iters)
+    everyone = list(range(dist_env.world_size))
+    world = runner.measure(None, everyone, "world", sizes)
+    on_sockets = distributed.all_gather_objects(transport_on_sockets(env, device))
+    sockets = sorted({hosts[r] for r, flag in enumerate(on_sockets) if flag})
+    node_groups, pair_groups = [], []
+    if refused is not None and distributed.active():
+        notes = (*notes, refused)  # the world's all-reduce alone: no dist.new_group on this site
+    elif distributed.active() and needs_narrowing(world, expectation, sockets, len(nodes)):
+        ranks_of = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
+        node_groups = runner.round("node", [ranks_of[n] for n in nodes], sizes)
+        schedule = {f"pairs-{index}": [ranks_of[nodes[a]] + ranks_of[nodes[b]] for a, b in pairs]
+                    for index, pairs in enumerate(pair_rounds(len(nodes)), start=1)}
+        for name, groups in schedule.items():
+            pair_groups += runner.round(name, groups, sizes)
+        # Every rank holds every result (round gathers them), so every rank repeats the same rounds.
+        pair_groups, again = remeasured(pair_groups, expectation,
+                                        lambda name: runner.round(name, schedule[name], sizes))
+        notes = (*notes, *again)
+    return decide(world, node_groups, pair_groups, expectation, sockets, time.perf_counter() - started,
+                  f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes,
+                  unnarrowed=refused if distributed.active() else None)
+
+
+def exit_code(report) -> int:
+    if report.ok:
+        return EXIT_OK
+    return EXIT_BAD_NODE if report.bad_nodes else EXIT_FAILURE
+
+
+def published_by_rank_0(report, run_dir: str, is_main: bool, device: torch.device) -> None:
+    """Rank 0 writes and says the report; a write that fails stops every rank with its one line."""
+    failed = None
+    if is_main:
+        try:
+            publish(report, run_dir)
+        except TrainError as error:
+            failed = error
+    distributed.agree_or_raise(failed, device)
+
+
 def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     started = time.perf_counter()
     dist_env = DistEnv.from_env(env)
     device = distributed.pick_device(args.device, dist_env)
-    profile = site_profile(args.site, env)
-    expectation = expectation_from_profile(profile.fabric_gate) if profile is not None else None
-    refused = site_refuses_subgroups(profile)
-    sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else DEFAULT_SIZES[device.type]
-    iters = args.iters or DEFAULT_ITERS[device.type]
-    host = socket.gethostname().split(".")[0]
+    chosen = settings(args.site, args.sizes, args.iters, device.type, env)
     backend = resolve_backend(args.backend, device.type)
     distributed.init_process_group(dist_env, device, args.timeout, backend)
     try:
-        hosts = distributed.all_gather_objects(host)
-        nodes = node_names(hosts)
-        if expectation is None and (backend, device.type) == ("nccl", "cuda"):
-            # No published figure: the RDMA links' own rate, which NCCL's IB transport runs on.
-            rates = distributed.all_gather_objects(node_link_gbits(env))
-            expectation = link_expectation(dict(zip(hosts, rates)), sizes[-1])
-        expectation, notes = judged_expectation(expectation, len(nodes), backend, device.type, pairs=refused is None)
-        runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), iters)
-        everyone = list(range(dist_env.world_size))
-        world = runner.measure(None, everyone, "world", sizes)
-        on_sockets = distributed.all_gather_objects(transport_on_sockets(env, device))
-        sockets = sorted({hosts[r] for r, flag in enumerate(on_sockets) if flag})
-        node_groups, pair_groups = [], []
-        if refused is not None and distributed.active():
-            notes = (*notes, refused)  # the world's all-reduce alone: no dist.new_group on this site
-        elif distributed.active() and needs_narrowing(world, expectation, sockets, len(nodes)):
-            ranks_of = {node: [r for r, h in enumerate(hosts) if h == node] for node in nodes}
-            node_groups = runner.round("node", [ranks_of[n] for n in nodes], sizes)
-            schedule = {f"pairs-{index}": [ranks_of[nodes[a]] + ranks_of[nodes[b]] for a, b in pairs]
-                        for index, pairs in enumerate(pair_rounds(len(nodes)), start=1)}
-            for name, groups in schedule.items():
-                pair_groups += runner.round(name, groups, sizes)
-            # Every rank holds every result (round gathers them), so every rank repeats the same rounds.
-            pair_groups, again = remeasured(pair_groups, expectation,
-                                            lambda name: runner.round(name, schedule[name], sizes))
-            notes = (*notes, *again)
-        report = decide(world, node_groups, pair_groups, expectation, sockets, time.perf_counter() - started,
-                        f"{dist.get_backend() if distributed.active() else 'none'} on {device.type}", notes,
-                        unnarrowed=refused if distributed.active() else None)
-        if dist_env.is_main:
-            publish(report, args.run_dir)
-        distributed.barrier()
+        report = judge_on_group(chosen, backend, dist_env, device, env, started)
+        published_by_rank_0(report, args.run_dir, dist_env.is_main, device)
     finally:
         distributed.destroy_process_group()
-    if report.ok:
-        return EXIT_OK
-    return EXIT_BAD_NODE if report.bad_nodes else EXIT_FAILURE
+    return exit_code(report)
+
+
+def on_the_training_group(site: str, run_dir: str, backend: str, dist_env: DistEnv, device: torch.device,
+                          env: Mapping[str, str]) -> int:
+    """`ddp-train --fabric-gate`: the gate on the training's own process group (its backend, its
+    timeout), before the first step: exit 0 trains on, 76 names a node and 1 fails without naming one,
+    with nothing trained. The job scripts run it this way for the built-in trainer (slurm/lib/ddp.sh,
+    ddp::gate), which saves every rank a second container start, torch import and rendezvous; a user's
+    own script gets the gate's separate step, its process group being its own."""
+    started = time.perf_counter()
+    chosen = settings(site or env.get(SITE_VAR) or None, None, None, device.type, env)
+    report = judge_on_group(chosen, backend, dist_env, device, env, started)
+    published_by_rank_0(report, run_dir, dist_env.is_main, device)
+    return exit_code(report)
 
 
 NOTHING_CHANGED = "no training ran and no checkpoint changed"

@@ -112,12 +112,16 @@ def test_a_recovery_step_of_the_real_trainer_writes_one_record_and_says_it_once(
     env = trainer_env(**{RECOVERY_VAR: json.dumps({"swaps": [SWAP], "fault_at": fault_at - 30.0,
                                                    "named_at": fault_at - 15.0, "old_step_ended_at": None,
                                                    "step_started_at": fault_at})})
-    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180)
+    # With the job scripts' gate in the trainer's ranks (ddp-train --fabric-gate): the spare is gated
+    # before the first step, and the recovery counts the gate's seconds as a part of their own.
+    again = subprocess.run([*args, "--fabric-gate"], env=env, capture_output=True, text=True, timeout=180)
 
     assert again.returncode == 0, again.stderr
+    assert "fabric gate: PASS in " in again.stdout and json.loads((tmp_path / "gate.json").read_text())["ok"]
     [record] = _records(tmp_path, "recovery")
     assert record["swaps"] == [SWAP] and 30.0 < record["seconds"] < 150.0
-    assert {"detection", "checkpoint load", "warm-up and compile"} <= set(record["parts"])
+    assert {"detection", "fabric gate", "checkpoint load", "warm-up and compile"} <= set(record["parts"])
+    assert record["marks"]["group_ready_at"] <= record["marks"]["gate_done_at"] <= record["marks"]["resume_started_at"]
     assert record["marks"]["resume_done_at"] >= record["marks"]["resume_started_at"]
     lines = [line for line in again.stdout.splitlines() if line.startswith("Recovered: ")]
     assert len(lines) == 1 and "replaced node2 (named by the roll call) by spare node4" in lines[0]

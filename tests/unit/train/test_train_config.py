@@ -158,3 +158,12 @@ def test_a_field_whose_annotation_no_flag_can_parse_is_refused_by_name():
 
     with pytest.raises(TypeError, match="ratio: a flag cannot parse"):
         build_parser(Odd)
+
+
+def test_site_without_fabric_gate_is_refused_as_a_flag_that_would_do_nothing():
+    with pytest.raises(TrainError, match="--site olivia names the profile --fabric-gate judges by, and this run "
+                                         "has no --fabric-gate: pass both, or neither"):
+        config_from_args(["--site", "olivia"])
+    gated = config_from_args(["--fabric-gate", "--site", "olivia"])
+    assert gated.fabric_gate and gated.site == "olivia"
+    assert not config_from_args([]).fabric_gate  # only the job scripts ask for it
