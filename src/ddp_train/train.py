@@ -70,8 +70,8 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
             try:
                 if config.fabric_gate:  # before the data and the model: a bad node costs no more than the gate
                     from ddp_train.gate.run import on_the_training_group
-                    code = on_the_training_group(config.site, config.run_dir, config.backend, dist_env, device,
-                                                 env)
+                    code = on_the_training_group(config.site, config.run_dir, config.backend, config.dist_timeout_s,
+                                                 dist_env, device, env)
                     started.mark("gate_done_at")
                     if code != EXIT_OK:
                         return code

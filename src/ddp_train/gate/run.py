@@ -15,6 +15,8 @@ The decisions are in judge.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import os
 import signal
 import socket
@@ -42,6 +44,11 @@ from ddp_train.gate.judge import (DEFAULT_ITERS, DEFAULT_SIZES, PATTERN_PERIOD, 
 from ddp_train.resolve import resolve_backend
 
 
+# How long any one of the gate's collectives may take: a hang at the gate is the fabric's fault to name,
+# within two minutes, not after a training's --dist-timeout-s (600 s by default).
+GATE_TIMEOUT_S = 120.0
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m ddp_train.gate", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="where gate.json and gate.txt go")
@@ -52,7 +59,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="as the trainer's --backend: auto is NCCL on GPUs, gloo on CPUs")
     parser.add_argument("--sizes", help="comma-separated sizes in bytes (default: per device, gate/judge.py)")
     parser.add_argument("--iters", type=int, help="timed all-reduces per size (default 20 on GPUs, 5 on CPUs)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds any one collective may take")
+    parser.add_argument("--timeout", type=float, default=GATE_TIMEOUT_S, help="seconds any one collective may take")
     return parser.parse_args(argv)
 
 
@@ -127,9 +134,10 @@ def corruption(env: Mapping[str, str], host: str, local_rank: int) -> int:
 class Runner:
     """One rank's side of the gate: its device, its global rank, and every rank's node."""
 
-    def __init__(self, device: torch.device, rank: int, nodes_of_ranks: Sequence[str], corrupt: int, iters: int):
+    def __init__(self, device: torch.device, rank: int, nodes_of_ranks: Sequence[str], corrupt: int, iters: int,
+                 timeout_s: float):
         self.device, self.rank, self.nodes_of_ranks = device, rank, list(nodes_of_ranks)
-        self.corrupt, self.iters = corrupt, iters
+        self.corrupt, self.iters, self.timeout_s = corrupt, iters, timeout_s
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -173,7 +181,10 @@ class Runner:
 
     def round(self, round_name: str, groups: Sequence[Sequence[int]], sizes: Sequence[int]) -> list[GroupResult]:
         """Every group of one round at once (each rank in at most one); every rank gets every result."""
-        handles = [dist.new_group(list(members)) for members in groups]  # every rank creates every group
+        # Every rank creates every group; a new group's timeout is torch's default (10 or 30 min), not the
+        # world's, unless given.
+        handles = [dist.new_group(list(members), timeout=datetime.timedelta(seconds=self.timeout_s))
+                   for members in groups]
         mine, joined = None, None
         for members, handle in zip(groups, handles):
             if self.rank in members:
@@ -230,7 +241,7 @@ def settings(site: Optional[str], sizes: Optional[str], iters: Optional[int], de
                         iters or DEFAULT_ITERS[device_type])
 
 
-def judge_on_group(chosen: GateSettings, backend: str, dist_env: DistEnv, device: torch.device,
+def judge_on_group(chosen: GateSettings, backend: str, timeout_s: float, dist_env: DistEnv, device: torch.device,
                    env: Mapping[str, str], started: float):
     """The gate's rounds on the process group already initialised with `backend` (the gate's own, or the
     training's; none in a world of one): the world's all-reduce, then within nodes and pairs where judging
@@ -244,7 +255,7 @@ def judge_on_group(chosen: GateSettings, backend: str, dist_env: DistEnv, device
         rates = distributed.all_gather_objects(node_link_gbits(env))
         expectation = link_expectation(dict(zip(hosts, rates)), sizes[-1])
     expectation, notes = judged_expectation(expectation, len(nodes), backend, device.type, pairs=refused is None)
-    runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), chosen.iters)
+    runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), chosen.iters, timeout_s)
     everyone = list(range(dist_env.world_size))
     world = runner.measure(None, everyone, "world", sizes)
     on_sockets = distributed.all_gather_objects(transport_on_sockets(env, device))
@@ -293,15 +304,15 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     backend = resolve_backend(args.backend, device.type)
     distributed.init_process_group(dist_env, device, args.timeout, backend)
     try:
-        report = judge_on_group(chosen, backend, dist_env, device, env, started)
+        report = judge_on_group(chosen, backend, args.timeout, dist_env, device, env, started)
         published_by_rank_0(report, args.run_dir, dist_env.is_main, device)
     finally:
         distributed.destroy_process_group()
     return exit_code(report)
 
 
-def on_the_training_group(site: str, run_dir: str, backend: str, dist_env: DistEnv, device: torch.device,
-                          env: Mapping[str, str]) -> int:
+def on_the_training_group(site: str, run_dir: str, backend: str, training_timeout_s: float, dist_env: DistEnv,
+                          device: torch.device, env: Mapping[str, str]) -> int:
     """`ddp-train --fabric-gate`: the gate on the training's own process group (its backend, its
     timeout), before the first step: exit 0 trains on, 76 names a node and 1 fails without naming one,
     with nothing trained. The job scripts run it this way for the built-in trainer (slurm/lib/ddp.sh,
@@ -309,9 +320,25 @@ def on_the_training_group(site: str, run_dir: str, backend: str, dist_env: DistE
     own script gets the gate's separate step, its process group being its own."""
     started = time.perf_counter()
     chosen = settings(site or env.get(SITE_VAR) or None, None, None, device.type, env)
-    report = judge_on_group(chosen, backend, dist_env, device, env, started)
+    timeout_s = min(GATE_TIMEOUT_S, training_timeout_s)
+    with collectives_bounded(timeout_s, training_timeout_s):
+        report = judge_on_group(chosen, backend, timeout_s, dist_env, device, env, started)
     published_by_rank_0(report, run_dir, dist_env.is_main, device)
     return exit_code(report)
+
+
+@contextlib.contextmanager
+def collectives_bounded(seconds: float, then_s: float):
+    """The world group's collectives time out after `seconds` inside the block, and after `then_s` again
+    once it ends well (a group that timed out is the roll call's, never used again). torch.distributed's
+    set_timeout, or its older private _set_pg_timeout, where this torch has one."""
+    setter = getattr(dist, "set_timeout", None) or getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is None or not distributed.active() or seconds >= then_s:
+        yield
+        return
+    setter(datetime.timedelta(seconds=seconds))
+    yield
+    setter(datetime.timedelta(seconds=then_s))
 
 
 NOTHING_CHANGED = "no training ran and no checkpoint changed"
