@@ -1032,7 +1032,9 @@ ddp::replace_lost_node() {
 }
 
 # The training step, and after a node lost mid-run the next one on the survivors and a spare, from
-# the last checkpoint (DDP_RESUME=1 for it), while spares are left; the sampler runs on the training's nodes.
+# the last checkpoint (DDP_RESUME=1 for it), while spares are left; after a node its gate named (the
+# built-in trainer's, before anything trained), the next one on the survivors and a spare as after the
+# preflight. The sampler runs on the training's nodes.
 #   ddp::train_with_spares MODE
 ddp::train_with_spares() {
     local status ended_at
