@@ -70,15 +70,16 @@ def test_a_hang_at_the_trainers_gate_fails_within_the_gates_bound_not_the_traini
             str(tmp_path / "never-read"), "--dist-timeout-s", "600"]
     ranks = [subprocess.Popen([sys.executable, "-c", SILENT_RANK, *argv], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
-                              env=rank_env(rank, port, SILENT_S="90", PYTHONUNBUFFERED="1")) for rank in (0, 1)]
+                              env=rank_env(rank, port, SILENT_S="300", PYTHONUNBUFFERED="1")) for rank in (0, 1)]
     started = time.monotonic()
-    out, err = ranks[0].communicate(timeout=120)
+    out, err = ranks[0].communicate(timeout=300)
     waited = time.monotonic() - started
     ranks[1].kill()
     ranks[1].communicate()
 
-    # gloo's own words for the bound it ran under, then the trainer's roll call (15 s) names the silent rank.
-    assert ranks[0].returncode == 1 and waited < 60, (waited, err[-3000:])
+    # gloo's own words for the bound it ran under, then the trainer's roll call (15 s) names the silent rank:
+    # about 26 s here with the imports; far under the training's 600 s however loaded the machine is.
+    assert ranks[0].returncode == 1 and waited < 240, (waited, err[-3000:])
     assert "Timed out waiting 3000ms" in err and "ddp-train: error: lost contact with n2 (rank 1)" in err, err[-3000:]
     assert not (tmp_path / "run" / "gate.json").exists()  # no verdict: nothing measured
 
