@@ -621,15 +621,13 @@ ddp::preflight() {
 # training, through ddp-launch (--module ddp_train.gate) like the training: same ranks and environment,
 # our own module whatever the workload is (the training step's ddp-launch flags without the workload's).
 #   ddp::gate MODE
-DDP_GATE_IN_TRAINING=0  # 1: ddp::train passes --fabric-gate to the built-in trainer
 ddp::gate() {
     local -r mode="$1"
     if [ "${DDP_FABRIC_GATE:-1}" = 0 ]; then
         ddp::log "fabric gate skipped (DDP_FABRIC_GATE=0)"
         return 0
     fi
-    if [ "${DDP_WORKLOAD}" = builtin ]; then
-        DDP_GATE_IN_TRAINING=1
+    if ddp::gate_in_training; then
         ddp::log "fabric gate: in the training step, on the trainer's process group before its first step (ddp-train --fabric-gate)"
         return 0
     fi
@@ -646,6 +644,11 @@ ddp::gate() {
         ddp::log "fabric gate failed (exit ${status}) without naming a node: see ${DDP_RUN_DIR}/gate.txt and the logs"
     fi
     return "${status}"
+}
+
+# Whether the training step runs the gate: the built-in trainer's, unless DDP_FABRIC_GATE=0.
+ddp::gate_in_training() {
+    [ "${DDP_WORKLOAD}" = builtin ] && [ "${DDP_FABRIC_GATE:-1}" != 0 ]
 }
 
 # The nodes the gate's report names (<run-dir>/gate.json) into the quarantine record; the status of
@@ -786,7 +789,7 @@ ddp::train() {
     local -r mode="$1"
     if [ "${DDP_WORKLOAD}" = builtin ]; then
         local -a gate=()
-        [ "${DDP_GATE_IN_TRAINING}" = 0 ] || gate=(--fabric-gate --site "${DDP_SITE}")
+        ! ddp::gate_in_training || gate=(--fabric-gate --site "${DDP_SITE}")
         ddp::launch_step "${mode}" train -- --data-dir "${DDP_DATA_DIR}" --run-dir "${DDP_RUN_DIR}" \
             "${gate[@]}" "${DDP_TRAIN_WORDS[@]}" "${DDP_WORKLOAD_ARGS[@]}"
     else
@@ -1043,14 +1046,14 @@ ddp::train_with_spares() {
         # shellcheck disable=SC2086 # the crash reports' glob
         rm -f -- "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" "${DDP_RUN_DIR}"/${DDP_LAUNCHER_CRASH_REPORTS}
         # A gate report after the step is this step's (ddp-train --fabric-gate).
-        [ "${DDP_GATE_IN_TRAINING}" = 0 ] || rm -f -- "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt"
+        ! ddp::gate_in_training || rm -f -- "${DDP_RUN_DIR}/gate.json" "${DDP_RUN_DIR}/gate.txt"
         ddp::monitor_start "${DDP_RUN_DIR}/gpu" "${DDP_MONITOR_INTERVAL:-5}"
         ddp::train "$@" || status=$?
         ended_at="$(ddp::now)"
         unset DDP_RECOVERY
         # The trainer's gate named a node (exit 76 from the trainer means only that; a node lost mid-run is
         # the roll call's, exit 1) before anything was trained: as the gate's own step before the training.
-        if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ] && [ "${DDP_GATE_IN_TRAINING}" = 1 ] \
+        if [ "${status}" -eq "${DDP_EXIT_BAD_NODE}" ] && ddp::gate_in_training \
             && [ -e "${DDP_RUN_DIR}/gate.json" ]; then
             ddp::monitor_stop
             status=0
@@ -1066,7 +1069,7 @@ ddp::train_with_spares() {
             && [ ! -e "${DDP_RUN_DIR}/${DDP_ROLL_CALL_REPORT}" ]; then
             ddp::report_unheard_nodes
         fi
-        if [ "${status}" -ne 0 ] && [ "${DDP_GATE_IN_TRAINING}" = 1 ] \
+        if [ "${status}" -ne 0 ] && ddp::gate_in_training \
             && grep -q '"ok": false' "${DDP_RUN_DIR}/gate.json" 2>/dev/null; then
             ddp::log "fabric gate failed (exit ${status}) without naming a node: see ${DDP_RUN_DIR}/gate.txt and the logs"
         fi

@@ -224,24 +224,26 @@ def transport_on_sockets(env: Mapping[str, str], device: torch.device) -> bool:
 @dataclass(frozen=True)
 class GateSettings:
     """What the gate measures and judges by: the site's published figure (None: comparison alone), why
-    the site forbids subgroups (None: it allows them), the sizes in bytes and the timed all-reduces."""
+    the site forbids subgroups (None: it allows them), the sizes in bytes, the timed all-reduces and the
+    seconds any one collective may take."""
 
     expectation: Optional[Expectation]
     refused: Optional[str]
     sizes: tuple[int, ...]
     iters: int
+    timeout_s: float
 
 
-def settings(site: Optional[str], sizes: Optional[str], iters: Optional[int], device_type: str,
+def settings(site: Optional[str], sizes: Optional[str], iters: Optional[int], timeout_s: float, device_type: str,
              env: Mapping[str, str]) -> GateSettings:
     profile = site_profile(site, env)
     return GateSettings(expectation_from_profile(profile.fabric_gate) if profile is not None else None,
                         site_refuses_subgroups(profile),
                         tuple(int(s) for s in sizes.split(",")) if sizes else DEFAULT_SIZES[device_type],
-                        iters or DEFAULT_ITERS[device_type])
+                        iters or DEFAULT_ITERS[device_type], timeout_s)
 
 
-def judge_on_group(chosen: GateSettings, backend: str, timeout_s: float, dist_env: DistEnv, device: torch.device,
+def judge_on_group(chosen: GateSettings, backend: str, dist_env: DistEnv, device: torch.device,
                    env: Mapping[str, str], started: float):
     """The gate's rounds on the process group already initialised with `backend` (the gate's own, or the
     training's; none in a world of one): the world's all-reduce, then within nodes and pairs where judging
@@ -255,7 +257,8 @@ def judge_on_group(chosen: GateSettings, backend: str, timeout_s: float, dist_en
         rates = distributed.all_gather_objects(node_link_gbits(env))
         expectation = link_expectation(dict(zip(hosts, rates)), sizes[-1])
     expectation, notes = judged_expectation(expectation, len(nodes), backend, device.type, pairs=refused is None)
-    runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), chosen.iters, timeout_s)
+    runner = Runner(device, dist_env.rank, hosts, corruption(env, host, dist_env.local_rank), chosen.iters,
+                    chosen.timeout_s)
     everyone = list(range(dist_env.world_size))
     world = runner.measure(None, everyone, "world", sizes)
     on_sockets = distributed.all_gather_objects(transport_on_sockets(env, device))
@@ -300,11 +303,11 @@ def gate(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     started = time.perf_counter()
     dist_env = DistEnv.from_env(env)
     device = distributed.pick_device(args.device, dist_env)
-    chosen = settings(args.site, args.sizes, args.iters, device.type, env)
+    chosen = settings(args.site, args.sizes, args.iters, args.timeout, device.type, env)
     backend = resolve_backend(args.backend, device.type)
     distributed.init_process_group(dist_env, device, args.timeout, backend)
     try:
-        report = judge_on_group(chosen, backend, args.timeout, dist_env, device, env, started)
+        report = judge_on_group(chosen, backend, dist_env, device, env, started)
         published_by_rank_0(report, args.run_dir, dist_env.is_main, device)
     finally:
         distributed.destroy_process_group()
@@ -319,10 +322,10 @@ def on_the_training_group(site: str, run_dir: str, backend: str, training_timeou
     ddp::gate), which saves every rank a second container start, torch import and rendezvous; a user's
     own script gets the gate's separate step, its process group being its own."""
     started = time.perf_counter()
-    chosen = settings(site or env.get(SITE_VAR) or None, None, None, device.type, env)
-    timeout_s = min(GATE_TIMEOUT_S, training_timeout_s)
-    with collectives_bounded(timeout_s, training_timeout_s):
-        report = judge_on_group(chosen, backend, timeout_s, dist_env, device, env, started)
+    chosen = settings(site or env.get(SITE_VAR) or None, None, None, min(GATE_TIMEOUT_S, training_timeout_s),
+                      device.type, env)
+    with collectives_bounded(chosen.timeout_s, training_timeout_s):
+        report = judge_on_group(chosen, backend, dist_env, device, env, started)
     published_by_rank_0(report, run_dir, dist_env.is_main, device)
     return exit_code(report)
 
