@@ -203,7 +203,8 @@ class Cluster:
     # point is speed measures the time itself). Under `make test` three clusters share 2 cores at a load
     # near 20, where a job that takes 40 s alone takes minutes, so a bound is most of 10 minutes.
     def wait(self, job_id: str, timeout: float, states: set[str] = TERMINAL_STATES) -> Job:
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while True:
             job = self.job(job_id)
             if job.state in states:
@@ -212,7 +213,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 self.run(["scancel", job_id], timeout=30)
                 pytest.fail(f"job {job_id} still {job.state} after {timeout}s:\n{job.output()}")
-            time.sleep(0.5)
+            time.sleep(poll_pause(started))
 
     def job_nodes(self, job: Job) -> list[str]:
         """The nodes SLURM gave the job, in order (its first node runs rank 0)."""
@@ -222,11 +223,12 @@ class Cluster:
         return done.stdout.split()
 
     def wait_for_file(self, path: Path, timeout: float, predicate=lambda p: p.exists()) -> None:
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while not predicate(path):
             if time.monotonic() > deadline:
                 pytest.fail(f"{path} did not appear within {timeout}s")
-            time.sleep(0.5)
+            time.sleep(poll_pause(started))
 
     def in_netns(self, node: str, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
         """argv in a node's network namespace, run from this host (cluster.sh made the namespaces
@@ -309,6 +311,16 @@ class Cluster:
             lines = log.read_text(errors="replace").splitlines()[-30:]
             parts.append(f"--- {log.name}\n" + "\n".join(lines))
         return "\n".join(parts)
+
+
+def poll_pause(started: float) -> float:
+    """Seconds to sleep before the next look at a job or a run dir, `started` (time.monotonic) being when
+    the wait began: every half second for 10 s, then every 2 s. A look at a job runs scontrol in the
+    cluster's root, about 11 ms of CPU with slurmctld's and munged's share (measured here): at two looks a
+    second, a test that waits 5 minutes for its job spent 6.6 CPU-s on looking, and the e2e tests spend most
+    of their hour on three workers waiting. A wait of minutes (a training, a requeue) loses at most 2 s to
+    the longer pause; the short waits (a refusal, a job that stops in its batch script) keep the half second."""
+    return 0.5 if time.monotonic() - started < 10 else 2.0
 
 
 # What a job leaves running if it leaves anything (Cluster.job_processes).
@@ -475,7 +487,10 @@ def lumi_sif(slurm_cluster: Cluster, images: image.Sifs) -> Path:
 
 
 # How `make test` spreads the e2e tests over its workers: tests/e2e/scheduling.py.
-LONG = pytest.mark.long  # minutes, not seconds: a requeue, a collective's timeout, a second job
+# Half a minute or more here (a requeue, a collective's timeout, a second job, a fault waited out): dealt to the
+# workers first (pytest_collection_modifyitems), so that the run ends on short tests, not on a long one alone
+# while the other workers have nothing left (a 75 s test dealt last left one core idle for a minute).
+LONG = pytest.mark.long
 pytest_xdist_make_scheduler = scheduling.make_scheduler
 
 
@@ -652,12 +667,23 @@ def job_env(cluster: Cluster, cifar_data: Path, tmp_path: Path, sif: Path) -> di
     Cluster.sbatch submits as the test user, whose login PATH has the real apptainer,
     so every step runs `apptainer run --nv` of the SIF built by `make build-x86`; tmp_path
     is the user's. The site is "generic" (this machine has no Slingshot libraries to
-    bind); GPUs are not requested (sbatch --gpus-per-node=0), so ddp-launch runs 2 CPU
-    workers. The preflight and the fabric gate are off (WITHOUT_CHECKS).
+    bind); GPUs are not requested (sbatch --gpus-per-node=0), so ddp-launch runs CPU
+    workers, one a node (ONE_A_NODE). The preflight and the fabric gate are off (WITHOUT_CHECKS).
     """
     user_dir(tmp_path)
     return {**submit_env(sif, cifar_data), "DDP_RUN_DIR": str(tmp_path / "run"), "DDP_TRAIN_ARGS": TRAIN_ARGS,
-            "DDP_MONITOR_INTERVAL": "1", **WITHOUT_CHECKS}
+            "DDP_MONITOR_INTERVAL": "1", **WITHOUT_CHECKS, **ONE_A_NODE}
+
+
+# A job_env job runs one CPU worker a node: its test is about the job (a stop, a requeue, a lost or killed
+# node, the run dir, the rendezvous), which one rank a node shows across nodes as well as two do, and each
+# worker is one more process that imports torch from the image (3 to 4 CPU-s here, docs/testing.md). A test
+# about a node's several ranks asks for two: the gate's node round, a straggler among a node's ranks, a stop
+# that reaches every worker of a node. One thread a worker, as the twins' (twins.THREADS): the nodes share
+# this machine's 2 cores, and ddp-launch leaves a lone worker torch's default of one thread a core, whose
+# OpenMP threads spin between the small model's operators (a 2-node job array took twice the CPU-seconds).
+ONE_A_NODE = {"DDP_LAUNCH_CPU_WORKERS": "1", "OMP_NUM_THREADS": "1"}
+TWO_A_NODE = {"DDP_LAUNCH_CPU_WORKERS": "2"}
 
 
 # The preflight (ddp-launch doctor on every node) is one more srun step through Apptainer at each start

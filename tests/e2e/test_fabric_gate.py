@@ -6,15 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import WITH_CHECKS, sbatch_args
+from conftest import LONG, TWO_A_NODE, WITH_CHECKS, sbatch_args
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def job_env(job_env: dict) -> dict:
-    """conftest's job_env with the preflight and the fabric gate on: what these tests are about."""
-    return {**job_env, **WITH_CHECKS}
+    """conftest's job_env with the preflight and the fabric gate on: what these tests are about, and two
+    ranks a node, which the gate's node round measures."""
+    return {**job_env, **WITH_CHECKS, **TWO_A_NODE}
 
 
 def _gate(run_dir: Path) -> dict:
@@ -45,6 +46,7 @@ def rate_limited(cluster):
 # test_cluster_faults.py's test_three_two_node_jobs_at_once_..., a job that would train anyway.
 
 
+@LONG
 def test_a_corrupting_rank_is_named_with_its_wrong_element_count(cluster, job_env, tmp_path):
     job_env = {**job_env, "DDP_GATE_TEST_CORRUPT": "node2:1:7", "DDP_MAX_REQUEUES": "0"}
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodelist=node1,node2"), "slurm/olivia-multinode.sh"],
@@ -66,6 +68,7 @@ def test_a_corrupting_rank_is_named_with_its_wrong_element_count(cluster, job_en
     assert "Training completed" not in output
 
 
+@LONG
 def test_a_slow_node_is_named_by_the_pair_rounds(cluster, job_env, tmp_path, rate_limited):
     cluster.needs_nodes(3)
     rate_limited("node3")

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (LONG, Cluster, midrun, checkpointed, sbatch_args, epochs_done, metrics_records,
+from conftest import (LONG, TWO_A_NODE, Cluster, midrun, checkpointed, sbatch_args, epochs_done, metrics_records,
                       training_started)
 
 pytestmark = pytest.mark.e2e
@@ -54,6 +54,7 @@ def _workers_on(cluster: Cluster, node: str) -> list[str]:
             if b"ddp_launch.worker" in cmdline and b"ddp_launch.agent" not in cmdline]
 
 
+@LONG
 def test_a_node_whose_launcher_and_workers_are_sigkilled_is_kept_and_the_job_fails_137(cluster, job_env, tmp_path):
     # The OOM killer takes a node's ddp-launch and its workers (they die with it: PR_SET_PDEATHSIG,
     # tests/unit/launch/test_launch_outcomes.py): every rank of node2 falls silent at once, and node1's
@@ -66,7 +67,7 @@ def test_a_node_whose_launcher_and_workers_are_sigkilled_is_kept_and_the_job_fai
     job_id = cluster.sbatch([*sbatch_args(tmp_path), "slurm/olivia-multinode.sh"], env=job_env)
     _wait_for_epochs(cluster, run_dir, 1)
     workers = _workers_on(cluster, "node2")
-    assert len(workers) == 2
+    assert len(workers) == 1
 
     agents = [pid for pid, cmdline in _node_processes(cluster, "node2") if b"ddp_launch.agent" in cmdline]
     assert len(agents) == 1, agents
@@ -75,12 +76,13 @@ def test_a_node_whose_launcher_and_workers_are_sigkilled_is_kept_and_the_job_fai
     job = cluster.wait(job_id, timeout=240)
     output = job.output()
     assert (job.state, job.exit_code, job.fields.get("Restarts")) == ("FAILED", "137:0", "0"), output
-    assert re.search(r"lost contact with node2 \(ranks 2, 3\)", output), output  # the roll call's view
+    assert re.search(r"lost contact with node2 \(rank 1\)", output), output  # the roll call's view
     assert "node2 is up: its slurmd answered after the step failed" in output, output
     assert "excluded node2" not in output and not (run_dir / "quarantine.json").exists()
     assert "ddp: job failed with exit status 137 (128 + SIGKILL: a task was killed" in output, output
 
 
+@LONG
 def test_killed_workers_on_one_node_fail_the_job_quickly_naming_the_rank(cluster, job_env, tmp_path):
     job_env = {**job_env, **LONG_RUN}
     run_dir = Path(job_env["DDP_RUN_DIR"])
@@ -95,10 +97,11 @@ def test_killed_workers_on_one_node_fail_the_job_quickly_naming_the_rank(cluster
     output = job.output()
     assert job.state == "FAILED", output
     assert job.exit_code != "0:0"
-    assert re.search(r"ddp-launch: error: worker rank [23] on \S+ was killed by SIGKILL \(crash\)", output), output
+    assert re.search(r"ddp-launch: error: worker rank 1 on \S+ was killed by SIGKILL \(crash\)", output), output
     assert "job failed with exit status 1; per-rank logs are in" in output  # ddp.sh's last line: a crash (1)
 
 
+@LONG
 def test_with_max_restarts_torchrun_restarts_and_the_trainer_resumes(cluster, job_env, tmp_path):
     # Two epochs after the first checkpoint: the kill lands within a poll of the save (checkpointed imports
     # torch before the job starts), and the restart trains what is left.
@@ -115,7 +118,7 @@ def test_with_max_restarts_torchrun_restarts_and_the_trainer_resumes(cluster, jo
     starts = [r for r in metrics_records(run_dir) if r["type"] == "run"]
     assert len(starts) == 2
     assert starts[1]["resumed_from_epoch"] >= 1
-    assert [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 4
+    assert [r for r in metrics_records(run_dir) if r["type"] == "summary"][-1]["world_size"] == 2
 
 
 def _launch_with_one_launcher_missing(cluster, tmp_path, missing_node: int, rdzv_timeout_s: int):
@@ -191,8 +194,8 @@ def assert_stopped_requeued_and_resumed(job, run_dir: Path, signal_name: str) ->
 @LONG
 def test_a_term_stop_checkpoints_and_the_requeued_job_resumes_and_finishes(cluster, job_env, tmp_path):
     # One node: TERM reaches every process of the step on each node alike (the array's test below stops a
-    # 2-node run, its vote crossing the nodes).
-    job_env = {**job_env, **UNSQUASHED, **STOP_RUN}
+    # 2-node run, its vote crossing the nodes). Two workers: TERM reaches each, and they agree on the stop.
+    job_env = {**job_env, **TWO_A_NODE, **UNSQUASHED, **STOP_RUN}
     run_dir = Path(job_env["DDP_RUN_DIR"])
     job_id = cluster.sbatch([*sbatch_args(tmp_path, "--nodes=1"), "slurm/olivia-multinode.sh"], env=job_env)
     cluster.wait_for_file(run_dir, 600, predicate=training_started)
