@@ -72,11 +72,23 @@ def gone_nodes(silent: dict[str, list[int]], hosts: Sequence[str]) -> list[str]:
     return [host for host in silent if len(silent[host]) == list(hosts).count(host)]
 
 
+def checkpoint_kept(checkpoint: str) -> str:
+    """What a line says of the run's checkpoint: `checkpoint` names it, "" where none was written yet (a
+    failure at the fabric gate or in the first epoch), and then a resubmission starts the run again."""
+    return f"the last checkpoint ({checkpoint}) is kept" if checkpoint else "no checkpoint was written yet"
+
+
+def what_to_do(checkpoint: str) -> str:
+    return ("resubmit or requeue the job to resume from it" if checkpoint
+            else "resubmit or requeue the job to start it again")
+
+
 def lost_message(silent: dict[str, list[int]], hosts: Sequence[str], waited_s: float, cause: str,
                  checkpoint: str) -> str:
     """A node none of whose ranks answered is lost. Where every node has a rank that answered,
     the silent ranks died (killed, out of memory: their own logs say why). A silent rank on a
-    node that is lost too is not named: it may be blocked behind a peer that died."""
+    node that is lost too is not named: it may be blocked behind a peer that died. `checkpoint`: ""
+    where none was written yet (checkpoint_kept)."""
     def ranks(host: str) -> str:
         listed = silent[host]
         return f"rank{'s' if len(listed) > 1 else ''} {', '.join(map(str, listed))}"
@@ -88,14 +100,13 @@ def lost_message(silent: dict[str, list[int]], hosts: Sequence[str], waited_s: f
     else:
         what = (f"{', '.join(f'{ranks(h)} on {h}' for h in silent)} stopped answering while every node is up "
                 f"(killed or crashed: see that rank's log) after a collective failed ({cause})")
-    return (f"{what}. The last checkpoint ({checkpoint}) is kept: resubmit or requeue the job to resume "
-            f"from it, on other nodes if a node stays down")
+    kept = checkpoint_kept(checkpoint)
+    return f"{what}. {kept[0].upper()}{kept[1:]}: {what_to_do(checkpoint)}, on other nodes if a node stays down"
 
 
 def head_lost_message(head: str, cause: str, checkpoint: str) -> str:
     return (f"lost contact with the head node {head} (its rendezvous store does not answer) after a "
-            f"collective failed ({cause}); the last checkpoint ({checkpoint}) is kept: resubmit or "
-            f"requeue the job to resume from it")
+            f"collective failed ({cause}); {checkpoint_kept(checkpoint)}: {what_to_do(checkpoint)}")
 
 
 def head_node(head: str, hosts: Sequence[str]) -> str:
@@ -152,8 +163,8 @@ def stopped_instead(run_dir: Optional[str], nodes: Sequence[str], me: str, env: 
 
 
 def stopped_message(report: dict, cause: str, checkpoint: str) -> str:
-    return (f"{launcher_reports.stopped_line(report)}; this rank's collective failed with it ({cause}); the last "
-            f"checkpoint ({checkpoint}) is kept")
+    return (f"{launcher_reports.stopped_line(report)}; this rank's collective failed with it ({cause}); "
+            f"{checkpoint_kept(checkpoint)}")
 
 
 class Verdict(NamedTuple):
@@ -174,8 +185,9 @@ def roll_call(hosts: Sequence[str], rank: int, exc: BaseException, checkpoint: s
               store: Any = None, wait_s: float = ROLL_CALL_S, run_dir: Optional[str] = None,
               env: Mapping[str, str] = os.environ) -> Optional[Verdict]:
     """After a failed collective: the Verdict naming the silent nodes, or None when every rank answered
-    (then the failure is not a lost node and keeps its traceback). `store`: the process group's
-    (the rendezvous store) unless given. A silent node whose launcher stopped with a line of its own
+    (then the failure is not a lost node and keeps its traceback). `checkpoint`: the one a resubmission
+    resumes from, "" where none was written yet. `store`: the process group's (the rendezvous store)
+    unless given. A silent node whose launcher stopped with a line of its own
     (in run_dir) is named with that line, and is no lost node."""
     cause = first_line(exc)
     failed_at = time.time()

@@ -77,7 +77,8 @@ def run(config: TrainConfig, env: Mapping[str, str]) -> int:
                         return code
                 return train(decided, Live(env, dist_env, device, stop, forensics.heartbeat, console, started))
             except RuntimeError as exc:  # a failed collective: was it a node that went away?
-                lost = peers.roll_call(hosts, dist_env.rank, exc, str(checkpoint_path(config.run_dir)),
+                saved = checkpoint_path(config.run_dir)
+                lost = peers.roll_call(hosts, dist_env.rank, exc, str(saved) if saved.exists() else "",
                                        env.get("MASTER_ADDR", "?"), run_dir=str(config.run_dir),
                                        env=env) if hosts else None
                 if lost is None:

@@ -81,6 +81,9 @@ def test_a_hang_at_the_trainers_gate_fails_within_the_gates_bound_not_the_traini
     # about 26 s here with the imports; far under the training's 600 s however loaded the machine is.
     assert ranks[0].returncode == 1 and waited < 240, (waited, err[-3000:])
     assert "Timed out waiting 3000ms" in err and "ddp-train: error: lost contact with n2 (rank 1)" in err, err[-3000:]
+    # Before any epoch: the line promises no checkpoint to resume from.
+    assert "No checkpoint was written yet: resubmit or requeue the job to start it again" in err, err[-3000:]
+    assert "is kept" not in err
     assert not (tmp_path / "run" / "gate.json").exists()  # no verdict: nothing measured
 
 

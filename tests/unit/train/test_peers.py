@@ -5,6 +5,7 @@ import time
 
 from ddp_contract import ROLL_CALL_REPORT
 from ddp_train.safety import peers
+from ddp_contract.roll_call import head_lost_message
 from ddp_train.safety.peers import lost_message, missing_nodes, roll_call
 
 HOSTS = ["node1", "node1", "node2", "node2"]
@@ -29,6 +30,17 @@ def test_the_line_names_the_node_its_ranks_the_cause_and_the_checkpoint_kept():
                            "(Connection closed by peer [10.0.0.12]:4242)")
     assert "The last checkpoint (/r/checkpoint.pt) is kept" in line
     assert "\n" not in line
+
+
+def test_a_line_before_the_first_checkpoint_promises_none_and_says_the_job_starts_again():
+    # A node lost at the fabric gate or in the first epoch: nothing to resume from (the trainer passes "").
+    line = lost_message({"node2": [2, 3]}, HOSTS, 15, "timed out", "")
+    assert line.endswith("the node dropped off the network or died. No checkpoint was written yet: resubmit or "
+                         "requeue the job to start it again, on other nodes if a node stays down"), line
+    assert "is kept" not in line and "resume" not in line
+    head = head_lost_message("node1", "Connection reset by peer", "")
+    assert head.endswith("(Connection reset by peer); no checkpoint was written yet: resubmit or requeue the job "
+                         "to start it again"), head
 
 
 def test_a_silent_rank_where_every_node_answered_is_a_dead_rank_not_a_lost_node():
